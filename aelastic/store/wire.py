@@ -1,0 +1,684 @@
+"""Sans-IO codec of torch's TCPStore wire protocol (torch 2.13/2.14 layout).
+
+Theory of operation
+-------------------
+The protocol has no framing: a request is a one-byte query type followed by fields whose sizes are only known
+while parsing (``u64`` length-prefixed strings, ``i64``/``u32`` integers, all little-endian). Replies carry no
+type at all: a client knows the shape of the next reply from the request it sent. So there are two parsers:
+
+* :class:`RequestParser` (server side) turns bytes into typed requests. A request is consumed only once all of
+  its bytes are buffered; until then :data:`NEED_DATA` is returned and nothing is consumed. Limits (key and value
+  lengths, keys per request) are checked as soon as a length prefix is read, so an absurd prefix is refused
+  before any memory is reserved for it.
+* :class:`ClientProtocol` (client side) encodes requests, remembers which reply shape each one expects, and
+  turns reply bytes into typed replies in order.
+
+The one subtle exchange is the cancelled wait: after ``WAIT`` (or ``BARRIER``) a client that gives up sends
+``CANCEL_WAIT``; the server answers it with ``WAIT_CANCELED``, and the wait itself is answered with
+``STOP_WAITING`` only if the keys arrived first. :class:`ClientProtocol` folds that race into replies that
+always match requests one for one.
+
+Nothing here touches a socket, a clock or a logger.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections import deque
+from dataclasses import dataclass
+from typing import Final
+
+from ..errors import StoreProtocolError
+
+__all__ = [
+    "NEED_DATA",
+    "VALIDATION_MAGIC",
+    "Add",
+    "Append",
+    "Barrier",
+    "CancelWait",
+    "Check",
+    "CheckReply",
+    "CheckResponse",
+    "ClientProtocol",
+    "CompareSet",
+    "DeleteKey",
+    "Get",
+    "GetNumKeys",
+    "IntReply",
+    "KeysReply",
+    "Limits",
+    "ListKeys",
+    "MultiGet",
+    "MultiSet",
+    "NeedData",
+    "Ping",
+    "PingReply",
+    "QueryType",
+    "QueueLen",
+    "QueuePop",
+    "QueuePopReply",
+    "QueuePush",
+    "Reply",
+    "Request",
+    "RequestParser",
+    "Set",
+    "Validate",
+    "ValueReply",
+    "ValuesReply",
+    "Wait",
+    "WaitReply",
+    "WaitResponse",
+    "encode_reply",
+    "encode_request",
+]
+
+VALIDATION_MAGIC: Final = 0x3C85F7CE
+
+_U8 = struct.Struct("<B")
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+_I64 = struct.Struct("<q")
+
+
+class QueryType(enum.IntEnum):
+    """The query byte that opens every request (torch ``store/TCPStoreBackend.hpp``)."""
+
+    VALIDATE = 0
+    SET = 1
+    COMPARE_SET = 2
+    GET = 3
+    ADD = 4
+    CHECK = 5
+    WAIT = 6
+    GETNUMKEYS = 7
+    DELETE_KEY = 8
+    APPEND = 9
+    MULTI_GET = 10
+    MULTI_SET = 11
+    CANCEL_WAIT = 12
+    PING = 13
+    QUEUE_PUSH = 14
+    QUEUE_POP = 15
+    QUEUE_LEN = 16
+    LIST_KEYS = 17
+    BARRIER = 18
+
+
+class CheckResponse(enum.IntEnum):
+    READY = 0
+    NOT_READY = 1
+
+
+class WaitResponse(enum.IntEnum):
+    STOP_WAITING = 0
+    WAIT_CANCELED = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Per-request limits; the defaults are torch's libuv server's (``TCPStoreLibUvBackend.cpp``)."""
+
+    max_key_length: int = 8 * 1024
+    max_value_length: int = 8 * 1024 * 1024
+    max_keys_per_request: int = 128 * 1024
+
+    def __post_init__(self) -> None:
+        for name in ("max_key_length", "max_value_length", "max_keys_per_request"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"Limits.{name}={getattr(self, name)!r}: must be >= 1")
+
+
+# --- requests -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Validate:
+    magic: int = VALIDATION_MAGIC
+
+
+@dataclass(frozen=True, slots=True)
+class Set:
+    key: bytes
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class CompareSet:
+    key: bytes
+    expected: bytes
+    desired: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Get:
+    key: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Add:
+    key: bytes
+    delta: int
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    keys: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    keys: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GetNumKeys:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteKey:
+    key: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Append:
+    key: bytes
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class MultiGet:
+    keys: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class MultiSet:
+    items: tuple[tuple[bytes, bytes], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CancelWait:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    nonce: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePush:
+    key: bytes
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePop:
+    key: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLen:
+    key: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ListKeys:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Barrier:
+    key: bytes
+    world_size: int
+
+
+Request = (
+    Validate | Set | CompareSet | Get | Add | Check | Wait | GetNumKeys | DeleteKey | Append | MultiGet | MultiSet
+    | CancelWait | Ping | QueuePush | QueuePop | QueueLen | ListKeys | Barrier
+)
+
+
+# --- replies --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ValueReply:
+    """Reply to GET and COMPARE_SET."""
+
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class IntReply:
+    """Reply to ADD, GETNUMKEYS, DELETE_KEY and QUEUE_LEN."""
+
+    value: int
+
+
+@dataclass(frozen=True, slots=True)
+class CheckReply:
+    response: CheckResponse
+
+
+@dataclass(frozen=True, slots=True)
+class WaitReply:
+    """Reply to WAIT, BARRIER and CANCEL_WAIT."""
+
+    response: WaitResponse
+
+
+@dataclass(frozen=True, slots=True)
+class PingReply:
+    nonce: int
+
+
+@dataclass(frozen=True, slots=True)
+class ValuesReply:
+    """Reply to MULTI_GET: one value per requested key, in order."""
+
+    values: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePopReply:
+    """Reply to QUEUE_POP: the queue length before the pop, and the popped value if there was one."""
+
+    length: int
+    value: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class KeysReply:
+    """Reply to LIST_KEYS: every raw key of the store."""
+
+    keys: tuple[bytes, ...]
+
+
+Reply = ValueReply | IntReply | CheckReply | WaitReply | PingReply | ValuesReply | QueuePopReply | KeysReply
+
+
+class NeedData(enum.Enum):
+    """The buffered bytes do not yet hold a whole message."""
+
+    NEED_DATA = enum.auto()
+
+
+NEED_DATA: Final = NeedData.NEED_DATA
+
+
+# --- encoding -------------------------------------------------------------------------------------------------
+
+
+def _string(value: bytes) -> bytes:
+    return _U64.pack(len(value)) + value
+
+
+def encode_request(request: Request) -> bytes:
+    """The bytes torch's client sends for ``request``."""
+    match request:
+        case Validate(magic):
+            return bytes((QueryType.VALIDATE,)) + _U32.pack(magic)
+        case Set(key, value):
+            return bytes((QueryType.SET,)) + _string(key) + _string(value)
+        case CompareSet(key, expected, desired):
+            return bytes((QueryType.COMPARE_SET,)) + _string(key) + _string(expected) + _string(desired)
+        case Get(key):
+            return bytes((QueryType.GET,)) + _string(key)
+        case Add(key, delta):
+            return bytes((QueryType.ADD,)) + _string(key) + _I64.pack(delta)
+        case Check(keys):
+            return bytes((QueryType.CHECK,)) + _U64.pack(len(keys)) + b"".join(map(_string, keys))
+        case Wait(keys):
+            return bytes((QueryType.WAIT,)) + _U64.pack(len(keys)) + b"".join(map(_string, keys))
+        case GetNumKeys():
+            return bytes((QueryType.GETNUMKEYS,))
+        case DeleteKey(key):
+            return bytes((QueryType.DELETE_KEY,)) + _string(key)
+        case Append(key, value):
+            return bytes((QueryType.APPEND,)) + _string(key) + _string(value)
+        case MultiGet(keys):
+            return bytes((QueryType.MULTI_GET,)) + _U64.pack(len(keys)) + b"".join(map(_string, keys))
+        case MultiSet(items):
+            body = b"".join(_string(k) + _string(v) for k, v in items)
+            return bytes((QueryType.MULTI_SET,)) + _I64.pack(len(items)) + body
+        case CancelWait():
+            return bytes((QueryType.CANCEL_WAIT,))
+        case Ping(nonce):
+            return bytes((QueryType.PING,)) + _U32.pack(nonce)
+        case QueuePush(key, value):
+            return bytes((QueryType.QUEUE_PUSH,)) + _string(key) + _string(value)
+        case QueuePop(key):
+            return bytes((QueryType.QUEUE_POP,)) + _string(key)
+        case QueueLen(key):
+            return bytes((QueryType.QUEUE_LEN,)) + _string(key)
+        case ListKeys():
+            return bytes((QueryType.LIST_KEYS,))
+        case Barrier(key, world_size):
+            return bytes((QueryType.BARRIER,)) + _string(key) + _I64.pack(world_size)
+    raise TypeError(f"not a TCPStore request: {request!r}")
+
+
+def encode_reply(reply: Reply) -> bytes:
+    """The bytes torch's server sends for ``reply``."""
+    match reply:
+        case ValueReply(value):
+            return _string(value)
+        case IntReply(value):
+            return _I64.pack(value)
+        case CheckReply(response):
+            return _U8.pack(response)
+        case WaitReply(response):
+            return _U8.pack(response)
+        case PingReply(nonce):
+            return _U32.pack(nonce)
+        case ValuesReply(values):
+            return b"".join(map(_string, values))
+        case QueuePopReply(length, value):
+            return _I64.pack(length) + (b"" if value is None else _string(value))
+        case KeysReply(keys):
+            return _I64.pack(len(keys)) + b"".join(map(_string, keys))
+    raise TypeError(f"not a TCPStore reply: {reply!r}")
+
+
+# --- decoding -------------------------------------------------------------------------------------------------
+
+
+class _Incomplete(Exception):
+    """Raised inside a parse when the buffer ends before the message does; never escapes this module."""
+
+
+class _Buffer:
+    """A growable receive buffer with a read cursor that can be rolled back to the last committed message."""
+
+    __slots__ = ("_data", "_pos")
+
+    def __init__(self) -> None:
+        self._data = bytearray()
+        self._pos = 0
+
+    def feed(self, data: bytes) -> None:
+        if self._pos:
+            del self._data[: self._pos]
+            self._pos = 0
+        self._data += data
+
+    def __len__(self) -> int:
+        return len(self._data) - self._pos
+
+    def take(self, n: int) -> bytes:
+        end = self._pos + n
+        if end > len(self._data):
+            raise _Incomplete
+        chunk = bytes(self._data[self._pos : end])
+        self._pos = end
+        return chunk
+
+    def unpack(self, fmt: struct.Struct) -> int:
+        end = self._pos + fmt.size
+        if end > len(self._data):
+            raise _Incomplete
+        (value,) = fmt.unpack_from(self._data, self._pos)
+        self._pos = end
+        return int(value)
+
+    def mark(self) -> int:
+        return self._pos
+
+    def rewind(self, mark: int) -> None:
+        self._pos = mark
+
+
+class RequestParser:
+    """Server side: bytes in, typed requests out.
+
+    Feed bytes with :meth:`receive_data`; call :meth:`next_request` until it returns :data:`NEED_DATA`. A
+    malformed or over-limit request raises :class:`~aelastic.errors.StoreProtocolError`; the connection must
+    then be closed (the stream cannot be resynchronised).
+    """
+
+    def __init__(self, limits: Limits | None = None) -> None:
+        self.limits = limits or Limits()
+        self._buffer = _Buffer()
+
+    def __repr__(self) -> str:
+        return f"<RequestParser buffered={len(self._buffer)}>"
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet consumed as a whole request."""
+        return len(self._buffer)
+
+    def receive_data(self, data: bytes) -> None:
+        self._buffer.feed(data)
+
+    def next_request(self) -> Request | NeedData:
+        buf = self._buffer
+        mark = buf.mark()
+        try:
+            return self._parse(buf)
+        except _Incomplete:
+            buf.rewind(mark)
+            return NEED_DATA
+
+    def _key(self, buf: _Buffer) -> bytes:
+        n = buf.unpack(_U64)
+        if n > self.limits.max_key_length:
+            raise StoreProtocolError(f"key of {n} bytes exceeds the limit of {self.limits.max_key_length} bytes")
+        return buf.take(n)
+
+    def _value(self, buf: _Buffer) -> bytes:
+        n = buf.unpack(_U64)
+        if n > self.limits.max_value_length:
+            raise StoreProtocolError(
+                f"value of {n} bytes exceeds the limit of {self.limits.max_value_length} bytes"
+            )
+        return buf.take(n)
+
+    def _count(self, buf: _Buffer, fmt: struct.Struct) -> int:
+        n = buf.unpack(fmt)
+        if not 0 <= n <= self.limits.max_keys_per_request:
+            raise StoreProtocolError(
+                f"request names {n} keys; the limit is 0..{self.limits.max_keys_per_request}"
+            )
+        return n
+
+    def _keys(self, buf: _Buffer) -> tuple[bytes, ...]:
+        return tuple(self._key(buf) for _ in range(self._count(buf, _U64)))
+
+    def _parse(self, buf: _Buffer) -> Request:
+        code = buf.unpack(_U8)
+        try:
+            query = QueryType(code)
+        except ValueError:
+            raise StoreProtocolError(f"unknown query type {code}") from None
+        match query:
+            case QueryType.VALIDATE:
+                return Validate(buf.unpack(_U32))
+            case QueryType.SET:
+                return Set(self._key(buf), self._value(buf))
+            case QueryType.COMPARE_SET:
+                return CompareSet(self._key(buf), self._value(buf), self._value(buf))
+            case QueryType.GET:
+                return Get(self._key(buf))
+            case QueryType.ADD:
+                return Add(self._key(buf), buf.unpack(_I64))
+            case QueryType.CHECK:
+                return Check(self._keys(buf))
+            case QueryType.WAIT:
+                return Wait(self._keys(buf))
+            case QueryType.GETNUMKEYS:
+                return GetNumKeys()
+            case QueryType.DELETE_KEY:
+                return DeleteKey(self._key(buf))
+            case QueryType.APPEND:
+                return Append(self._key(buf), self._value(buf))
+            case QueryType.MULTI_GET:
+                return MultiGet(self._keys(buf))
+            case QueryType.MULTI_SET:
+                count = self._count(buf, _I64)
+                return MultiSet(tuple((self._key(buf), self._value(buf)) for _ in range(count)))
+            case QueryType.CANCEL_WAIT:
+                return CancelWait()
+            case QueryType.PING:
+                return Ping(buf.unpack(_U32))
+            case QueryType.QUEUE_PUSH:
+                return QueuePush(self._key(buf), self._value(buf))
+            case QueryType.QUEUE_POP:
+                return QueuePop(self._key(buf))
+            case QueryType.QUEUE_LEN:
+                return QueueLen(self._key(buf))
+            case QueryType.LIST_KEYS:
+                return ListKeys()
+            case QueryType.BARRIER:
+                return Barrier(self._key(buf), buf.unpack(_I64))
+
+
+class _Shape(enum.Enum):
+    """What the next reply looks like; derived from the request that asked for it."""
+
+    NONE = enum.auto()
+    VALUE = enum.auto()
+    INT = enum.auto()
+    CHECK = enum.auto()
+    WAIT = enum.auto()
+    CANCEL = enum.auto()
+    PING = enum.auto()
+    VALUES = enum.auto()
+    QUEUE_POP = enum.auto()
+    KEYS = enum.auto()
+
+
+def _shape_of(request: Request) -> tuple[_Shape, int]:
+    match request:
+        case Validate() | Set() | Append() | MultiSet() | QueuePush():
+            return _Shape.NONE, 0
+        case Get() | CompareSet():
+            return _Shape.VALUE, 0
+        case Add() | GetNumKeys() | DeleteKey() | QueueLen():
+            return _Shape.INT, 0
+        case Check():
+            return _Shape.CHECK, 0
+        case Wait() | Barrier():
+            return _Shape.WAIT, 0
+        case CancelWait():
+            return _Shape.CANCEL, 0
+        case Ping():
+            return _Shape.PING, 0
+        case MultiGet(keys):
+            return _Shape.VALUES, len(keys)
+        case QueuePop():
+            return _Shape.QUEUE_POP, 0
+        case ListKeys():
+            return _Shape.KEYS, 0
+    raise TypeError(f"not a TCPStore request: {request!r}")
+
+
+class ClientProtocol:
+    """Client side: typed requests in, bytes out; reply bytes in, typed replies out, one per request.
+
+    ``send(request)`` returns the bytes to write and records the reply the request expects (requests without
+    a reply, such as SET, record nothing). ``next_reply()`` returns replies in request order.
+
+    A cancelled wait: send ``CancelWait()`` after ``Wait``/``Barrier``. Exactly two replies follow, in order:
+    the wait's (``STOP_WAITING`` if the keys arrived before the cancel, else ``WAIT_CANCELED``) and the
+    cancel's (``WAIT_CANCELED``), whichever bytes the server actually sent.
+    """
+
+    def __init__(self, max_value_length: int = Limits().max_value_length) -> None:
+        self._buffer = _Buffer()
+        self._pending: deque[tuple[_Shape, int]] = deque()
+        self._max_value_length = max_value_length
+        self._folded_cancel = False
+
+    def __repr__(self) -> str:
+        return f"<ClientProtocol pending={len(self._pending)} buffered={len(self._buffer)}>"
+
+    @property
+    def pending(self) -> int:
+        """How many replies are still expected."""
+        return len(self._pending)
+
+    def send(self, request: Request) -> bytes:
+        shape, count = _shape_of(request)
+        if shape is _Shape.CANCEL and not (self._pending and self._pending[-1][0] is _Shape.WAIT):
+            raise StoreProtocolError("CANCEL_WAIT sent while no WAIT or BARRIER is outstanding")
+        if shape is not _Shape.NONE:
+            self._pending.append((shape, count))
+        return encode_request(request)
+
+    def receive_data(self, data: bytes) -> None:
+        self._buffer.feed(data)
+
+    def next_reply(self) -> Reply | NeedData:
+        if self._folded_cancel:
+            # The server answered the cancel before (instead of) the wait: the wait's reply was emitted as
+            # WAIT_CANCELED already; this is the cancel's own reply, which consumed the same byte.
+            self._folded_cancel = False
+            self._pending.popleft()
+            return WaitReply(WaitResponse.WAIT_CANCELED)
+        if not self._pending:
+            if len(self._buffer):
+                raise StoreProtocolError(f"server sent {len(self._buffer)} bytes nobody asked for")
+            return NEED_DATA
+        buf = self._buffer
+        mark = buf.mark()
+        shape, count = self._pending[0]
+        try:
+            reply = self._parse(buf, shape, count)
+        except _Incomplete:
+            buf.rewind(mark)
+            return NEED_DATA
+        self._pending.popleft()
+        if (
+            isinstance(reply, WaitReply)
+            and shape is _Shape.WAIT
+            and reply.response is WaitResponse.WAIT_CANCELED
+        ):
+            if not (self._pending and self._pending[0][0] is _Shape.CANCEL):
+                raise StoreProtocolError("server cancelled a wait that was not cancelled")
+            self._folded_cancel = True
+        return reply
+
+    def _value(self, buf: _Buffer) -> bytes:
+        n = buf.unpack(_U64)
+        if n > self._max_value_length:
+            raise StoreProtocolError(f"reply value of {n} bytes exceeds the limit of {self._max_value_length}")
+        return buf.take(n)
+
+    def _parse(self, buf: _Buffer, shape: _Shape, count: int) -> Reply:
+        match shape:
+            case _Shape.VALUE:
+                return ValueReply(self._value(buf))
+            case _Shape.INT:
+                return IntReply(buf.unpack(_I64))
+            case _Shape.CHECK:
+                return CheckReply(CheckResponse(self._enum(buf, CheckResponse)))
+            case _Shape.WAIT | _Shape.CANCEL:
+                response = WaitResponse(self._enum(buf, WaitResponse))
+                if shape is _Shape.CANCEL and response is not WaitResponse.WAIT_CANCELED:
+                    raise StoreProtocolError(f"CANCEL_WAIT answered with {response.name}")
+                return WaitReply(response)
+            case _Shape.PING:
+                return PingReply(buf.unpack(_U32))
+            case _Shape.VALUES:
+                return ValuesReply(tuple(self._value(buf) for _ in range(count)))
+            case _Shape.QUEUE_POP:
+                length = buf.unpack(_I64)
+                return QueuePopReply(length, self._value(buf) if length > 0 else None)
+            case _Shape.KEYS:
+                n = buf.unpack(_I64)
+                if n < 0:
+                    raise StoreProtocolError(f"LIST_KEYS reply announces {n} keys")
+                return KeysReply(tuple(self._value(buf) for _ in range(n)))
+            case _Shape.NONE:
+                raise AssertionError("requests without a reply are never pending")
+
+    @staticmethod
+    def _enum(buf: _Buffer, kind: type[enum.IntEnum]) -> int:
+        code = buf.unpack(_U8)
+        if code not in kind._value2member_map_:
+            raise StoreProtocolError(f"reply byte {code} is not a {kind.__name__}")
+        return code
