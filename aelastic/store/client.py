@@ -1,0 +1,340 @@
+"""Async client of torch's TCPStore protocol.
+
+Theory of operation
+-------------------
+Like torch's client, every key goes on the wire as ``"/" + key``, so keys written here are the keys torch's
+``TCPStore`` reads, and the reverse.
+
+Operations that answer at once (SET, ADD, COMPARE_SET, GET after a wait, ...) share one *command* connection,
+serialized by a lock, exactly as torch serializes its one socket: requests from one client therefore reach the
+server in the order they were issued, which keeps read-your-writes for reply-less requests such as SET.
+Operations that block on the server (WAIT, BARRIER, a blocking QUEUE_POP) each borrow a *wait* connection from
+a small pool, so a task waiting for a key never holds up another task's SET.
+
+Cancellation: a blocking wait that is cancelled sends CANCEL_WAIT under a shield with a short grace, reads the
+replies that the codec pairs with the two requests, and returns the connection to the pool, usable. Anything
+else interrupted mid-exchange marks its connection broken; it is closed and a new one is opened on next use.
+
+Connecting retries refused/reset connections with jittered exponential backoff for as long as the caller's
+deadline allows; when the next attempt would not fit, :class:`~aelastic.errors.StoreConnectionError` names the
+address and the last error.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Final, TypeVar
+
+import anyio
+import anyio.abc
+
+from ..errors import QueueEmptyError, StoreConnectionError, StoreProtocolError
+from . import wire
+from .api import Store, Value, as_bytes
+
+__all__ = ["StoreClient", "open_store_client"]
+
+logger = logging.getLogger(__name__)
+
+_KEY_PREFIX: Final = "/"  # torch's TCPStore keyPrefix_
+_RECEIVE_SIZE: Final = 65536
+_CANCEL_GRACE: Final = 5.0  # how long a cancelled wait may take to hand its connection back
+_BACKOFF_INITIAL: Final = 0.02
+_BACKOFF_MAX: Final = 2.0
+_IDLE_WAIT_CONNECTIONS: Final = 4  # wait connections kept open for reuse
+
+R = TypeVar("R", bound=wire.Reply)
+
+
+def _wire_key(key: str) -> bytes:
+    return (_KEY_PREFIX + key).encode()
+
+
+class _Connection:
+    """One socket and its protocol state. Not safe for concurrent use: callers serialize."""
+
+    def __init__(self, stream: anyio.abc.SocketStream) -> None:
+        self.stream = stream
+        self.protocol = wire.ClientProtocol()
+        self.broken = False
+
+    async def send(self, request: wire.Request) -> None:
+        data = self.protocol.send(request)
+        try:
+            await self.stream.send(data)
+        except BaseException:
+            self.broken = True
+            raise
+
+    async def receive_any(self) -> wire.Reply:
+        try:
+            while (reply := self.protocol.next_reply()) is wire.NEED_DATA:
+                self.protocol.receive_data(await self.stream.receive(_RECEIVE_SIZE))
+        except anyio.get_cancelled_exc_class():
+            raise  # the protocol state is intact: the reply is still owed and will be drained or cancelled
+        except BaseException:
+            self.broken = True
+            raise
+        return reply
+
+    async def receive(self, kind: type[R]) -> R:
+        """The next reply, which must be of ``kind``."""
+        reply = await self.receive_any()
+        if not isinstance(reply, kind):
+            self.broken = True
+            raise StoreProtocolError(f"expected {kind.__name__}, got {reply!r}")
+        return reply
+
+    async def roundtrip(self, request: wire.Request, kind: type[R]) -> R:
+        # Replies owed to requests whose caller was cancelled may still be in flight: drain them first.
+        stale = self.protocol.pending
+        await self.send(request)
+        for _ in range(stale):
+            await self.receive_any()
+        return await self.receive(kind)
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+class StoreClient(Store):
+    """A client of one TCPStore server (aelastic's or torch's). Create it with :func:`open_store_client`."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host = host
+        self.port = port
+        self._command: _Connection | None = None
+        self._command_lock = anyio.Lock()
+        self._idle: list[_Connection] = []
+        self._open = 0
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<StoreClient {self.address} connections={self._open} idle={len(self._idle)}>"
+
+    @property
+    def address(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    # --- connections ------------------------------------------------------------------------------------------
+
+    async def _connect(self) -> _Connection:
+        if self._closed:
+            raise StoreConnectionError(f"store client for {self.address} is closed")
+        delay = _BACKOFF_INITIAL
+        while True:
+            try:
+                stream = await anyio.connect_tcp(self.host, self.port)
+            except OSError as exc:
+                error: OSError = exc
+            else:
+                stream.extra(anyio.abc.SocketAttribute.raw_socket).setsockopt(
+                    socket.IPPROTO_TCP, socket.TCP_NODELAY, 1
+                )
+                conn = _Connection(stream)
+                try:
+                    await self._handshake(conn)
+                except (OSError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
+                    await anyio.aclose_forcefully(stream)
+                    error = exc if isinstance(exc, OSError) else OSError("connection closed during handshake")
+                except BaseException:
+                    await anyio.aclose_forcefully(stream)
+                    raise
+                else:
+                    self._open += 1
+                    return conn
+            pause = delay * random.uniform(0.5, 1.5)
+            if anyio.current_time() + pause >= anyio.current_effective_deadline():
+                raise StoreConnectionError(f"could not connect to the store at {self.address}: {error}") from error
+            logger.debug("store at %s not reachable (%s); retrying in %.3fs", self.address, error, pause)
+            await anyio.sleep(pause)
+            delay = min(delay * 1.5, _BACKOFF_MAX)
+
+    @staticmethod
+    async def _handshake(conn: _Connection) -> None:
+        await conn.send(wire.Validate())
+        nonce = os.getpid() & 0xFFFFFFFF
+        reply = await conn.roundtrip(wire.Ping(nonce), wire.PingReply)
+        if reply.nonce != nonce:
+            raise StoreProtocolError(f"ping answered with nonce {reply.nonce}, expected {nonce}")
+
+    async def _discard(self, conn: _Connection) -> None:
+        self._open -= 1
+        await anyio.aclose_forcefully(conn.stream)
+
+    async def _command_call(self, request: wire.Request, kind: type[R]) -> R:
+        async with self._command_lock:
+            conn = await self._command_connection()
+            try:
+                return await conn.roundtrip(request, kind)
+            except (OSError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
+                raise self._lost(exc) from exc
+            finally:
+                await self._drop_command_if_broken()
+
+    async def _command_post(self, request: wire.Request) -> None:
+        async with self._command_lock:
+            conn = await self._command_connection()
+            try:
+                await conn.send(request)
+            except (OSError, anyio.BrokenResourceError) as exc:
+                raise self._lost(exc) from exc
+            finally:
+                await self._drop_command_if_broken()
+
+    async def _command_connection(self) -> _Connection:
+        if self._command is None:
+            self._command = await self._connect()
+        return self._command
+
+    async def _drop_command_if_broken(self) -> None:
+        if self._command is not None and self._command.broken:
+            conn, self._command = self._command, None
+            with anyio.CancelScope(shield=True):
+                await self._discard(conn)
+
+    def _lost(self, exc: BaseException) -> StoreConnectionError:
+        return StoreConnectionError(f"lost the connection to the store at {self.address}: {exc!r}")
+
+    async def _blocking(self, request: wire.Wait | wire.Barrier) -> None:
+        """Send a request the server answers only once its condition holds, on a wait connection."""
+        conn = self._idle.pop() if self._idle else await self._connect()
+        handed_back = False
+        try:
+            await conn.send(request)
+            try:
+                reply = await conn.receive(wire.WaitReply)
+            except anyio.get_cancelled_exc_class():
+                with anyio.move_on_after(_CANCEL_GRACE, shield=True):
+                    await conn.send(wire.CancelWait())
+                    await conn.receive(wire.WaitReply)  # the wait's own reply: STOP_WAITING or WAIT_CANCELED
+                    await conn.receive(wire.WaitReply)  # the cancel's: WAIT_CANCELED
+                    await self._release(conn)
+                    handed_back = True
+                raise
+            if reply.response is not wire.WaitResponse.STOP_WAITING:
+                raise StoreProtocolError(f"{type(request).__name__} answered with {reply.response.name}")
+            await self._release(conn)
+            handed_back = True
+        except (OSError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
+            raise self._lost(exc) from exc
+        finally:
+            if not handed_back:
+                with anyio.CancelScope(shield=True):
+                    await self._discard(conn)
+
+    async def _release(self, conn: _Connection) -> None:
+        """Keep a healthy wait connection for reuse, or close it."""
+        if conn.broken or self._closed or len(self._idle) >= _IDLE_WAIT_CONNECTIONS:
+            with anyio.CancelScope(shield=True):
+                await self._discard(conn)
+        else:
+            self._idle.append(conn)
+
+    async def aclose(self) -> None:
+        """Close every connection. Pending operations of other tasks fail with ``StoreConnectionError``."""
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            async with self._command_lock:
+                if self._command is not None:
+                    conn, self._command = self._command, None
+                    await self._discard(conn)
+            while self._idle:
+                await self._discard(self._idle.pop())
+
+    # --- the Store API ------------------------------------------------------------------------------------------
+
+    async def set(self, key: str, value: Value) -> None:
+        await self._command_post(wire.Set(_wire_key(key), as_bytes(value)))
+
+    async def get(self, key: str) -> bytes:
+        await self.wait([key])
+        return (await self._command_call(wire.Get(_wire_key(key)), wire.ValueReply)).value
+
+    async def add(self, key: str, amount: int) -> int:
+        return (await self._command_call(wire.Add(_wire_key(key), amount), wire.IntReply)).value
+
+    async def compare_set(self, key: str, expected: Value, desired: Value) -> bytes:
+        request = wire.CompareSet(_wire_key(key), as_bytes(expected), as_bytes(desired))
+        return (await self._command_call(request, wire.ValueReply)).value
+
+    async def wait(self, keys: Sequence[str]) -> None:
+        await self._blocking(wire.Wait(tuple(map(_wire_key, keys))))
+
+    async def check(self, keys: Sequence[str]) -> bool:
+        reply = await self._command_call(wire.Check(tuple(map(_wire_key, keys))), wire.CheckReply)
+        return reply.response is wire.CheckResponse.READY
+
+    async def delete_key(self, key: str) -> bool:
+        return (await self._command_call(wire.DeleteKey(_wire_key(key)), wire.IntReply)).value > 0
+
+    async def num_keys(self) -> int:
+        return (await self._command_call(wire.GetNumKeys(), wire.IntReply)).value
+
+    async def append(self, key: str, value: Value) -> None:
+        await self._command_post(wire.Append(_wire_key(key), as_bytes(value)))
+
+    async def multi_get(self, keys: Sequence[str]) -> list[bytes]:
+        await self.wait(keys)
+        reply = await self._command_call(wire.MultiGet(tuple(map(_wire_key, keys))), wire.ValuesReply)
+        return list(reply.values)
+
+    async def multi_set(self, keys: Sequence[str], values: Sequence[Value]) -> None:
+        if len(keys) != len(values):
+            raise ValueError(f"multi_set got {len(keys)} keys and {len(values)} values; they must pair up")
+        items = tuple((_wire_key(k), as_bytes(v)) for k, v in zip(keys, values, strict=True))
+        await self._command_post(wire.MultiSet(items))
+
+    async def queue_push(self, key: str, value: Value) -> None:
+        await self._command_post(wire.QueuePush(_wire_key(key), as_bytes(value)))
+
+    async def queue_pop(self, key: str, *, block: bool = True) -> bytes:
+        while True:
+            if block:
+                await self.wait([key])
+            reply = await self._command_call(wire.QueuePop(_wire_key(key)), wire.QueuePopReply)
+            if reply.value is not None:
+                return reply.value
+            if not block:
+                raise QueueEmptyError(f"queue {key!r} is empty")
+            # Another client popped the element that woke us: wait for the next one.
+
+    async def queue_len(self, key: str) -> int:
+        return (await self._command_call(wire.QueueLen(_wire_key(key)), wire.IntReply)).value
+
+    async def list_keys(self) -> list[str]:
+        reply = await self._command_call(wire.ListKeys(), wire.KeysReply)
+        keys = (k.decode(errors="replace") for k in reply.keys)
+        return [k[len(_KEY_PREFIX) :] for k in keys if k.startswith(_KEY_PREFIX)]
+
+    async def barrier(self, key: str, world_size: int) -> None:
+        await self._blocking(wire.Barrier(_wire_key(key), world_size))
+
+    async def ping(self) -> None:
+        """One round trip to the server."""
+        nonce = random.getrandbits(32)
+        reply = await self._command_call(wire.Ping(nonce), wire.PingReply)
+        if reply.nonce != nonce:
+            raise StoreProtocolError(f"ping answered with nonce {reply.nonce}, expected {nonce}")
+
+
+@asynccontextmanager
+async def open_store_client(host: str, port: int) -> AsyncIterator[StoreClient]:
+    """Connect to the TCPStore server at ``host:port`` (aelastic's or torch's).
+
+    The first connection is opened before this yields, retrying within the caller's deadline, so an unreachable
+    address fails here with :class:`~aelastic.errors.StoreConnectionError` naming it. Every connection is closed
+    on exit.
+    """
+    client = StoreClient(host, port)
+    try:
+        async with client._command_lock:
+            client._command = await client._connect()
+        yield client
+    finally:
+        await client.aclose()
