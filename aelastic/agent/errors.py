@@ -1,0 +1,335 @@
+"""Error files, per-worker failures and the worker group's failure report (torch's ``ChildFailedError`` text).
+
+A worker decorated with :func:`record` (ours or torch's: same file format) writes its uncaught exception to
+``TORCHELASTIC_ERROR_FILE``::
+
+    {"message": {"message": "<Type>: <msg>", "extraInfo": {"py_callstack": "<traceback>", "timestamp": "<epoch s>"}}}
+
+The agent turns each failed :class:`~aelastic.agent.processes.WorkerExit` plus that file into a
+:class:`ProcessFailure`, and the group's failures into a :class:`ChildFailedError` whose text is torch's report,
+byte for byte, except where a worker wrote no error file and did not die by a signal: torch then prints a link to
+its documentation; here the traceback field shows the last lines the worker wrote to stderr (often a traceback).
+
+This module is imported by workers (through :func:`record` and the callable bootstrap): it imports only the
+standard library and :mod:`aelastic.errors`.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import functools
+import json
+import logging
+import os
+import signal
+import socket
+import time
+import traceback as traceback_module
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from string import Template
+from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar
+
+from ..errors import AelasticError
+
+if TYPE_CHECKING:
+    from .processes import WorkerExit
+
+__all__ = ["ChildFailedError", "ProcessFailure", "record"]
+
+logger = logging.getLogger(__name__)
+
+NOT_AVAILABLE: Final = "<N/A>"
+_ERROR_FILE_ENV: Final = "TORCHELASTIC_ERROR_FILE"
+_TORCH_NO_TRACEBACK: Final = "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html"
+
+_FAILURE_FORMAT_TEMPLATE: Final = """[${idx}]:
+  time      : ${time}
+  host      : ${hostname}
+  rank      : ${rank} (local_rank: ${local_rank})
+  exitcode  : ${exitcode} (pid: ${pid}) ${signal_name}
+  error_file: ${error_file}
+  traceback : ${message}"""
+
+# The blank first line is torch's: the report starts on its own line after "ChildFailedError:".
+_MSG_FORMAT_TEMPLATE: Final = """
+${boarder}
+${title}
+${section}
+Failures:
+${other_failures}
+${section}
+Root Cause (first observed failure):
+${root_failure}
+${boarder}"""
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _signal_name(exitcode: int) -> str:
+    if exitcode >= 0:
+        return NOT_AVAILABLE
+    try:
+        return signal.Signals(-exitcode).name
+    except ValueError:
+        return NOT_AVAILABLE
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessFailure:
+    """One failed worker, as the report shows it.
+
+    Attributes:
+        error_file: the error file's path when the worker wrote one, else ``"<N/A>"`` (torch's marker).
+        timestamp: epoch seconds: the error file's timestamp if there is one (torch), else when the agent observed
+            the exit.
+        message: one line: ``"<Type>: <msg>"`` from the error file, torch's signal line, or the exit code.
+        traceback: the report's ``traceback`` field, already indented for it.
+        error_data: the error file's JSON (``{}`` without one).
+    """
+
+    local_rank: int
+    global_rank: int
+    pid: int
+    exitcode: int
+    error_file: str
+    timestamp: float
+    message: str
+    traceback: str
+    error_data: Mapping[str, Any]
+
+    @classmethod
+    def from_exit(cls, worker: WorkerExit, error_file: str | os.PathLike[str] | None) -> ProcessFailure:
+        """Build the failure of ``worker`` from its exit and, if it exists, its error file.
+
+        A file that exists but is not torch's JSON is reported as such in the message (the report must still be
+        written); a missing file is the ordinary case of a worker without ``@record``.
+        """
+        data: dict[str, Any] = {}
+        path = None if error_file is None else Path(error_file)
+        if path is not None and path.is_file():
+            try:
+                loaded = json.loads(path.read_text(encoding="utf-8"))
+                if not isinstance(loaded, dict) or "message" not in loaded:
+                    raise ValueError("no 'message' field")
+                data = loaded
+            except (OSError, ValueError) as exc:
+                logger.warning("unreadable error file %s of pid %d: %s", path, worker.pid, exc)
+                return cls._without_file(worker, note=f"(unreadable error file {path}: {exc})")
+            return cls._with_file(worker, str(path), data)
+        return cls._without_file(worker, note=None)
+
+    @classmethod
+    def _with_file(cls, worker: WorkerExit, path: str, data: dict[str, Any]) -> ProcessFailure:
+        raw = data["message"]
+        if isinstance(raw, str):  # torch's "new" plain-string form; shown as is
+            message = traceback = raw
+            timestamp = float(int(data.get("timestamp", 0) or 0)) or worker.timestamp
+        else:
+            raw = dict(raw) if isinstance(raw, Mapping) else {"message": str(raw)}
+            message = str(raw.get("message", NOT_AVAILABLE))
+            extra = raw.get("extraInfo", {})
+            extra = extra if isinstance(extra, Mapping) else {}
+            traceback = str(extra.get("py_callstack", message)).replace("\n", "\n  ")
+            try:
+                timestamp = float(int(extra.get("timestamp", 0))) or worker.timestamp
+            except (TypeError, ValueError):
+                timestamp = worker.timestamp
+        return cls(
+            local_rank=worker.local_rank,
+            global_rank=worker.global_rank,
+            pid=worker.pid,
+            exitcode=worker.exitcode,
+            error_file=path,
+            timestamp=timestamp,
+            message=message,
+            traceback=traceback,
+            error_data=data,
+        )
+
+    @classmethod
+    def _without_file(cls, worker: WorkerExit, note: str | None) -> ProcessFailure:
+        tail = [line for line in worker.stderr_tail if line.strip()] if worker.stderr_tail else []
+        if worker.exitcode < 0:
+            message = f"Signal {-worker.exitcode} ({_signal_name(worker.exitcode)}) received by PID {worker.pid}"
+            lines = [message]
+            # A crash signal (SIGSEGV, SIGABRT, ...) often leaves a faulthandler dump on stderr: show it. A peer the
+            # agent stopped gets torch's line alone.
+            if -worker.exitcode not in (signal.SIGTERM, signal.SIGKILL):
+                lines += tail
+        else:
+            message = f"exited with code {worker.exitcode}"
+            lines = tail or [_TORCH_NO_TRACEBACK]
+        if note is not None:
+            lines.append(note)
+        return cls(
+            local_rank=worker.local_rank,
+            global_rank=worker.global_rank,
+            pid=worker.pid,
+            exitcode=worker.exitcode,
+            error_file=NOT_AVAILABLE,
+            timestamp=worker.timestamp,
+            message=message,
+            traceback="\n  ".join(lines),
+            error_data={},
+        )
+
+    def signal_name(self) -> str:
+        """The name of the signal that killed the worker, or ``"<N/A>"``."""
+        return _signal_name(self.exitcode)
+
+    def timestamp_isoformat(self) -> str:
+        """``YYYY-MM-DD_HH:MM:SS`` in local time, like torch."""
+        return datetime.fromtimestamp(int(self.timestamp)).isoformat(sep="_")
+
+
+class ChildFailedError(AelasticError):
+    """Workers of a group failed; ``str()`` is torch's report.
+
+    Args:
+        name: what failed (torch uses the entrypoint: the script path, or the function's name).
+        failures: the failures by global rank, in the order the report lists them.
+        root_rank: the root cause; by default the failure with the earliest timestamp (torch's rule). An agent
+            that knows the first exit it observed passes that rank.
+        hostname: the ``host`` field; by default ``socket.getfqdn()`` (torch's), looked up once.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        failures: Mapping[int, ProcessFailure],
+        *,
+        root_rank: int | None = None,
+        hostname: str | None = None,
+    ) -> None:
+        if not failures:
+            raise ValueError(f"ChildFailedError({name!r}): needs at least one failure")
+        if root_rank is not None and root_rank not in failures:
+            raise ValueError(f"root_rank {root_rank}: not among the failed ranks {sorted(failures)}")
+        self.name = name
+        self.failures: dict[int, ProcessFailure] = dict(failures)
+        self.root_rank = root_rank
+        self.hostname = socket.getfqdn() if hostname is None else hostname
+        super().__init__(self.format_report())
+
+    def get_first_failure(self) -> tuple[int, ProcessFailure]:
+        """The root cause: ``(global_rank, failure)``."""
+        if self.root_rank is not None:
+            return self.root_rank, self.failures[self.root_rank]
+        rank = min(self.failures, key=lambda r: self.failures[r].timestamp)
+        return rank, self.failures[rank]
+
+    def format_report(self, boarder_delim: str = "=", section_delim: str = "-") -> str:
+        """torch's ``ChildFailedError.format_msg`` text."""
+        title = f"{self.name} FAILED"
+        root_rank, _ = self.get_first_failure()
+        root_failure_fmt = ""
+        other_failures_fmt: list[str] = []
+        width = len(title)
+        for idx, (rank, failure) in enumerate(self.failures.items()):
+            fmt, w = self._format_failure(idx, rank, failure)
+            width = max(width, w)
+            if rank == root_rank:
+                root_failure_fmt = fmt
+            else:
+                other_failures_fmt.append(fmt)
+        width = min(width, 60)
+        return Template(_MSG_FORMAT_TEMPLATE).substitute(
+            boarder=boarder_delim * width,
+            title=title,
+            section=section_delim * width,
+            root_failure=root_failure_fmt,
+            other_failures="\n".join(other_failures_fmt or ["  <NO_OTHER_FAILURES>"]),
+        )
+
+    def _format_failure(self, idx: int, rank: int, failure: ProcessFailure) -> tuple[str, int]:
+        signal_name = failure.signal_name()
+        fmt = Template(_FAILURE_FORMAT_TEMPLATE).substitute(
+            idx=idx,
+            time=failure.timestamp_isoformat(),
+            hostname=self.hostname,
+            rank=rank,
+            local_rank=failure.local_rank,
+            exitcode=failure.exitcode,
+            pid=failure.pid,
+            signal_name=f" ({signal_name})" if signal_name != NOT_AVAILABLE else "",
+            error_file=failure.error_file,
+            message=failure.traceback,
+        )
+        return fmt, max(len(line) for line in fmt.split("\n"))
+
+
+def _error_file_path() -> str | None:
+    return os.environ.get(_ERROR_FILE_ENV) or None
+
+
+def _write_json(path: str, data: Mapping[str, Any]) -> None:
+    try:
+        with open(path, "w", encoding="utf-8") as fp:
+            json.dump(data, fp)
+    except OSError as exc:
+        logger.warning("could not write the error file %s: %s", path, exc)
+
+
+def _record_exception(exc: BaseException) -> None:
+    path = _error_file_path()
+    if path is None:
+        return
+    _write_json(
+        path,
+        {
+            "message": {
+                "message": f"{type(exc).__name__}: {exc}",
+                "extraInfo": {
+                    "py_callstack": "".join(traceback_module.format_exception(exc)),
+                    "timestamp": str(int(time.time())),
+                },
+            }
+        },
+    )
+
+
+def _propagate_child_failure(exc: ChildFailedError) -> None:
+    # Like torch: a nested agent's root cause becomes this process's error file, with the child's exit code.
+    _, root = exc.get_first_failure()
+    path = _error_file_path()
+    if path is None or root.error_file == NOT_AVAILABLE:
+        return
+    data = json.loads(json.dumps(root.error_data))
+    if isinstance(data.get("message"), dict) and root.exitcode:
+        data["message"]["errorCode"] = root.exitcode
+    _write_json(path, data)
+
+
+def record(fn: Callable[_P, _R]) -> Callable[_P, _R | None]:
+    """Decorate a worker's entry point so an uncaught exception is written to ``TORCHELASTIC_ERROR_FILE``.
+
+    The file has torch's format, so torch's agent reads it too. The exception is re-raised (the worker still exits
+    non-zero with its traceback on stderr). ``SystemExit(0)`` returns ``None`` (a script's clean ``sys.exit()``);
+    other ``SystemExit`` codes and ``KeyboardInterrupt`` pass through without a file. Without the variable,
+    nothing is written. Like torch, it enables :mod:`faulthandler`, so a crash signal dumps the stacks to stderr.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R | None:
+        try:
+            faulthandler.enable(all_threads=True)
+        except (RuntimeError, ValueError, OSError) as exc:  # no usable stderr (e.g. closed)
+            logger.debug("faulthandler not enabled: %s", exc)
+        try:
+            return fn(*args, **kwargs)
+        except SystemExit as exc:
+            if exc.code == 0:
+                return None
+            raise
+        except ChildFailedError as exc:
+            _propagate_child_failure(exc)
+            raise
+        except Exception as exc:
+            _record_exception(exc)
+            raise
+
+    return wrapper

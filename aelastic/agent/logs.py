@@ -1,0 +1,371 @@
+"""Worker output: prefixes, redirects to per-rank files, tee, rank filter, and a tail of each worker's stderr.
+
+Theory of operation
+-------------------
+Every worker's stdout and stderr are pipes to the agent. A pump task per pipe (:func:`pump`) reads chunks as they
+arrive and hands them to the worker's :class:`WorkerLog`, which routes them, synchronously and without awaiting:
+
+* to ``<log_dir>/attempt_<n>/<local_rank>/stdout.log|stderr.log`` when the stream is redirected or teed (raw
+  bytes, exactly as the worker wrote them, through an unbuffered file, so the file is complete the moment the
+  chunk is handled: there is nothing to flush after any kind of stop);
+* to the agent's console (its own stdout/stderr, or injected sinks) when the stream is not redirected, or is teed,
+  and the rank passes ``local_ranks_filter``. Console output is cut into whole lines, each written with its prefix
+  (``[default0]:`` or the ``log_line_prefix_template``) in one ``write`` call. All pumps run in one event-loop
+  thread and never await between receiving a chunk and writing its lines, so two chatty workers can never
+  interleave partial lines. A last line without a newline is written, with one, at end of stream.
+
+The mapping follows torch's ``DefaultLogsSpecs``/``TailLog`` (``Std``, ``redirects``, ``tee``,
+``local_ranks_filter``), but is event-driven (no 0.1 s polling of files) and every console line goes through the
+agent. The last lines of each worker's stderr are kept whatever the routing: the failure report shows them when a
+worker wrote no error file.
+
+Writes to regular files and to the console are plain blocking writes from the event loop, as with any logging
+handler: they hit the page cache or the terminal and do not wait on the workers.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import re
+import shutil
+import socket
+import sys
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from string import Template
+from typing import BinaryIO, Final, Protocol
+
+import anyio
+import anyio.abc
+
+from ..errors import ConfigurationError
+
+__all__ = ["ConsoleSinks", "LogSpec", "Std", "TextSink", "WorkerLog", "pump"]
+
+logger = logging.getLogger(__name__)
+
+_MAX_LINE: Final = 1 << 16  # a console "line" longer than this is cut, so one runaway line cannot eat memory
+_STD_MAP_RE: Final = re.compile(r"^(\d:[0123],)*(\d:[0123])$")  # torch's pattern: single-digit local ranks
+
+
+class Std(enum.IntFlag):
+    """Which of a worker's standard streams a setting applies to (torch's ``Std``)."""
+
+    NONE = 0
+    OUT = 1
+    ERR = 2
+    ALL = OUT | ERR
+
+    @classmethod
+    def from_str(cls, vm: str) -> Std | dict[int, Std]:
+        """Parse torch's spelling: ``"0"``..``"3"`` for every rank, or ``"i:v,j:v"`` per local rank.
+
+        Raises:
+            ConfigurationError: ``vm`` is neither form.
+        """
+        if re.fullmatch(r"[0123]", vm):
+            return cls(int(vm))
+        if _STD_MAP_RE.match(vm):
+            parsed: dict[int, Std] = {}
+            for item in vm.split(","):
+                rank, value = item.split(":")
+                parsed[int(rank)] = cls(int(value))
+            return parsed
+        raise ConfigurationError(
+            f"{vm!r}: expected a value in 0..3 (0 none, 1 stdout, 2 stderr, 3 both) "
+            "or a per-local-rank map like '0:1,1:3'"
+        )
+
+
+StdSpec = Std | Mapping[int, Std]
+
+
+class TextSink(Protocol):
+    """Where console lines go: anything with ``write`` and ``flush`` (a text file, ``io.StringIO``)."""
+
+    def write(self, s: str, /) -> object: ...
+
+    def flush(self) -> object: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ConsoleSinks:
+    """The agent's console. ``None`` means the agent's ``sys.stdout`` / ``sys.stderr``, looked up at each write."""
+
+    stdout: TextSink | None = None
+    stderr: TextSink | None = None
+
+
+def _default_hostname() -> str:
+    return socket.gethostname()  # torch uses the short name for ${hostname}
+
+
+@dataclass(frozen=True, slots=True)
+class LogSpec:
+    """How one attempt of a node's workers is logged.
+
+    Attributes:
+        role: the worker role; the default prefix is ``[<role><local_rank>]:``.
+        log_dir: the run's log directory; files go to ``<log_dir>/attempt_<attempt>/<local_rank>/``. ``None``
+            writes no files at all (no redirects, no tee, no error files): a launcher that wants torch's default
+            creates a temporary directory and passes it here.
+        redirects: streams that go to the per-rank file *instead of* the console (a ``Std`` for every rank, or a
+            map by local rank; ranks missing from a map get ``Std.NONE``).
+        tee: streams that go to the per-rank file *and* the console.
+        local_ranks_filter: local ranks whose console output is shown; ``None`` shows every rank. Files are
+            written whatever the filter.
+        line_prefix_template: ``string.Template`` with ``${role_name} ${rank} ${local_rank} ${hostname}``,
+            replacing the default prefix.
+        hostname: the value of ``${hostname}``.
+        attempt: the restart count; names the attempt directory.
+        console: the agent's console destinations.
+        stderr_tail_lines: how many last stderr lines of each worker are kept for the failure report.
+    """
+
+    role: str = "default"
+    log_dir: Path | None = None
+    redirects: StdSpec = Std.NONE
+    tee: StdSpec = Std.NONE
+    local_ranks_filter: frozenset[int] | None = None
+    line_prefix_template: str | None = None
+    hostname: str = field(default_factory=_default_hostname)
+    attempt: int = 0
+    console: ConsoleSinks = field(default_factory=ConsoleSinks)
+    stderr_tail_lines: int = 20
+
+    def __post_init__(self) -> None:
+        if self.attempt < 0:
+            raise ConfigurationError(f"attempt {self.attempt}: must be >= 0")
+        if self.stderr_tail_lines < 0:
+            raise ConfigurationError(f"stderr_tail_lines {self.stderr_tail_lines}: must be >= 0")
+        if self.log_dir is None and (_any_std(self.redirects) or _any_std(self.tee)):
+            raise ConfigurationError(
+                f"redirects={self.redirects!r}, tee={self.tee!r}: writing worker output to files needs a log_dir"
+            )
+
+    def redirects_for(self, local_rank: int) -> Std:
+        """The streams of ``local_rank`` that go to its files only."""
+        return _std_for(self.redirects, local_rank)
+
+    def tee_for(self, local_rank: int) -> Std:
+        """The streams of ``local_rank`` that go to its files and the console."""
+        return _std_for(self.tee, local_rank)
+
+    def shows_on_console(self, local_rank: int) -> bool:
+        """Whether ``local_rank`` passes ``local_ranks_filter``."""
+        return self.local_ranks_filter is None or local_rank in self.local_ranks_filter
+
+    def attempt_dir(self) -> Path | None:
+        """``<log_dir>/attempt_<attempt>``, or ``None`` without a log_dir."""
+        return None if self.log_dir is None else self.log_dir / f"attempt_{self.attempt}"
+
+    def rank_dir(self, local_rank: int) -> Path | None:
+        """``<log_dir>/attempt_<attempt>/<local_rank>``, or ``None`` without a log_dir."""
+        attempt_dir = self.attempt_dir()
+        return None if attempt_dir is None else attempt_dir / str(local_rank)
+
+    def stdout_path(self, local_rank: int) -> Path | None:
+        rank_dir = self.rank_dir(local_rank)
+        return None if rank_dir is None else rank_dir / "stdout.log"
+
+    def stderr_path(self, local_rank: int) -> Path | None:
+        rank_dir = self.rank_dir(local_rank)
+        return None if rank_dir is None else rank_dir / "stderr.log"
+
+    def error_file_path(self, local_rank: int) -> Path | None:
+        """The worker's ``TORCHELASTIC_ERROR_FILE``: ``<log_dir>/attempt_<n>/<local_rank>/error.json``."""
+        rank_dir = self.rank_dir(local_rank)
+        return None if rank_dir is None else rank_dir / "error.json"
+
+    def prefix(self, local_rank: int, global_rank: int) -> str:
+        """The console prefix of a worker's lines."""
+        if self.line_prefix_template is None:
+            return f"[{self.role}{local_rank}]:"
+        return Template(self.line_prefix_template).safe_substitute(
+            role_name=self.role, rank=global_rank, local_rank=local_rank, hostname=self.hostname
+        )
+
+    def prepare_attempt_dir(self, local_ranks: list[int]) -> None:
+        """Create an empty attempt directory with one directory per local rank (torch removes an old one too).
+
+        A sync call: a few ``mkdir`` on the local disk before any worker starts.
+        """
+        attempt_dir = self.attempt_dir()
+        if attempt_dir is None:
+            return
+        if attempt_dir.exists():
+            shutil.rmtree(attempt_dir)
+        for local_rank in local_ranks:
+            (attempt_dir / str(local_rank)).mkdir(parents=True, exist_ok=True)
+
+
+def _any_std(spec: StdSpec) -> bool:
+    if isinstance(spec, Std):
+        return spec != Std.NONE
+    return any(value != Std.NONE for value in spec.values())
+
+
+def _std_for(spec: StdSpec, local_rank: int) -> Std:
+    if isinstance(spec, Std):
+        return spec
+    return Std(spec.get(local_rank, Std.NONE))
+
+
+class _Stream:
+    """One of a worker's two streams: its file, its console, its partial line."""
+
+    __slots__ = ("console", "file", "pending", "prefix", "tail")
+
+    def __init__(self, file: BinaryIO | None, console: TextSink | None, prefix: str, tail: deque[str] | None) -> None:
+        self.file = file
+        self.console = console  # None: not shown (redirected, or filtered out)
+        self.prefix = prefix
+        self.tail = tail
+        self.pending = bytearray()
+
+    @property
+    def needs_lines(self) -> bool:
+        return self.console is not None or self.tail is not None
+
+    def feed(self, data: bytes) -> None:
+        if self.file is not None:
+            try:
+                self.file.write(data)
+            except OSError as exc:  # disk full, ...: keep the workers running, say so once
+                logger.warning("cannot write worker output to %s (%s): no more output goes there", self.file.name, exc)
+                self.file = None
+        if not self.needs_lines:
+            return
+        self.pending += data
+        start = 0
+        lines: list[str] = []
+        while True:
+            end = self.pending.find(b"\n", start)
+            if end < 0:
+                break
+            lines.append(self.pending[start : end + 1].decode("utf-8", "replace"))
+            start = end + 1
+        del self.pending[:start]
+        if len(self.pending) > _MAX_LINE:
+            lines.append(self.pending.decode("utf-8", "replace") + "\n")
+            self.pending.clear()
+        if lines:
+            self._emit(lines)
+
+    def finish(self) -> None:
+        if self.pending:
+            line = self.pending.decode("utf-8", "replace") + "\n"
+            self.pending.clear()
+            self._emit([line])
+
+    def _emit(self, lines: list[str]) -> None:
+        if self.tail is not None:
+            self.tail.extend(line.rstrip("\n") for line in lines)
+        if self.console is not None:
+            # One write per batch of whole lines: nothing else can write to the sink in between.
+            try:
+                self.console.write("".join(self.prefix + line for line in lines))
+                self.console.flush()
+            except (OSError, ValueError) as exc:  # the agent's console went away (a closed pipe, a closed file)
+                logger.warning("cannot write worker output to the console (%s): it is dropped from now on", exc)
+                self.console = None
+
+
+class WorkerLog:
+    """Routes one worker's output according to a :class:`LogSpec`; a sync object fed by :func:`pump`.
+
+    Open it before the worker starts (it opens the worker's files) and :meth:`close` it after both streams have
+    ended. The files are written unbuffered: everything handled is on disk whatever way the run stops.
+    """
+
+    def __init__(self, spec: LogSpec, local_rank: int, global_rank: int) -> None:
+        self.spec = spec
+        self.local_rank = local_rank
+        self.global_rank = global_rank
+        self._tail: deque[str] = deque(maxlen=spec.stderr_tail_lines)
+        self._files: list[BinaryIO] = []
+        self._closed = False
+        prefix = spec.prefix(local_rank, global_rank)
+        shown = spec.shows_on_console(local_rank)
+        redirects = spec.redirects_for(local_rank)
+        tee = spec.tee_for(local_rank)
+        self._streams: dict[Std, _Stream] = {}
+        try:
+            for std, path in ((Std.OUT, spec.stdout_path(local_rank)), (Std.ERR, spec.stderr_path(local_rank))):
+                file: BinaryIO | None = None
+                if (redirects | tee) & std and path is not None:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    file = open(path, "wb", buffering=0)  # noqa: SIM115 - closed by close()
+                    self._files.append(file)
+                on_console = shown and (not (redirects & std) or bool(tee & std))
+                console: TextSink | None = _ConsoleRef(spec.console, std) if on_console else None
+                self._streams[std] = _Stream(file, console, prefix, self._tail if std == Std.ERR else None)
+        except BaseException:
+            self.close()
+            raise
+
+    def __repr__(self) -> str:
+        return (
+            f"<WorkerLog local_rank={self.local_rank} rank={self.global_rank} "
+            f"files={[f.name for f in self._files]} closed={self.closed}>"
+        )
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def feed(self, std: Std, data: bytes) -> None:
+        """Handle a chunk the worker wrote to ``std`` (``Std.OUT`` or ``Std.ERR``)."""
+        self._streams[std].feed(data)
+
+    def finish(self, std: Std) -> None:
+        """End of ``std``: write out a last line that had no newline."""
+        self._streams[std].finish()
+
+    def stderr_tail(self) -> tuple[str, ...]:
+        """The last ``stderr_tail_lines`` lines the worker wrote to stderr (a partial last line once finished)."""
+        return tuple(self._tail)
+
+    def close(self) -> None:
+        """Close the worker's files (idempotent)."""
+        self._closed = True
+        for file in self._files:
+            file.close()
+
+
+class _ConsoleRef:
+    """Resolves the agent's console at write time, so ``sys.stdout`` swapped later (pytest, a notebook) is used."""
+
+    __slots__ = ("_sinks", "_std")
+
+    def __init__(self, sinks: ConsoleSinks, std: Std) -> None:
+        self._sinks = sinks
+        self._std = std
+
+    def _target(self) -> TextSink:
+        if self._std == Std.OUT:
+            return self._sinks.stdout if self._sinks.stdout is not None else sys.stdout
+        return self._sinks.stderr if self._sinks.stderr is not None else sys.stderr
+
+    def write(self, s: str, /) -> object:
+        return self._target().write(s)
+
+    def flush(self) -> object:
+        return self._target().flush()
+
+
+async def pump(stream: anyio.abc.ByteReceiveStream, log: WorkerLog, std: Std) -> None:
+    """Feed everything read from ``stream`` into ``log`` as ``std`` until end of stream.
+
+    On cancellation the partial last line read so far is still written out, then the cancellation propagates.
+    """
+    try:
+        async for chunk in stream:
+            log.feed(std, chunk)
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+        pass  # the pipe went away: what was read is handled, and there is nothing more to read
+    finally:
+        log.finish(std)

@@ -1,0 +1,485 @@
+"""Start and supervise one node's local workers; make sure none of them outlives the agent.
+
+Theory of operation
+-------------------
+:func:`run_workers` spawns every worker first (outside any task group, so a spawn error surfaces as itself), each
+as the leader of a process group of its own (``start_new_session=True``), with stdout and stderr piped to the
+agent. Then one task group holds a waiter per worker (``await process.wait()``: no polling) and a pump per pipe
+(:func:`aelastic.agent.logs.pump`). The waiters end when every worker has exited 0, or at the first non-zero exit,
+or when the caller's scope is cancelled. In every case the same stop runs, shielded, the way trio's
+``run_process`` stops a child: SIGTERM to every worker's process group (``killpg``: also the groups whose leader
+already exited, so a worker's own children die too), wait up to ``grace`` for the leaders, SIGKILL to every group,
+reap every leader. The pumps are shielded too, so what the workers wrote before dying reaches the logs; once the
+groups are dead the pipes reach end of file (a descendant that left its group and still holds a pipe is cut off
+after :data:`_DRAIN_LIMIT`). Then the outcome is returned, or the cancellation re-raised.
+
+No orphans, even when the agent is SIGKILLed:
+
+* *Parent-death signal.* Every worker is exec'd through util-linux ``setpriv --pdeathsig KILL --`` when it exists,
+  else through :mod:`aelastic.agent._pdeathsig` (``prctl(PR_SET_PDEATHSIG, SIGKILL)`` via ctypes, then
+  ``execvp``). Either way the worker keeps the pid the agent sees, and the kernel kills it when the agent dies.
+  The kernel ties that signal to the *thread* that forked. trio's ``open_process`` forks from a cached worker
+  thread that exits after 10 idle seconds, which would kill every worker; so workers are not started with
+  ``anyio.open_process`` but with ``subprocess.Popen`` called from the event-loop thread (a fork/exec of a few
+  milliseconds, as torch does), their exit awaited through a pidfd (``anyio.wait_readable``, then
+  ``Popen.poll`` reaps) and their pipes read with ``anyio.wait_readable`` + ``os.read``: the same code on asyncio
+  and trio, no threads, no polling. Run the event loop on a thread that lives as long as the workers (the main
+  thread, or the blocking portal's thread for the whole launch).
+* *Reaper sidecar.* The parent-death signal reaches the worker only, not its children. :func:`open_reaper` starts
+  :mod:`aelastic.agent._reaper`, which reads a pipe whose only write end the agent holds; every worker group is
+  registered with it right after spawning and unregistered once stopped and reaped. When the pipe reaches end of
+  file (the agent exited or died by any signal), the reaper SIGKILLs every group still registered. Between a spawn
+  and its registration (a pipe write) there is a window of microseconds in which only the parent-death signal
+  covers the worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+
+from ..errors import AelasticError, ConfigurationError
+from . import _pdeathsig, _reaper
+from .logs import LogSpec, Std, WorkerLog, pump
+
+__all__ = [
+    "GroupOutcome",
+    "Reaper",
+    "ReaperError",
+    "WorkerCommand",
+    "WorkerExit",
+    "open_reaper",
+    "run_workers",
+]
+
+logger = logging.getLogger(__name__)
+
+# After the stop, how long the pumps may wait for end of file on the workers' pipes. Every process of the workers'
+# groups is dead by then, so end of file is immediate unless a descendant moved to another group or session and
+# still holds a pipe; its later output is dropped.
+_DRAIN_LIMIT: Final = 5.0
+
+
+class ReaperError(AelasticError):
+    """The reaper sidecar is gone: worker groups can no longer be registered for cleanup after an agent crash."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerCommand:
+    """One local worker to start.
+
+    Attributes:
+        local_rank: rank on this node.
+        global_rank: rank in the job.
+        args: the command line (``args[0]`` looked up on ``PATH`` of ``env``).
+        env: the worker's full environment (nothing is inherited).
+    """
+
+    local_rank: int
+    global_rank: int
+    args: tuple[str, ...]
+    env: Mapping[str, str]
+
+    def __post_init__(self) -> None:
+        if not self.args:
+            raise ConfigurationError(f"worker local_rank {self.local_rank}: empty command line")
+        if self.local_rank < 0 or self.global_rank < 0:
+            raise ConfigurationError(
+                f"worker local_rank {self.local_rank}, rank {self.global_rank}: ranks must be >= 0"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerExit:
+    """How one worker ended.
+
+    Attributes:
+        exitcode: the exit status; negative is ``-signal`` (like ``Popen.returncode``), e.g. ``-15`` for a peer
+            the agent stopped with SIGTERM.
+        timestamp: wall-clock time (epoch seconds) when the agent observed the exit.
+        stderr_tail: the last lines the worker wrote to stderr (``LogSpec.stderr_tail_lines``).
+    """
+
+    local_rank: int
+    global_rank: int
+    pid: int
+    exitcode: int
+    timestamp: float
+    stderr_tail: tuple[str, ...] = ()
+
+    @property
+    def failed(self) -> bool:
+        return self.exitcode != 0
+
+
+@dataclass(frozen=True, slots=True)
+class GroupOutcome:
+    """The exits of one worker group, in command order, and the first failure the agent observed."""
+
+    exits: tuple[WorkerExit, ...]
+    first_failure: WorkerExit | None
+
+    @property
+    def succeeded(self) -> bool:
+        return self.first_failure is None and all(not e.failed for e in self.exits)
+
+    @property
+    def failures(self) -> tuple[WorkerExit, ...]:
+        """Every worker that exited non-zero, peers stopped by the agent included (as torch reports them)."""
+        return tuple(e for e in self.exits if e.failed)
+
+
+class Reaper:
+    """The agent's handle on its reaper sidecar (see :func:`open_reaper`)."""
+
+    def __init__(self, process: anyio.abc.Process, fd: int) -> None:
+        self._process = process
+        self._fd = fd
+        self._registered: set[int] = set()
+
+    def __repr__(self) -> str:
+        return f"<Reaper pid={self._process.pid} registered={sorted(self._registered)} closed={self._fd < 0}>"
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    def statistics(self) -> frozenset[int]:
+        """The process groups registered now."""
+        return frozenset(self._registered)
+
+    async def register(self, pgid: int) -> None:
+        """Have the reaper SIGKILL process group ``pgid`` if the agent goes away before :meth:`unregister`.
+
+        Raises:
+            ReaperError: the reaper is gone or was closed.
+        """
+        await self._send(f"+{pgid}\n".encode())
+        self._registered.add(pgid)
+
+    async def unregister(self, pgid: int) -> None:
+        """Forget process group ``pgid`` (it has been stopped and reaped).
+
+        Raises:
+            ReaperError: the reaper is gone or was closed.
+        """
+        await self._send(f"-{pgid}\n".encode())
+        self._registered.discard(pgid)
+
+    async def _send(self, line: bytes) -> None:
+        await anyio.lowlevel.checkpoint()
+        while True:
+            if self._fd < 0:
+                raise ReaperError("the reaper sidecar was closed; open a new one with open_reaper()")
+            try:
+                os.write(self._fd, line)  # under PIPE_BUF: all of it or EAGAIN
+            except BlockingIOError:
+                await anyio.wait_writable(self._fd)
+            except BrokenPipeError as exc:
+                raise ReaperError(
+                    f"the reaper sidecar (pid {self._process.pid}) exited with {self._process.returncode}; "
+                    "worker groups can no longer be protected against an agent crash"
+                ) from exc
+            else:
+                return
+
+    def _close(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
+
+
+@asynccontextmanager
+async def open_reaper() -> AsyncIterator[Reaper]:
+    """Start the reaper sidecar for this agent; yields the :class:`Reaper` to pass to :func:`run_workers`.
+
+    On exit the pipe is closed; the sidecar kills the groups still registered (none, after a clean run) and exits;
+    it is reaped under a shield. If the agent dies instead, the kernel closes the pipe and the sidecar does the
+    same.
+    """
+    read_fd, write_fd = os.pipe()  # both non-inheritable: workers never hold the write end
+    try:
+        process = await anyio.open_process(
+            [sys.executable, "-I", "-S", str(Path(_reaper.__file__))],
+            stdin=read_fd,
+            stdout=subprocess.DEVNULL,
+            stderr=None,
+            start_new_session=True,
+        )
+    except BaseException:
+        os.close(write_fd)
+        raise
+    finally:
+        os.close(read_fd)
+    os.set_blocking(write_fd, False)
+    reaper = Reaper(process, write_fd)
+    logger.debug("reaper sidecar started, pid %d", process.pid)
+    try:
+        yield reaper
+    finally:
+        reaper._close()
+        with anyio.CancelScope(shield=True):
+            await process.aclose()
+
+
+def _pdeathsig_prefix() -> tuple[str, ...]:
+    setpriv = shutil.which("setpriv")
+    if setpriv is not None:
+        return (setpriv, "--pdeathsig", "KILL", "--")
+    return (sys.executable, "-I", "-S", str(Path(_pdeathsig.__file__)), str(os.getpid()))
+
+
+def _signal_group(pgid: int, signum: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:
+        pass  # the group is empty: leader reaped, no descendant left
+    except PermissionError:
+        # The leader is reaped and its id now names somebody else's group: nothing of ours is in it.
+        logger.debug("not signalling process group %d: not ours any more", pgid)
+
+
+class _PipeReader(anyio.abc.ByteReceiveStream):
+    """The agent's end of a worker's stdout or stderr pipe (non-blocking fd, awaited with ``wait_readable``)."""
+
+    def __init__(self, fd: int) -> None:
+        os.set_blocking(fd, False)
+        self._fd = fd
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        while True:
+            if self._fd < 0:
+                raise anyio.ClosedResourceError
+            try:
+                data = os.read(self._fd, max_bytes)
+            except BlockingIOError:
+                await anyio.wait_readable(self._fd)
+                continue
+            if not data:
+                raise anyio.EndOfStream
+            return data
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
+
+    async def aclose(self) -> None:
+        self.close()
+        await anyio.lowlevel.checkpoint()
+
+
+class _Child:
+    """A worker process started from the event-loop thread; its exit is awaited through a pidfd."""
+
+    __slots__ = ("_pidfd", "popen", "stderr", "stdout")
+
+    def __init__(self, args: Sequence[str], env: Mapping[str, str]) -> None:
+        out_read, out_write = os.pipe()
+        err_read, err_write = os.pipe()
+        try:
+            self.popen = subprocess.Popen(
+                args, stdout=out_write, stderr=err_write, env=env, start_new_session=True, close_fds=True
+            )
+        except BaseException:
+            os.close(out_read)
+            os.close(err_read)
+            raise
+        finally:
+            os.close(out_write)
+            os.close(err_write)
+        self.stdout = _PipeReader(out_read)
+        self.stderr = _PipeReader(err_read)
+        self._pidfd = os.pidfd_open(self.popen.pid)  # not reaped yet, so it cannot fail with ESRCH
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    async def wait(self) -> int:
+        """Wait for the exit and reap (``Popen.poll``, so ``subprocess`` never reaps a reused pid later)."""
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        while (code := self.popen.poll()) is None:
+            await anyio.wait_readable(self._pidfd)
+        return code
+
+    def close(self) -> None:
+        """Close the pipes and the pidfd (after the process is reaped)."""
+        self.stdout.close()
+        self.stderr.close()
+        if self._pidfd >= 0:
+            fd, self._pidfd = self._pidfd, -1
+            os.close(fd)
+
+
+class _Worker:
+    __slots__ = ("command", "exitcode", "log", "process", "timestamp")
+
+    def __init__(self, command: WorkerCommand, process: _Child, log: WorkerLog) -> None:
+        self.command = command
+        self.process = process
+        self.log = log
+        self.exitcode: int | None = None
+        self.timestamp = 0.0
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def observe(self, exitcode: int) -> None:
+        if self.exitcode is None:
+            self.exitcode = exitcode
+            self.timestamp = time.time()
+
+    def to_exit(self) -> WorkerExit:
+        if self.exitcode is None:  # pragma: no cover - every worker is reaped before outcomes are built
+            raise RuntimeError(f"worker pid {self.pid} was not reaped")
+        return WorkerExit(
+            local_rank=self.command.local_rank,
+            global_rank=self.command.global_rank,
+            pid=self.pid,
+            exitcode=self.exitcode,
+            timestamp=self.timestamp,
+            stderr_tail=self.log.stderr_tail(),
+        )
+
+
+async def run_workers(
+    commands: Sequence[WorkerCommand], logs: LogSpec, *, grace: float, reaper: Reaper | None
+) -> GroupOutcome:
+    """Run one node's workers until all exit 0, or the first fails; then stop the rest.
+
+    Args:
+        commands: the workers, one per local rank.
+        logs: where their output goes (see :class:`~aelastic.agent.logs.LogSpec`); the attempt directory is
+            created afresh before any worker starts.
+        grace: seconds between SIGTERM and SIGKILL when stopping workers.
+        reaper: the agent's reaper sidecar (:func:`open_reaper`); ``None`` relies on the parent-death signal
+            alone, which leaves a worker's own children alive if the agent is SIGKILLed.
+
+    Returns:
+        Every worker's exit, in command order. Workers stopped by the agent after the first failure are reported
+        with their signal exit codes (``-15``, or ``-9`` when SIGKILL was needed), as torch does.
+
+    On cancellation every worker is stopped the same way (TERM, ``grace``, KILL, reap), under a shield, its output
+    drained into the logs, and then the cancellation propagates. A worker that cannot be executed is a worker that
+    exits 127; an error spawning the wrapper itself (out of processes, file descriptors) stops the workers already
+    started and propagates.
+    """
+    if grace < 0:
+        raise ConfigurationError(f"grace {grace}: must be >= 0 seconds")
+    local_ranks = [c.local_rank for c in commands]
+    if len(set(local_ranks)) != len(local_ranks):
+        raise ConfigurationError(f"local ranks {local_ranks}: each local rank must appear once")
+    await anyio.lowlevel.checkpoint()
+    logs.prepare_attempt_dir(local_ranks)
+    prefix = _pdeathsig_prefix()
+    workers: list[_Worker] = []
+    try:
+        try:
+            for command in commands:
+                log = WorkerLog(logs, command.local_rank, command.global_rank)
+                try:
+                    await anyio.lowlevel.checkpoint()
+                    process = _Child([*prefix, *command.args], command.env)
+                except BaseException:
+                    log.close()
+                    raise
+                workers.append(_Worker(command, process, log))
+                if reaper is not None:
+                    await reaper.register(process.pid)
+                logger.debug("started worker local_rank %d (pid %d)", command.local_rank, process.pid)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await _stop(workers, grace, reaper)
+            raise
+        first_failure = await _supervise(workers, grace, reaper)
+        exits = tuple(w.to_exit() for w in workers)
+        first = None if first_failure is None else exits[workers.index(first_failure)]
+        return GroupOutcome(exits=exits, first_failure=first)
+    finally:
+        for worker in workers:
+            worker.log.close()
+            worker.process.close()
+
+
+async def _supervise(workers: list[_Worker], grace: float, reaper: Reaper | None) -> _Worker | None:
+    first_failure: list[_Worker] = []
+
+    async def wait_worker(worker: _Worker, waiters: anyio.CancelScope) -> None:
+        worker.observe(await worker.process.wait())
+        if worker.exitcode != 0 and not first_failure:
+            first_failure.append(worker)
+            logger.info(
+                "worker local_rank %d (pid %d) exited with %d: stopping the others",
+                worker.command.local_rank,
+                worker.pid,
+                worker.exitcode,
+            )
+            waiters.cancel()
+
+    async def shielded_pump(
+        scope: anyio.CancelScope, stream: anyio.abc.ByteReceiveStream, log: WorkerLog, std: Std
+    ) -> None:
+        with scope:
+            await pump(stream, log, std)
+
+    async with anyio.create_task_group() as pumps:
+        drains: list[anyio.CancelScope] = []
+        for worker in workers:
+            for std, stream in ((Std.OUT, worker.process.stdout), (Std.ERR, worker.process.stderr)):
+                scope = anyio.CancelScope(shield=True)
+                drains.append(scope)
+                pumps.start_soon(shielded_pump, scope, stream, worker.log, std)
+        try:
+            async with anyio.create_task_group() as waiters:
+                for worker in workers:
+                    waiters.start_soon(wait_worker, worker, waiters.cancel_scope)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await _stop(workers, grace, reaper)
+            deadline = anyio.current_time() + _DRAIN_LIMIT
+            for scope in drains:
+                scope.deadline = deadline
+    return first_failure[0] if first_failure else None
+
+
+async def _stop(workers: list[_Worker], grace: float, reaper: Reaper | None) -> None:
+    """TERM every group, wait up to ``grace`` for the leaders, KILL every group, reap. Call it shielded."""
+    for worker in workers:
+        _signal_group(worker.pid, signal.SIGTERM)
+    with anyio.move_on_after(grace) as waited:
+        for worker in workers:
+            if worker.exitcode is None:
+                worker.observe(await worker.process.wait())
+    if waited.cancelled_caught:
+        logger.warning(
+            "workers %s did not exit within %.1f s of SIGTERM: sending SIGKILL",
+            [w.command.local_rank for w in workers if w.exitcode is None],
+            grace,
+        )
+    for worker in workers:
+        _signal_group(worker.pid, signal.SIGKILL)
+    for worker in workers:
+        if worker.exitcode is None:
+            worker.observe(await worker.process.wait())
+        if reaper is not None:
+            try:
+                await reaper.unregister(worker.pid)
+            except ReaperError as exc:
+                logger.warning("%s", exc)

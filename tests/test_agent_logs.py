@@ -1,0 +1,237 @@
+"""Worker output through the agent: prefixes, whole lines only, redirect / tee / filter file layout, the last line
+without a newline, the stderr tail, and complete files after a stop. Real worker processes; the console is an
+in-memory sink."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import textwrap
+from pathlib import Path
+
+import anyio
+import pytest
+
+from aelastic.agent.logs import ConsoleSinks, LogSpec, Std
+from aelastic.agent.processes import GroupOutcome, WorkerCommand, run_workers
+from aelastic.errors import ConfigurationError
+
+DEADLINE = 30.0
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.chunks: list[str] = []
+        self._changed: anyio.Event | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.chunks)
+
+    def write(self, s: str, /) -> int:
+        self.chunks.append(s)
+        if self._changed is not None:
+            self._changed.set()
+        return len(s)
+
+    def flush(self) -> None:
+        pass
+
+    async def wait_for(self, pattern: str) -> None:
+        while not re.search(pattern, self.text, re.MULTILINE):
+            self._changed = anyio.Event()
+            await self._changed.wait()
+
+
+def command(local_rank: int, code: str, global_rank: int | None = None) -> WorkerCommand:
+    return WorkerCommand(
+        local_rank=local_rank,
+        global_rank=local_rank if global_rank is None else global_rank,
+        args=(sys.executable, "-c", textwrap.dedent(code)),
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+async def run(commands: list[WorkerCommand], spec: LogSpec) -> GroupOutcome:
+    with anyio.fail_after(DEADLINE):
+        return await run_workers(commands, spec, grace=5, reaper=None)
+
+
+# --- Std and LogSpec --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("0", Std.NONE),
+        ("1", Std.OUT),
+        ("2", Std.ERR),
+        ("3", Std.ALL),
+        ("0:1", {0: Std.OUT}),
+        ("0:1,1:3,2:0", {0: Std.OUT, 1: Std.ALL, 2: Std.NONE}),
+    ],
+)
+def test_std_from_str(text: str, expected: object) -> None:
+    assert Std.from_str(text) == expected
+
+
+@pytest.mark.parametrize("text", ["4", "", "a", "0:4", "10:1", "0:1,", "0=1"])
+def test_std_from_str_rejects(text: str) -> None:
+    with pytest.raises(ConfigurationError, match=r"0\.\.3"):
+        Std.from_str(text)
+
+
+def test_files_need_a_log_dir() -> None:
+    with pytest.raises(ConfigurationError, match="log_dir"):
+        LogSpec(redirects=Std.OUT)
+    with pytest.raises(ConfigurationError, match="log_dir"):
+        LogSpec(tee={1: Std.ERR})
+
+
+def test_paths_and_prefixes(tmp_path: Path) -> None:
+    spec = LogSpec(role="trainer", log_dir=tmp_path, attempt=2, hostname="node7")
+    assert spec.error_file_path(3) == tmp_path / "attempt_2" / "3" / "error.json"
+    assert spec.stdout_path(0) == tmp_path / "attempt_2" / "0" / "stdout.log"
+    assert spec.stderr_path(0) == tmp_path / "attempt_2" / "0" / "stderr.log"
+    assert spec.prefix(1, 5) == "[trainer1]:"
+    templated = LogSpec(role="trainer", line_prefix_template="${role_name}-${rank}-${local_rank}@${hostname}|${x}: ")
+    assert templated.prefix(1, 5).startswith("trainer-5-1@")
+    assert templated.prefix(1, 5).endswith("|${x}: ")  # unknown names are left alone (safe_substitute)
+    assert LogSpec().error_file_path(0) is None
+
+
+# --- through real workers ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_default_and_template_prefixes() -> None:
+    out, err = Sink(), Sink()
+    code = "import sys; print('to out'); print('to err', file=sys.stderr)"
+    await run([command(0, code), command(1, code)], LogSpec(console=ConsoleSinks(stdout=out, stderr=err)))
+    assert sorted(out.text.splitlines()) == ["[default0]:to out", "[default1]:to out"]
+    assert sorted(err.text.splitlines()) == ["[default0]:to err", "[default1]:to err"]
+
+    out = Sink()
+    spec = LogSpec(
+        role="trainer",
+        hostname="h1",
+        line_prefix_template="[${role_name} r${rank} l${local_rank} ${hostname}] ",
+        console=ConsoleSinks(stdout=out, stderr=out),
+    )
+    await run([command(0, "print('x')", global_rank=4)], spec)
+    assert out.text == "[trainer r4 l0 h1] x\n"
+
+
+@pytest.mark.anyio
+async def test_chatty_workers_never_interleave_partial_lines() -> None:
+    sink = Sink()
+    chatty = """
+        import os, sys
+        rank = os.environ["R"]
+        for i in range(300):
+            for part in (f"w{rank}-{i}-", "x" * (i % 50), "-end\\n"):
+                sys.stdout.write(part)
+                sys.stdout.flush()  # three writes per line: the agent sees partial lines
+    """
+    commands = [
+        WorkerCommand(r, r, (sys.executable, "-c", textwrap.dedent(chatty)), {**os.environ, "R": str(r)})
+        for r in range(2)
+    ]
+    outcome = await run(commands, LogSpec(console=ConsoleSinks(stdout=sink, stderr=sink)))
+    assert outcome.succeeded
+    lines = sink.text.splitlines()
+    assert len(lines) == 600
+    pattern = re.compile(r"^\[default(\d)\]:w(\d)-(\d+)-(x*)-end$")
+    seen: dict[int, list[int]] = {0: [], 1: []}
+    for line in lines:
+        m = pattern.match(line)
+        assert m, line
+        assert m.group(1) == m.group(2)
+        assert len(m.group(4)) == int(m.group(3)) % 50
+        seen[int(m.group(1))].append(int(m.group(3)))
+    assert seen == {0: list(range(300)), 1: list(range(300))}
+
+
+@pytest.mark.anyio
+async def test_last_line_without_newline_is_flushed(tmp_path: Path) -> None:
+    out, err = Sink(), Sink()
+    code = "import sys; sys.stdout.write('no newline'); sys.stderr.write('half'); sys.exit(2)"
+    spec = LogSpec(log_dir=tmp_path, tee=Std.ALL, console=ConsoleSinks(stdout=out, stderr=err))
+    outcome = await run([command(0, code)], spec)
+    assert out.text == "[default0]:no newline\n"
+    assert err.text == "[default0]:half\n"
+    assert (tmp_path / "attempt_0" / "0" / "stdout.log").read_text() == "no newline"
+    assert (tmp_path / "attempt_0" / "0" / "stderr.log").read_text() == "half"
+    assert outcome.exits[0].stderr_tail == ("half",)
+
+
+@pytest.mark.anyio
+async def test_redirect_tee_and_filter_layout(tmp_path: Path) -> None:
+    out, err = Sink(), Sink()
+    code = "import os, sys; r = os.environ['R']; print('out', r); print('err', r, file=sys.stderr)"
+    commands = [
+        WorkerCommand(r, r, (sys.executable, "-c", code), {**os.environ, "R": str(r), "PYTHONUNBUFFERED": "1"})
+        for r in range(4)
+    ]
+    spec = LogSpec(
+        log_dir=tmp_path,
+        attempt=1,
+        # rank 0: stdout to file only; rank 1: both to files only; rank 2: stderr teed; rank 3: nothing to files
+        redirects={0: Std.OUT, 1: Std.ALL},
+        tee={2: Std.ERR},
+        local_ranks_filter=frozenset({0, 1, 3}),  # rank 2's console output is suppressed (its files are not)
+        console=ConsoleSinks(stdout=out, stderr=err),
+    )
+    (tmp_path / "attempt_1" / "9").mkdir(parents=True)  # a stale attempt directory is replaced
+    outcome = await run(commands, spec)
+    assert outcome.succeeded
+    attempt = tmp_path / "attempt_1"
+    assert sorted(p.name for p in attempt.iterdir()) == ["0", "1", "2", "3"]
+    assert sorted(p.name for p in (attempt / "0").iterdir()) == ["stdout.log"]
+    assert sorted(p.name for p in (attempt / "1").iterdir()) == ["stderr.log", "stdout.log"]
+    assert sorted(p.name for p in (attempt / "2").iterdir()) == ["stderr.log"]
+    assert sorted(p.name for p in (attempt / "3").iterdir()) == []
+    assert (attempt / "0" / "stdout.log").read_text() == "out 0\n"
+    assert (attempt / "1" / "stdout.log").read_text() == "out 1\n"
+    assert (attempt / "1" / "stderr.log").read_text() == "err 1\n"
+    assert (attempt / "2" / "stderr.log").read_text() == "err 2\n"
+    assert sorted(out.text.splitlines()) == ["[default3]:out 3"]
+    assert sorted(err.text.splitlines()) == ["[default0]:err 0", "[default3]:err 3"]
+
+
+@pytest.mark.anyio
+async def test_stderr_tail_keeps_the_last_lines() -> None:
+    sink = Sink()
+    code = "import sys\nfor i in range(50): print('line', i, file=sys.stderr)\nsys.exit(1)"
+    spec = LogSpec(console=ConsoleSinks(stdout=sink, stderr=sink), stderr_tail_lines=5)
+    outcome = await run([command(0, code)], spec)
+    assert outcome.exits[0].stderr_tail == tuple(f"line {i}" for i in range(45, 50))
+
+
+@pytest.mark.anyio
+async def test_files_are_complete_after_cancellation(tmp_path: Path) -> None:
+    sink = Sink()
+    code = """
+        import sys, time
+        for i in range(1000):
+            print("line", i)
+        sys.stdout.write("partial")
+        sys.stdout.flush()
+        print("ready", file=sys.stderr, flush=True)
+        time.sleep(120)
+    """
+    spec = LogSpec(log_dir=tmp_path, tee=Std.OUT, console=ConsoleSinks(stdout=sink, stderr=sink))
+    with anyio.fail_after(DEADLINE):
+        async with anyio.create_task_group() as tg:
+
+            async def cancel_when_ready() -> None:
+                await sink.wait_for(r"^\[default0\]:ready$")
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(cancel_when_ready)
+            await run_workers([command(0, code)], spec, grace=5, reaper=None)
+    expected = "".join(f"line {i}\n" for i in range(1000)) + "partial"
+    assert (tmp_path / "attempt_0" / "0" / "stdout.log").read_text() == expected
+    assert sink.text.count("[default0]:line ") == 1000
+    assert "[default0]:partial\n" in sink.text

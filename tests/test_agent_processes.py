@@ -1,0 +1,497 @@
+"""Worker supervision with real processes and real signals: stop on first failure, TERM → grace → KILL, cancellation,
+process groups, and no orphans when the agent itself is SIGKILLed (parent-death signal + reaper sidecar).
+
+Synchronisation is on events: workers announce themselves on stdout (read through an in-memory console sink), a
+failing worker waits on a TCP "gate" the test opens, and deaths of processes that are not the test's children are
+awaited through pidfds.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager, suppress
+from pathlib import Path
+from typing import cast
+
+import anyio
+import anyio.abc
+import pytest
+
+from aelastic.agent._bootstrap import bootstrap_args, read_result, write_payload
+from aelastic.agent.errors import ProcessFailure
+from aelastic.agent.logs import ConsoleSinks, LogSpec
+from aelastic.agent.processes import GroupOutcome, WorkerCommand, open_reaper, run_workers
+
+pytestmark = pytest.mark.anyio
+
+DEADLINE = 30.0  # generous: the machine is small and shared
+
+
+class Sink:
+    """An in-memory console that tests can wait on."""
+
+    def __init__(self) -> None:
+        self.chunks: list[str] = []
+        self._changed: anyio.Event | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.chunks)
+
+    def write(self, s: str, /) -> int:
+        self.chunks.append(s)
+        if self._changed is not None:
+            self._changed.set()
+        return len(s)
+
+    def flush(self) -> None:
+        pass
+
+    async def wait_for(self, pattern: str, count: int = 1) -> list[re.Match[str]]:
+        while True:
+            found = list(re.finditer(pattern, self.text, re.MULTILINE))
+            if len(found) >= count:
+                return found
+            self._changed = anyio.Event()
+            await self._changed.wait()
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+def py(code: str) -> tuple[str, ...]:
+    return (sys.executable, "-c", textwrap.dedent(code))
+
+
+def command(local_rank: int, code: str) -> WorkerCommand:
+    return WorkerCommand(local_rank=local_rank, global_rank=local_rank + 10, args=py(code), env=env())
+
+
+def spec(sink: Sink) -> LogSpec:
+    return LogSpec(console=ConsoleSinks(stdout=sink, stderr=sink))
+
+
+def exitcodes(outcome: GroupOutcome) -> dict[int, int]:
+    return {e.local_rank: e.exitcode for e in outcome.exits}
+
+
+async def wait_gone(pids: Iterable[int]) -> None:
+    """Wait until every pid has exited (zombies count as gone). Uses pidfds: works for processes not our own."""
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        try:
+            await anyio.wait_readable(fd)
+        finally:
+            os.close(fd)
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")
+
+
+class Gate:
+    """A TCP gate: worker code from :meth:`code` blocks until :meth:`open` is called, then exits with ``code``."""
+
+    def __init__(self, listener: anyio.abc.SocketListener) -> None:
+        self.listener = listener
+        self.port = listener.extra(anyio.abc.SocketAttribute.local_port)
+
+    def code(self, exitcode: int) -> str:
+        return (
+            f"import socket, sys; s = socket.create_connection(('127.0.0.1', {self.port})); s.recv(1); "
+            f"sys.exit({exitcode})"
+        )
+
+    async def open(self) -> None:
+        conn = await self.listener.accept()
+        async with conn:
+            await conn.send(b"x")
+
+
+@asynccontextmanager
+async def open_gate() -> AsyncIterator[Gate]:
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    async with listener:
+        yield Gate(cast(anyio.abc.SocketListener, listener.listeners[0]))
+
+
+# --- the group --------------------------------------------------------------------------------------------------
+
+
+async def test_success_all_exit_zero() -> None:
+    sink = Sink()
+    with anyio.fail_after(DEADLINE):
+        outcome = await run_workers(
+            [command(0, "print('hello from 0')"), command(1, "print('hello from 1')")],
+            spec(sink),
+            grace=5,
+            reaper=None,
+        )
+    assert outcome.succeeded
+    assert outcome.first_failure is None
+    assert exitcodes(outcome) == {0: 0, 1: 0}
+    assert [e.global_rank for e in outcome.exits] == [10, 11]
+    assert "[default0]:hello from 0\n" in sink.text
+    assert "[default1]:hello from 1\n" in sink.text
+    assert all(not alive(e.pid) for e in outcome.exits)
+
+
+async def test_no_workers() -> None:
+    outcome = await run_workers([], LogSpec(), grace=1, reaper=None)
+    assert outcome.succeeded
+    assert outcome.exits == ()
+
+
+async def test_first_failure_stops_the_rest_with_sigterm() -> None:
+    sink = Sink()
+    with anyio.fail_after(DEADLINE):
+        outcome = await run_workers(
+            [command(0, "import time; time.sleep(120)"), command(1, "import sys; sys.exit(3)")],
+            spec(sink),
+            grace=DEADLINE,
+            reaper=None,
+        )
+    assert not outcome.succeeded
+    assert outcome.first_failure is not None
+    assert outcome.first_failure.local_rank == 1
+    assert outcome.first_failure.exitcode == 3
+    assert exitcodes(outcome) == {0: -signal.SIGTERM, 1: 3}
+    assert [e.local_rank for e in outcome.failures] == [0, 1]
+
+
+async def test_worker_ignoring_sigterm_is_killed_after_grace() -> None:
+    sink = Sink()
+    grace = 0.5
+    stubborn = """
+        import signal, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print("ready", flush=True)
+        time.sleep(120)
+    """
+    async with open_gate() as gate, anyio.create_task_group() as tg:
+
+        async def release() -> None:
+            await sink.wait_for(r"^\[default0\]:ready$")
+            await gate.open()
+
+        tg.start_soon(release)
+        with anyio.fail_after(DEADLINE):
+            started = anyio.current_time()
+            outcome = await run_workers(
+                [command(0, stubborn), command(1, gate.code(3))], spec(sink), grace=grace, reaper=None
+            )
+            elapsed = anyio.current_time() - started
+    assert exitcodes(outcome) == {0: -signal.SIGKILL, 1: 3}
+    assert outcome.first_failure is not None
+    assert outcome.first_failure.local_rank == 1
+    assert elapsed >= grace
+
+
+async def test_stopped_worker_is_killed_after_grace() -> None:
+    sink = Sink()
+    sleeper = "import os, time; print('pid', os.getpid(), flush=True); time.sleep(120)"
+    async with open_gate() as gate, anyio.create_task_group() as tg:
+
+        async def stop_then_release() -> None:
+            (match,) = await sink.wait_for(r"^\[default0\]:pid (\d+)$")
+            os.kill(int(match.group(1)), signal.SIGSTOP)
+            await gate.open()
+
+        tg.start_soon(stop_then_release)
+        with anyio.fail_after(DEADLINE):
+            outcome = await run_workers(
+                [command(0, sleeper), command(1, gate.code(4))], spec(sink), grace=0.3, reaper=None
+            )
+    assert exitcodes(outcome) == {0: -signal.SIGKILL, 1: 4}
+
+
+PARENT_OF_SLEEPER = """
+    import os, subprocess, sys
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    print("pids", os.getpid(), child.pid, flush=True)
+    {rest}
+"""
+
+
+async def test_cancellation_stops_workers_and_their_children() -> None:
+    sink = Sink()
+    code = PARENT_OF_SLEEPER.format(rest="import time; time.sleep(120)")
+    pids: list[int] = []
+    fds: list[int] = []
+    with anyio.fail_after(DEADLINE):
+        async with anyio.create_task_group() as tg:
+
+            async def cancel_when_ready() -> None:
+                matches = await sink.wait_for(r"^\[default\d\]:pids (\d+) (\d+)$", count=2)
+                for m in matches:
+                    pids.extend((int(m.group(1)), int(m.group(2))))
+                fds.extend(os.pidfd_open(pid) for pid in pids)  # pinned before the stop: no pid reuse
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(cancel_when_ready)
+            async with open_reaper() as reaper:
+                await run_workers([command(0, code), command(1, code)], spec(sink), grace=5, reaper=reaper)
+                pytest.fail("run_workers returned although cancelled")
+        assert tg.cancel_scope.cancelled_caught
+        try:
+            for fd in fds:
+                await anyio.wait_readable(fd)  # each worker and grandchild has exited
+        finally:
+            for fd in fds:
+                os.close(fd)
+    assert len(pids) == 4
+    assert not any(alive(pid) for pid in pids)
+
+
+async def test_grandchild_of_a_successful_worker_does_not_survive() -> None:
+    sink = Sink()
+    async with open_gate() as gate, anyio.create_task_group() as tg:
+        child_fd: list[int] = []
+
+        async def pin_then_release() -> None:
+            (match,) = await sink.wait_for(r"^\[default0\]:pids (\d+) (\d+)$")
+            child_fd.append(os.pidfd_open(int(match.group(2))))
+            await gate.open()
+
+        tg.start_soon(pin_then_release)
+        with anyio.fail_after(DEADLINE):
+            # the worker exits 0 while its child (same process group, holding the same stdout pipe) sleeps on
+            outcome = await run_workers(
+                [command(0, PARENT_OF_SLEEPER.format(rest=gate.code(0)))],
+                spec(sink),
+                grace=5,
+                reaper=None,
+            )
+            try:
+                await anyio.wait_readable(child_fd[0])
+            finally:
+                os.close(child_fd[0])
+    assert outcome.succeeded
+
+
+REPORT_PDEATHSIG = """
+    import ctypes, os, signal
+    sig = ctypes.c_int(-1)
+    ctypes.CDLL(None).prctl(2, ctypes.byref(sig), 0, 0, 0)  # PR_GET_PDEATHSIG
+    print("pid", os.getpid(), "ppid", os.getppid(), "pdeathsig", sig.value)
+"""
+
+
+@pytest.mark.parametrize("use_shim", [False, True], ids=["setpriv", "shim"])
+async def test_workers_get_a_parent_death_signal(monkeypatch: pytest.MonkeyPatch, use_shim: bool) -> None:
+    if use_shim:
+        monkeypatch.setattr(shutil, "which", lambda name: None)  # what processes looks up
+    elif shutil.which("setpriv") is None:
+        pytest.skip("util-linux setpriv is not installed")
+    sink = Sink()
+    with anyio.fail_after(DEADLINE):
+        outcome = await run_workers([command(0, REPORT_PDEATHSIG)], spec(sink), grace=5, reaper=None)
+    assert outcome.succeeded
+    # The wrapper exec'd the worker: same pid, the agent is its parent, SIGKILL armed for the parent's death.
+    (worker,) = outcome.exits
+    assert f"[default0]:pid {worker.pid} ppid {os.getpid()} pdeathsig {int(signal.SIGKILL)}\n" in sink.text
+
+
+async def test_unexecutable_command_is_a_worker_exiting_127() -> None:
+    sink = Sink()
+    missing = WorkerCommand(local_rank=0, global_rank=0, args=("/nonexistent/aelastic-worker",), env=env())
+    with anyio.fail_after(DEADLINE):
+        outcome = await run_workers([missing], spec(sink), grace=5, reaper=None)
+    assert exitcodes(outcome) == {0: 127}
+    assert "/nonexistent/aelastic-worker" in sink.text
+
+
+async def test_reaper_kills_registered_groups_when_closed() -> None:
+    # A clean close after registering a live group: the reaper treats end of file alike, whatever the cause.
+    with anyio.fail_after(DEADLINE):
+        proc = await anyio.open_process(
+            [sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True, stdout=None, stderr=None
+        )
+        async with proc:
+            async with open_reaper() as reaper:
+                await reaper.register(proc.pid)
+                assert reaper.statistics() == {proc.pid}
+                reaper_pid = reaper.pid
+            assert await proc.wait() == -signal.SIGKILL
+            await wait_gone([reaper_pid])
+
+
+# --- the agent is SIGKILLed -------------------------------------------------------------------------------------
+
+AGENT = """
+import os, shutil, sys
+import anyio
+from aelastic.agent._bootstrap import bootstrap_args, read_result, write_payload
+from aelastic.agent.errors import ProcessFailure
+from aelastic.agent.logs import LogSpec
+from aelastic.agent.processes import WorkerCommand, open_reaper, run_workers
+
+backend, use_reaper, use_shim = sys.argv[1], sys.argv[2] == "1", sys.argv[3] == "1"
+if use_shim:
+    shutil.which = lambda name: None
+worker = '''
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"]) if {grandchild} else None
+print("pids", os.getpid(), child.pid if child else os.getpid(), flush=True)
+time.sleep(120)
+'''.format(grandchild=use_reaper)
+worker_env = dict(os.environ, PYTHONUNBUFFERED="1")
+commands = [WorkerCommand(i, i, (sys.executable, "-c", worker), worker_env) for i in range(2)]
+
+async def main():
+    if use_reaper:
+        async with open_reaper() as reaper:
+            print("reaper", reaper.pid, flush=True)
+            await run_workers(commands, LogSpec(), grace=5, reaper=reaper)
+    else:
+        await run_workers(commands, LogSpec(), grace=5, reaper=None)
+
+anyio.run(main, backend=backend)
+"""
+
+
+@pytest.mark.parametrize(("use_reaper", "use_shim"), [(True, False), (True, True), (False, False), (False, True)])
+async def test_sigkilled_agent_leaves_no_worker_or_grandchild(
+    anyio_backend: str, use_reaper: bool, use_shim: bool
+) -> None:
+    """With the reaper, workers and their children die; without it, the parent-death signal alone kills workers."""
+    pids: list[int] = []
+    fds: list[int] = []
+    agent = await anyio.open_process(
+        [sys.executable, "-c", AGENT, anyio_backend, str(int(use_reaper)), str(int(use_shim))],
+        stdout=subprocess.PIPE,
+        stderr=None,
+    )
+    try:
+        assert agent.stdout is not None
+        pattern = re.compile(r"^(?:\[default\d\]:pids|reaper) (\d+)(?: (\d+))?$", re.MULTILINE)
+        expected_lines = 3 if use_reaper else 2
+        buffer = ""
+        with anyio.fail_after(DEADLINE):
+            while len(pattern.findall(buffer)) < expected_lines:
+                buffer += (await agent.stdout.receive()).decode()
+        for m in pattern.finditer(buffer):
+            pids.extend(int(g) for g in m.groups() if g is not None)
+        fds.extend(os.pidfd_open(pid) for pid in set(pids))
+        agent.send_signal(signal.SIGKILL)
+        with anyio.fail_after(1.0):
+            for fd in fds:
+                await anyio.wait_readable(fd)
+    finally:
+        for fd in fds:  # a failed test must not leave sleepers behind; a pidfd cannot hit a reused pid
+            with suppress(ProcessLookupError):
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+            os.close(fd)
+        if agent.returncode is None:
+            agent.kill()
+        with anyio.CancelScope(shield=True):
+            await agent.aclose()
+    assert len(set(pids)) == (5 if use_reaper else 2)
+    assert not any(alive(pid) for pid in pids)
+
+
+# --- callable workers -------------------------------------------------------------------------------------------
+
+
+def scaled_sum(a: int, b: int, *, scale: int) -> dict[str, object]:
+    return {"sum": (a + b) * scale, "pid": os.getpid(), "rank": os.environ.get("RANK")}
+
+
+async def test_callable_worker_round_trip(tmp_path: Path) -> None:
+    sink = Sink()
+    commands = []
+    for rank in range(2):
+        payload, result = tmp_path / f"payload{rank}", tmp_path / f"result{rank}"
+        write_payload(payload, scaled_sum, (rank, 2), {"scale": 10})
+        # by reference: the worker imports this test module, so give it the tests directory
+        worker_env = {**env(), "RANK": str(rank), "PYTHONPATH": str(Path(__file__).parent)}
+        commands.append(WorkerCommand(rank, rank, bootstrap_args(payload, result), worker_env))
+    with anyio.fail_after(DEADLINE):
+        outcome = await run_workers(commands, spec(sink), grace=5, reaper=None)
+    assert outcome.succeeded, sink.text
+    for rank, exit_ in enumerate(outcome.exits):
+        assert read_result(tmp_path / f"result{rank}") == {"sum": (rank + 2) * 10, "pid": exit_.pid, "rank": str(rank)}
+
+
+async def test_failing_callable_writes_an_error_file_and_no_result(tmp_path: Path) -> None:
+    sink = Sink()
+    logs = LogSpec(log_dir=tmp_path / "logs", console=ConsoleSinks(stdout=sink, stderr=sink))
+    error_file = logs.error_file_path(0)
+    assert error_file is not None
+    write_payload(tmp_path / "payload", lambda shard: {}[shard], ("shard-7",))  # a lambda: pickled by value
+    cmd = WorkerCommand(
+        0,
+        0,
+        bootstrap_args(tmp_path / "payload", tmp_path / "result"),
+        {**env(), "TORCHELASTIC_ERROR_FILE": str(error_file)},
+    )
+    with anyio.fail_after(DEADLINE):
+        outcome = await run_workers([cmd], logs, grace=5, reaper=None)
+    assert exitcodes(outcome) == {0: 1}
+    assert not (tmp_path / "result").exists()
+    with pytest.raises(FileNotFoundError):
+        read_result(tmp_path / "result")
+    failure = ProcessFailure.from_exit(outcome.exits[0], error_file)
+    assert failure.message == "KeyError: 'shard-7'"
+    assert "[default0]:KeyError: 'shard-7'\n" in sink.text
+
+
+MAIN_PARENT = """
+import subprocess, sys
+from aelastic.agent._bootstrap import bootstrap_args, read_result, write_payload
+
+def square_all(xs, offset=0):  # lives in __main__ of `python -c`: no worker could import it
+    return [x * x + offset for x in xs]
+
+payload, result = sys.argv[1] + "/payload", sys.argv[1] + "/result"
+write_payload(payload, square_all, ([1, 2, 3],), {"offset": 1})
+subprocess.run(bootstrap_args(payload, result), check=True)
+print(read_result(result))
+"""
+
+
+def test_callable_from_dunder_main_of_python_c(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", MAIN_PARENT, str(tmp_path)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "[2, 5, 10]\n"
+
+
+async def test_workers_survive_the_exit_of_idle_threads(anyio_backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parent-death signal fires when the *thread* that forked exits. trio's open_process forks from a cached
+    thread that exits when idle; workers are forked from the event-loop thread instead, so they must survive."""
+    if anyio_backend == "trio":
+        import trio._core._thread_cache as thread_cache
+
+        monkeypatch.setattr(thread_cache, "IDLE_TIMEOUT", 0.01)
+    sink = Sink()
+    async with open_gate() as gate, anyio.create_task_group() as tg:
+
+        async def release_later() -> None:
+            await sink.wait_for(r"^\[default0\]:ready$")
+            await anyio.to_thread.run_sync(lambda: None)
+            await anyio.sleep(0.3)  # let idle worker threads exit: time must pass for this probe
+            await gate.open()
+
+        tg.start_soon(release_later)
+        code = "print('ready', flush=True); " + gate.code(0)
+        with anyio.fail_after(DEADLINE):
+            outcome = await run_workers([command(0, code)], spec(sink), grace=5, reaper=None)
+    assert exitcodes(outcome) == {0: 0}
