@@ -10,6 +10,11 @@ from __future__ import annotations
 __all__ = [
     "AelasticError",
     "ConfigurationError",
+    "EtcdCompactedError",
+    "EtcdConnectionError",
+    "EtcdError",
+    "EtcdLeaseExpiredError",
+    "EtcdRequestError",
     "QueueEmptyError",
     "RendezvousClosedError",
     "RendezvousConnectionError",
@@ -69,3 +74,32 @@ class RendezvousStateError(RendezvousError):
 
 class RendezvousGracefulExitError(RendezvousError):
     """A node in reserve (beyond ``max_nodes``) was released because the rendezvous closed."""
+
+
+class EtcdError(AelasticError):
+    """Base class of errors talking to etcd (the v3 API)."""
+
+
+class EtcdConnectionError(EtcdError, StoreConnectionError):
+    """No etcd endpoint could be reached (nothing listening, wrong scheme, TLS mismatch), or the connection broke
+    while the outcome of a request was unknown. The message names the endpoint(s)."""
+
+
+class EtcdRequestError(EtcdError):
+    """etcd answered a request with an error (its gRPC status ``code`` and ``message``)."""
+
+    def __init__(self, message: str, *, code: int = 0) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class EtcdCompactedError(EtcdError):
+    """A watch asked for history that etcd has compacted away (``compact_revision`` is the oldest it keeps)."""
+
+    def __init__(self, message: str, *, compact_revision: int) -> None:
+        super().__init__(message)
+        self.compact_revision = compact_revision
+
+
+class EtcdLeaseExpiredError(EtcdError):
+    """A lease was kept alive after etcd had expired or revoked it; its keys are gone."""

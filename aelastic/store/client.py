@@ -315,6 +315,14 @@ class StoreClient(Store):
     async def barrier(self, key: str, world_size: int) -> None:
         await self._blocking(wire.Barrier(_wire_key(key), world_size))
 
+    async def local_address(self) -> str:
+        """This host's address on the connection to the server: an address the server's host can reach."""
+        async with self._command_lock:
+            conn = await self._command_connection()
+        address = conn.stream.extra(anyio.abc.SocketAttribute.local_address)
+        host = str(address[0]) if isinstance(address, tuple) else str(address)
+        return host.removeprefix("::ffff:")  # an IPv4 peer seen through a dual-stack socket
+
     async def ping(self) -> None:
         """One round trip to the server."""
         nonce = random.getrandbits(32)

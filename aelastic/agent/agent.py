@@ -1,0 +1,299 @@
+"""The elastic agent: rendezvous, start the local workers, watch them, restart on failure or membership change.
+
+Theory of operation
+-------------------
+One attempt is one task group holding two things: the workers (:func:`~aelastic.agent.processes.run_workers`,
+which returns at the first failure or when all succeeded) and a watcher blocked in the rendezvous handler's
+``wait_for_membership_change`` (a node waiting to join, a member found dead, the rendezvous closed). Whichever
+finishes first decides, and the other is cancelled; cancelling the workers stops them (TERM, grace, KILL) before
+the group exits. Nothing polls.
+
+Outcomes: all workers succeeded, then an exit barrier through the round store; a worker failed, then a failure
+restart while ``max_restarts`` allows (the node leaves the round, so every other node sees a member leave and
+restarts too, without spending its own failure budget); a membership change, then a membership restart, which
+never spends the failure budget. Either restart re-rendezvouses, and the new round gets a fresh workers' store.
+``TORCHELASTIC_RESTART_COUNT`` counts failure restarts, as torch defines it; ``AELASTIC_MEMBERSHIP_RESTARTS``
+counts the others.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from ..errors import AelasticError
+from ..rendezvous.api import RendezvousHandler, RendezvousInfo
+from ._bootstrap import bootstrap_args, read_result, write_payload
+from .errors import ProcessFailure
+from .logs import LogSpec
+from .processes import GroupOutcome, Reaper, WorkerCommand, run_workers
+from .ranks import RankAssignment, RoleInfo, exchange_ranks
+
+__all__ = ["ElasticAgent", "RunResult", "Worker", "WorkerGroup", "WorkerSpec", "WorkerState"]
+
+logger = logging.getLogger(__name__)
+
+
+class WorkerState(str, enum.Enum):
+    """torch's worker-group states."""
+
+    UNKNOWN = "UNKNOWN"
+    INIT = "INIT"
+    HEALTHY = "HEALTHY"
+    UNHEALTHY = "UNHEALTHY"
+    STOPPED = "STOPPED"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+
+    @staticmethod
+    def is_running(state: WorkerState) -> bool:
+        return state in (WorkerState.HEALTHY, WorkerState.UNHEALTHY)
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What every node runs: ``local_world_size`` copies of ``entrypoint`` (an executable with ``args``, or a
+    callable called with ``args``), restarted at most ``max_restarts`` times after failures."""
+
+    role: str
+    local_world_size: int
+    entrypoint: str | Callable[..., Any]
+    args: tuple[Any, ...] = ()
+    max_restarts: int = 3
+    monitor_interval: float = 0.1
+    master_addr: str | None = None
+    master_port: int | None = None
+    local_addr: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.local_world_size < 1:
+            raise AelasticError(f"WorkerSpec local_world_size={self.local_world_size}: must be >= 1")
+
+    def get_entrypoint_name(self) -> str:
+        """torch's name for the failure report: the script (first non-option argument) or the function."""
+        if callable(self.entrypoint):
+            return str(getattr(self.entrypoint, "__qualname__", repr(self.entrypoint)))
+        if os.path.basename(self.entrypoint).startswith("python"):
+            return next((str(a) for a in self.args if not str(a).startswith("-")), self.entrypoint)
+        return self.entrypoint
+
+
+@dataclass(frozen=True, slots=True)
+class Worker:
+    local_rank: int
+    global_rank: int
+    role_rank: int
+    world_size: int
+    role_world_size: int
+    id: int | None = None  # the pid, once started
+
+
+@dataclass
+class WorkerGroup:
+    spec: WorkerSpec
+    workers: list[Worker] = field(default_factory=list)
+    group_rank: int | None = None
+    group_world_size: int | None = None
+    state: WorkerState = WorkerState.INIT
+    master_addr: str | None = None
+    master_port: int | None = None
+    round: int | None = None
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """How the agent's run ended; ``return_values`` and ``failures`` are keyed by global rank."""
+
+    state: WorkerState
+    return_values: Mapping[int, Any] = field(default_factory=dict)
+    failures: Mapping[int, ProcessFailure] = field(default_factory=dict)
+    failure_restarts: int = 0
+    membership_restarts: int = 0
+    first_failure_rank: int | None = None
+
+    def is_failed(self) -> bool:
+        return self.state is WorkerState.FAILED
+
+
+class ElasticAgent:
+    """Runs one node's share of the job; see the module docstring."""
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        handler: RendezvousHandler,
+        logs: LogSpec,
+        reaper: Reaper | None,
+        *,
+        run_dir: Path,
+        exit_barrier_timeout: float = 300.0,
+        shutdown_timeout: float = 30.0,
+        base_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.handler = handler
+        self.logs = logs
+        self.reaper = reaper
+        self.run_dir = run_dir
+        self.exit_barrier_timeout = exit_barrier_timeout
+        self.shutdown_timeout = shutdown_timeout
+        self.base_env = dict(os.environ if base_env is None else base_env)
+        self.group = WorkerGroup(spec)
+        self.failure_restarts = 0
+        self.membership_restarts = 0
+        self._attempt = 0
+
+    def __repr__(self) -> str:
+        g = self.group
+        return (
+            f"<ElasticAgent role={self.spec.role!r} state={g.state.value} round={g.round} "
+            f"group_rank={g.group_rank}/{g.group_world_size} failure_restarts={self.failure_restarts} "
+            f"membership_restarts={self.membership_restarts}>"
+        )
+
+    async def run(self) -> RunResult:
+        """Run until the workers succeed everywhere, or fail with no restarts left.
+
+        Cancellation stops the workers (TERM, grace, KILL) before it propagates.
+        """
+        while True:
+            self.group.state = WorkerState.INIT
+            info = await self.handler.next_rendezvous()
+            assignment = await self._assign(info)
+            outcome, reason = await self._attempt_once(info, assignment)
+            if outcome is None:
+                self.membership_restarts += 1
+                logger.info("[%s] membership change (%s): restarting workers", self.spec.role, reason)
+            elif outcome.succeeded:
+                self.group.state = WorkerState.SUCCEEDED
+                await self._exit_barrier(info)
+                return self._result(WorkerState.SUCCEEDED, outcome)
+            elif self.failure_restarts < self.spec.max_restarts:
+                self.failure_restarts += 1
+                self.group.state = WorkerState.FAILED
+                failed = outcome.first_failure
+                logger.warning(
+                    "[%s] worker rank %s failed (exitcode %s); restart %d of %d",
+                    self.spec.role, failed and failed.global_rank, failed and failed.exitcode,
+                    self.failure_restarts, self.spec.max_restarts,
+                )  # fmt: skip
+            else:
+                self.group.state = WorkerState.FAILED
+                return self._result(WorkerState.FAILED, outcome)
+            self._attempt += 1
+
+    async def _assign(self, info: RendezvousInfo) -> RankAssignment:
+        me = RoleInfo(self.spec.role, info.rank, self.spec.local_world_size)
+        assignment = await exchange_ranks(info.store, me, info.world_size)
+        g = self.group
+        g.group_rank, g.group_world_size, g.round = info.rank, info.world_size, info.round
+        g.master_addr = self.spec.master_addr or info.bootstrap_store_info.master_addr
+        g.master_port = self.spec.master_port or info.bootstrap_store_info.master_port
+        g.workers = [
+            Worker(
+                local_rank=i,
+                global_rank=assignment.base_global_rank + i,
+                role_rank=assignment.base_role_rank + i,
+                world_size=assignment.global_world_size,
+                role_world_size=assignment.role_world_size,
+            )
+            for i in range(self.spec.local_world_size)
+        ]
+        return assignment
+
+    async def _attempt_once(
+        self, info: RendezvousInfo, assignment: RankAssignment
+    ) -> tuple[GroupOutcome | None, str | None]:
+        logs = replace(self.logs, attempt=self._attempt)
+        commands = [self._command(worker, logs) for worker in self.group.workers]
+        outcome: GroupOutcome | None = None
+        reason: str | None = None
+        async with anyio.create_task_group() as tg:
+
+            async def watch() -> None:
+                nonlocal reason
+                reason = await self.handler.wait_for_membership_change()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(watch)
+            self.group.state = WorkerState.HEALTHY
+            outcome = await run_workers(commands, logs, grace=self.shutdown_timeout, reaper=self.reaper)
+            tg.cancel_scope.cancel()
+        return (outcome, None) if reason is None else (None, reason)
+
+    def _command(self, worker: Worker, logs: LogSpec) -> WorkerCommand:
+        if callable(self.spec.entrypoint):
+            payload = self.run_dir / f"payload_{self._attempt}.pkl"
+            if not payload.exists():
+                write_payload(payload, self.spec.entrypoint, self.spec.args)
+            args = bootstrap_args(payload, self._result_path(worker.local_rank))
+        else:
+            args = (self.spec.entrypoint, *map(str, self.spec.args))
+        return WorkerCommand(worker.local_rank, worker.global_rank, args, self._environment(worker, logs))
+
+    def _result_path(self, local_rank: int) -> Path:
+        return self.run_dir / f"result_{self._attempt}_{local_rank}.pkl"
+
+    def _environment(self, worker: Worker, logs: LogSpec) -> dict[str, str]:
+        g = self.group
+        error_file = logs.error_file_path(worker.local_rank)
+        env = dict(self.base_env)
+        env.update(
+            LOCAL_RANK=str(worker.local_rank),
+            RANK=str(worker.global_rank),
+            GROUP_RANK=str(g.group_rank),
+            ROLE_RANK=str(worker.role_rank),
+            ROLE_NAME=self.spec.role,
+            LOCAL_WORLD_SIZE=str(self.spec.local_world_size),
+            WORLD_SIZE=str(worker.world_size),
+            GROUP_WORLD_SIZE=str(g.group_world_size),
+            ROLE_WORLD_SIZE=str(worker.role_world_size),
+            MASTER_ADDR=str(g.master_addr),
+            MASTER_PORT=str(g.master_port),
+            TORCHELASTIC_RESTART_COUNT=str(self.failure_restarts),
+            TORCHELASTIC_MAX_RESTARTS=str(self.spec.max_restarts),
+            TORCHELASTIC_RUN_ID=self.handler.get_run_id(),
+            TORCHELASTIC_USE_AGENT_STORE=str(self.handler.use_agent_store),
+            TORCH_NCCL_ASYNC_ERROR_HANDLING=self.base_env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+            TORCHELASTIC_ERROR_FILE="" if error_file is None else str(error_file),
+            AELASTIC_MEMBERSHIP_RESTARTS=str(self.membership_restarts),
+        )
+        return env
+
+    async def _exit_barrier(self, info: RendezvousInfo) -> None:
+        """Wait until every node's workers are done, so no node tears down a store others still use."""
+        with anyio.move_on_after(self.exit_barrier_timeout) as scope:
+            await info.store.barrier("torchelastic/agent/terminal_state", info.world_size)
+        if scope.cancelled_caught:
+            logger.warning(
+                "[%s] exit barrier: not every node finished within %gs", self.spec.role, self.exit_barrier_timeout
+            )
+
+    def _result(self, state: WorkerState, outcome: GroupOutcome) -> RunResult:
+        values: dict[int, Any] = {}
+        if state is WorkerState.SUCCEEDED and callable(self.spec.entrypoint):
+            values = {w.global_rank: read_result(self._result_path(w.local_rank)) for w in self.group.workers}
+        elif state is WorkerState.SUCCEEDED:
+            values = {w.global_rank: None for w in self.group.workers}
+        failures = {
+            e.global_rank: ProcessFailure.from_exit(e, self.logs_error_file(e.local_rank)) for e in outcome.failures
+        }
+        first = outcome.first_failure
+        return RunResult(
+            state,
+            values,
+            failures,
+            self.failure_restarts,
+            self.membership_restarts,
+            None if first is None else first.global_rank,
+        )
+
+    def logs_error_file(self, local_rank: int) -> Path | None:
+        return replace(self.logs, attempt=self._attempt).error_file_path(local_rank)

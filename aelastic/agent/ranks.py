@@ -1,0 +1,75 @@
+"""Assigning global and role ranks to the workers of every node (torch's ``_assign_worker_ranks``).
+
+The arithmetic is pure (:func:`assign`); :func:`exchange_ranks` runs torch's O(n) store protocol around it: each
+agent publishes its role and local world size under ``torchelastic/role_info/<group_rank>``, group rank 0 reads
+them all, assigns in group-rank order and publishes ``torchelastic/assigned_ranks/<i>``; each agent reads its own.
+With ``TORCH_ELASTIC_WORKER_IDENTICAL=1`` (every node runs the same role with the same number of workers) there
+is no store traffic at all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+from ..store.api import Store
+
+__all__ = ["RankAssignment", "RoleInfo", "assign", "exchange_ranks"]
+
+
+@dataclass(frozen=True, slots=True)
+class RoleInfo:
+    role: str
+    rank: int  # the node's group rank
+    local_world_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class RankAssignment:
+    """Where one node's workers sit: worker ``i`` is global rank ``base_global_rank + i``."""
+
+    base_global_rank: int
+    global_world_size: int
+    base_role_rank: int
+    role_world_size: int
+
+
+def assign(infos: list[RoleInfo]) -> list[RankAssignment]:
+    """Assignments for ``infos`` (one per node), in group-rank order."""
+    ordered = sorted(infos, key=lambda i: i.rank)
+    world = sum(i.local_world_size for i in ordered)
+    role_sizes: dict[str, int] = {}
+    for info in ordered:
+        role_sizes[info.role] = role_sizes.get(info.role, 0) + info.local_world_size
+    role_next: dict[str, int] = {}
+    base = 0
+    out = []
+    for info in ordered:
+        role_base = role_next.get(info.role, 0)
+        out.append(RankAssignment(base, world, role_base, role_sizes[info.role]))
+        role_next[info.role] = role_base + info.local_world_size
+        base += info.local_world_size
+    return out
+
+
+async def exchange_ranks(store: Store, me: RoleInfo, group_world_size: int) -> RankAssignment:
+    """Run the rank exchange for node ``me`` through the round's ``store``."""
+    if os.environ.get("TORCH_ELASTIC_WORKER_IDENTICAL") == "1":
+        world = group_world_size * me.local_world_size
+        base = me.rank * me.local_world_size
+        return RankAssignment(base, world, base, world)
+    await store.set(f"torchelastic/role_info/{me.rank}", json.dumps(
+        {"role": me.role, "rank": me.rank, "local_world_size": me.local_world_size}
+    ))  # fmt: skip
+    if me.rank == 0:
+        raw = await store.multi_get([f"torchelastic/role_info/{i}" for i in range(group_world_size)])
+        infos = [RoleInfo(**json.loads(r)) for r in raw]
+        assignments = assign(infos)
+        await store.multi_set(
+            [f"torchelastic/assigned_ranks/{i}" for i in range(group_world_size)],
+            [json.dumps([a.base_global_rank, a.global_world_size, a.base_role_rank, a.role_world_size])
+             for a in assignments],
+        )  # fmt: skip
+    base, world, role_base, role_world = json.loads(await store.get(f"torchelastic/assigned_ranks/{me.rank}"))
+    return RankAssignment(base, world, role_base, role_world)

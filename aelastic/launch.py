@@ -1,0 +1,148 @@
+"""``launch()`` (async) and ``run()`` (blocking, notebook-safe): the Python entry points of aelastic.
+
+``await launch(config, entrypoint, *args)`` runs this node's agent inside the caller's event loop (asyncio or
+trio) and returns the workers' return values by global rank, or raises :class:`ChildFailedError` whose message is
+torch's failure report. Cancelling the awaiting task stops every worker (TERM, grace, KILL) before the
+cancellation propagates; nothing is left running.
+
+``run(config, entrypoint, *args)`` is the same call for synchronous code. Where an event loop already runs in
+the calling thread (Jupyter, IPython), it runs the launch on a thread of its own with its own loop and blocks on
+the result; a keyboard interrupt (the kernel's "interrupt") cancels the launch, which stops the workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import sys
+import tempfile
+import uuid
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.from_thread
+
+from .agent.agent import ElasticAgent, WorkerSpec
+from .agent.errors import ChildFailedError
+from .agent.logs import LogSpec
+from .agent.processes import open_reaper
+from .config import LaunchConfig
+from .errors import RendezvousGracefulExitError
+from .rendezvous.api import RendezvousParameters, open_rendezvous
+
+__all__ = ["launch", "run"]
+
+logger = logging.getLogger(__name__)
+
+_SHUTDOWN_GRACE = 10.0  # bound on closing the rendezvous when the agent is done
+
+
+def rendezvous_parameters(config: LaunchConfig, run_id: str) -> RendezvousParameters:
+    if config.standalone:
+        backend, endpoint = "c10d", "localhost:0"
+    else:
+        backend, endpoint = str(config.rdzv_backend), config.rdzv_endpoint
+    return RendezvousParameters(
+        backend, endpoint, run_id, config.min_nodes, config.max_nodes, config.local_addr, **config.rdzv_configs
+    )
+
+
+async def launch(config: LaunchConfig, entrypoint: str | Callable[..., Any], *args: Any) -> dict[int, Any]:
+    """Run ``entrypoint`` on ``config.nproc_per_node`` workers of this node, elastically; see the module doc.
+
+    ``entrypoint`` is an executable run with ``args`` (as torch's ``elastic_launch``:
+    ``launch(cfg, sys.executable, "-u", "train.py")``) or a callable called with ``args`` in each worker (it may
+    be defined in ``__main__`` or a notebook cell).
+
+    Returns:
+        The return values of this node's workers by global rank (``None`` for executables).
+
+    Raises:
+        ChildFailedError: a worker failed and no restart was left; the message is the failure report.
+        RendezvousError: the rendezvous failed (closed, timed out, unreachable).
+    """
+    run_id = config.run_id or uuid.uuid4().hex
+    spec = WorkerSpec(
+        role=config.role,
+        local_world_size=config.nproc_per_node,
+        entrypoint=entrypoint,
+        args=tuple(args),
+        max_restarts=config.max_restarts,
+        monitor_interval=config.monitor_interval,
+        local_addr=config.local_addr,
+    )
+    log_root = Path(config.log_dir) if config.log_dir is not None else Path(tempfile.mkdtemp(prefix="torchelastic_"))
+    log_root.mkdir(parents=True, exist_ok=True)
+    logs = LogSpec(
+        role=config.role,
+        log_dir=Path(tempfile.mkdtemp(prefix=f"{run_id}_", dir=log_root)),
+        redirects=config.redirects,
+        tee=config.tee,
+        local_ranks_filter=config.local_ranks_filter,
+        line_prefix_template=config.log_line_prefix_template,
+    )
+    run_dir = Path(tempfile.mkdtemp(prefix="aelastic_run_"))
+    try:
+        async with open_reaper() as reaper, open_rendezvous(rendezvous_parameters(config, run_id)) as handler:
+            agent = ElasticAgent(
+                spec,
+                handler,
+                logs,
+                reaper,
+                run_dir=run_dir,
+                exit_barrier_timeout=config.exit_barrier_timeout,
+                shutdown_timeout=config.shutdown_timeout,
+            )
+            try:
+                result = await agent.run()
+            except RendezvousGracefulExitError as exc:
+                logger.info("rendezvous closed while this node was in reserve: %s", exc)
+                return {}
+            # Done either way: close the rendezvous so nodes in reserve and late joiners exit (torch does the same;
+            # a cancelled launch, e.g. on a signal, leaves it open for a rescheduled node).
+            with anyio.move_on_after(_SHUTDOWN_GRACE, shield=True):
+                await handler.shutdown()
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    if result.is_failed():
+        raise ChildFailedError(spec.get_entrypoint_name(), result.failures, root_rank=result.first_failure_rank)
+    return dict(result.return_values)
+
+
+def _in_event_loop() -> bool:
+    """Whether an asyncio or trio event loop runs in this thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        return True
+    trio = sys.modules.get("trio")
+    if trio is None:
+        return False
+    try:
+        trio.lowlevel.current_trio_token()
+    except RuntimeError:
+        return False
+    return True
+
+
+def run(
+    config: LaunchConfig, entrypoint: str | Callable[..., Any], *args: Any, backend: str = "asyncio"
+) -> dict[int, Any]:
+    """Blocking :func:`launch`; works where an event loop already runs in this thread (Jupyter)."""
+    call = partial(launch, config, entrypoint, *args)
+    if not _in_event_loop():
+        return anyio.run(call, backend=backend)
+    with anyio.from_thread.start_blocking_portal(backend) as portal:
+        future = portal.start_task_soon(call)
+        try:
+            values: dict[int, Any] = future.result()
+        except KeyboardInterrupt:
+            future.cancel()  # the portal cancels the launch, which stops the workers before the portal closes
+            raise
+        return values

@@ -1,0 +1,224 @@
+"""The public rendezvous API: torch's names, made async.
+
+``RendezvousParameters`` carries what the user gave (backend, endpoint, run id, node counts and the
+``--rdzv-conf`` keys as strings or numbers); each backend validates the keys it understands into a frozen settings
+object, and an unknown key or a bad value raises :class:`~aelastic.errors.ConfigurationError` naming it.
+
+``open_rendezvous(params)`` yields a handler that owns its background tasks (keep-alive, the store server it may
+host) in its own task group; leaving the context stops them.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from collections.abc import Callable, Mapping
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any
+
+from ..errors import ConfigurationError
+from ..store.api import Store
+
+__all__ = [
+    "RendezvousHandler",
+    "RendezvousInfo",
+    "RendezvousParameters",
+    "RendezvousStoreInfo",
+    "conf_bool",
+    "conf_float",
+    "conf_int",
+    "open_rendezvous",
+    "register_backend",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class RendezvousStoreInfo:
+    """Where workers find their store (``MASTER_ADDR``/``MASTER_PORT``)."""
+
+    master_addr: str
+    master_port: int
+
+
+@dataclass(frozen=True, slots=True)
+class RendezvousInfo:
+    """The outcome of one completed rendezvous round, as seen by one node."""
+
+    store: Store
+    rank: int
+    world_size: int
+    bootstrap_store_info: RendezvousStoreInfo
+    round: int = 0
+
+
+@dataclass(frozen=True)
+class RendezvousParameters:
+    """What the user asked for; ``config`` holds the ``--rdzv-conf`` keys, validated by the backend."""
+
+    backend: str
+    endpoint: str
+    run_id: str
+    min_nodes: int
+    max_nodes: int
+    local_addr: str | None = None
+    config: Mapping[str, Any] = field(default_factory=dict)
+
+    def __init__(
+        self,
+        backend: str,
+        endpoint: str,
+        run_id: str,
+        min_nodes: int,
+        max_nodes: int,
+        local_addr: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        object.__setattr__(self, "backend", backend)
+        object.__setattr__(self, "endpoint", endpoint)
+        object.__setattr__(self, "run_id", run_id)
+        object.__setattr__(self, "min_nodes", min_nodes)
+        object.__setattr__(self, "max_nodes", max_nodes)
+        object.__setattr__(self, "local_addr", local_addr)
+        object.__setattr__(self, "config", dict(kwargs))
+        if not backend:
+            raise ConfigurationError("rendezvous backend '': must name a backend (c10d, etcd, static, ...)")
+        if not 1 <= min_nodes <= max_nodes:
+            raise ConfigurationError(
+                f"nodes '{min_nodes}:{max_nodes}': need 1 <= min_nodes <= max_nodes"
+            )
+
+    def pop_unknown(self, known: set[str]) -> None:
+        """Raise if ``config`` has a key outside ``known``."""
+        unknown = sorted(set(self.config) - known)
+        if unknown:
+            raise ConfigurationError(
+                f"--rdzv-conf key {unknown[0]!r} is not understood by the {self.backend!r} backend; "
+                f"known keys: {', '.join(sorted(known))}"
+            )
+
+
+def _raw(params: RendezvousParameters, key: str) -> Any:
+    return params.config.get(key)
+
+
+def conf_float(params: RendezvousParameters, key: str, default: float, *, positive: bool = True) -> float:
+    raw = _raw(params, key)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise ConfigurationError(f"--rdzv-conf {key}={raw!r}: must be a number of seconds") from None
+    if not math.isfinite(value) or (positive and value <= 0):
+        raise ConfigurationError(f"--rdzv-conf {key}={raw!r}: must be a finite number > 0")
+    return value
+
+
+def conf_int(params: RendezvousParameters, key: str, default: int, *, minimum: int = 1) -> int:
+    raw = _raw(params, key)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        raise ConfigurationError(f"--rdzv-conf {key}={raw!r}: must be an integer") from None
+    if value < minimum or (isinstance(raw, float) and raw != value):
+        raise ConfigurationError(f"--rdzv-conf {key}={raw!r}: must be an integer >= {minimum}")
+    return value
+
+
+def conf_bool(params: RendezvousParameters, key: str, default: bool) -> bool:
+    raw = _raw(params, key)
+    if raw is None:
+        return default
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    if text in ("1", "true", "yes", "y", "on"):
+        return True
+    if text in ("0", "false", "no", "n", "off"):
+        return False
+    raise ConfigurationError(f"--rdzv-conf {key}={raw!r}: must be a boolean (true/false, 1/0)")
+
+
+class RendezvousHandler(abc.ABC):
+    """One node's view of a rendezvous (torch's ``RendezvousHandler``, async)."""
+
+    @abc.abstractmethod
+    def get_backend(self) -> str: ...
+
+    @abc.abstractmethod
+    def get_run_id(self) -> str: ...
+
+    @property
+    @abc.abstractmethod
+    def use_agent_store(self) -> bool:
+        """Whether workers use the store the agent serves (``TORCHELASTIC_USE_AGENT_STORE``)."""
+
+    @abc.abstractmethod
+    async def next_rendezvous(self) -> RendezvousInfo:
+        """Leave the previous round (if any), join the next and wait until it completes.
+
+        Raises ``RendezvousClosedError`` if the rendezvous is closed, ``RendezvousTimeoutError`` when the join
+        timeout passes before ``min_nodes`` joined, ``RendezvousGracefulExitError`` for a node in reserve when
+        the rendezvous closes. Cancellation leaves the shared state as the last completed write left it; the
+        node is then dropped by liveness.
+        """
+
+    @abc.abstractmethod
+    async def num_nodes_waiting(self) -> int:
+        """Nodes waiting to join a later round (torch counts only the wait list, not the reserve)."""
+
+    @abc.abstractmethod
+    async def wait_for_membership_change(self) -> str:
+        """Return (with a reason) once this node's round must be redone: a node is waiting to join, a member
+        died, or the rendezvous closed. Event driven; it never returns while the round is stable."""
+
+    @abc.abstractmethod
+    async def is_closed(self) -> bool: ...
+
+    @abc.abstractmethod
+    async def set_closed(self) -> None: ...
+
+    @abc.abstractmethod
+    async def shutdown(self) -> bool:
+        """Close the rendezvous and leave; ``False`` if that failed (the error is logged)."""
+
+
+OpenHandler = Callable[[RendezvousParameters], AbstractAsyncContextManager[RendezvousHandler]]
+
+_registry: dict[str, OpenHandler] = {}
+_ENTRY_POINT_GROUP = "aelastic.rendezvous_backends"
+
+
+def register_backend(name: str, opener: OpenHandler) -> None:
+    """Register a backend: ``opener(params)`` is an async context manager yielding a handler.
+
+    Third-party packages register through the entry-point group ``aelastic.rendezvous_backends``; the entry point
+    names the opener.
+    """
+    existing = _registry.get(name)
+    if existing is not None and existing is not opener:
+        raise ConfigurationError(f"rendezvous backend {name!r} is already registered by {existing!r}")
+    _registry[name] = opener
+
+
+def _lookup(name: str) -> OpenHandler:
+    if name not in _registry:
+        from . import backends  # noqa: F401  (registers the built-in backends)
+
+        for ep in entry_points(group=_ENTRY_POINT_GROUP):
+            if ep.name == name:
+                register_backend(name, ep.load())
+    try:
+        return _registry[name]
+    except KeyError:
+        known = ", ".join(sorted(_registry))
+        raise ConfigurationError(f"rendezvous backend {name!r} is unknown; known backends: {known}") from None
+
+
+def open_rendezvous(params: RendezvousParameters) -> AbstractAsyncContextManager[RendezvousHandler]:
+    """Open the handler for ``params.backend``; see the module docstring."""
+    return _lookup(params.backend)(params)

@@ -1,0 +1,267 @@
+"""The ``etcd`` rendezvous backend: the dynamic rendezvous over etcd's v3 API (txn, leases, watches).
+
+Keys, under ``<key_prefix>/<run_id>/`` (``key_prefix`` defaults to ``/aelastic/rendezvous``):
+
+``state``
+    ``b"<version>\\n<encoded state>"``. The version is the integer the handler sees; the fencing token is the
+    key's ``mod_revision``: a write is a txn that puts only if ``mod_revision`` is still the one read (0 for a
+    key never written), and whose failure branch reads the winner's state back.
+``alive/<node_key>``
+    attached to the node's own lease (TTL = the liveness grace); each beat renews the lease. A node that stops
+    beating loses the key when etcd expires its lease: the server is the only clock, no other node writes.
+``store/...``
+    the members' :class:`~aelastic.etcd.EtcdStore` (each round's store is cut from it).
+
+Waiting for a change is a watch of ``state`` from the revision after the last one seen.
+
+torch's ``etcd-v2`` backend name is accepted as an alias (it spoke etcd's v2 API, gone since etcd 3.6).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from typing import Final
+
+import anyio
+
+from ...errors import (
+    ConfigurationError,
+    EtcdCompactedError,
+    EtcdConnectionError,
+    EtcdError,
+    EtcdLeaseExpiredError,
+    RendezvousConnectionError,
+    RendezvousStateError,
+)
+from ...etcd.client import Compare, EtcdClient, EtcdConfig, PutOp, RangeOp, open_etcd_client, parse_endpoints
+from ...etcd.store import EtcdStore
+from ..api import RendezvousHandler, RendezvousParameters, conf_float
+from ..dynamic import open_dynamic_rendezvous
+from ..state import NodeDesc
+from . import C10dSettings  # the timing keys' one definition (that package imports this module last)
+from .base import RendezvousBackend, Versioned
+
+__all__ = ["EtcdBackend", "EtcdRendezvousSettings", "open_etcd_rendezvous", "open_etcd_v2_rendezvous"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_KEY_PREFIX: Final = "/aelastic/rendezvous"
+# The c10d backend's timing keys, validated by C10dSettings (one definition of their defaults and rules).
+_TIMING_KEYS: Final = frozenset(
+    {
+        "join_timeout",
+        "last_call_timeout",
+        "close_timeout",
+        "heartbeat_timeout",
+        "keep_alive_interval",
+        "keep_alive_max_attempt",
+        "timeout",
+    }
+)
+_ETCD_KEYS: Final = frozenset(
+    {
+        "key_prefix",
+        "protocol",
+        "cacert",
+        "ca_cert",
+        "cert",
+        "ssl_cert",
+        "key",
+        "ssl_cert_key",
+        "username",
+        "password",
+        "read_timeout",
+    }
+)
+_ALIASES: Final = {"ca_cert": "cacert", "ssl_cert": "cert", "ssl_cert_key": "key"}
+
+_local_ids = iter(range(1 << 62))
+
+
+class EtcdBackend(RendezvousBackend):
+    """The rendezvous driver over etcd for one run id; see the module docstring.
+
+    ``lease_ttl`` is the liveness grace in whole seconds (etcd's lease unit, at least etcd's minimum of ~2 s).
+    """
+
+    def __init__(self, client: EtcdClient, key_prefix: str, run_id: str, *, lease_ttl: int, name: str = "etcd"):
+        if lease_ttl < 1:
+            raise ConfigurationError(f"etcd lease TTL {lease_ttl}: must be >= 1 s")
+        self.name = name
+        self.client = client
+        self.root = f"{key_prefix.rstrip('/')}/{run_id}"
+        self.store = EtcdStore(client, f"{self.root}/store")
+        self.lease_ttl = lease_ttl
+        self._state_key = f"{self.root}/state".encode()
+        self._leases: dict[str, int] = {}
+
+    def __repr__(self) -> str:
+        return f"<EtcdBackend {self.name} {self.root!r} leases={len(self._leases)} {self.client!r}>"
+
+    def _alive_key(self, node_key: str) -> bytes:
+        return f"{self.root}/alive/{node_key}".encode()
+
+    def _parse(self, raw: bytes, mod_revision: int) -> Versioned:
+        head, sep, body = raw.partition(b"\n")
+        if not sep or not head.isdigit():
+            raise RendezvousStateError(
+                f"etcd key {self._state_key.decode()!r} holds {raw[:40]!r}: not '<version>\\n<state>'"
+            )
+        return Versioned(int(head), body, mod_revision)
+
+    async def get_state(self) -> Versioned:
+        kv, _ = await self.client.get(self._state_key)
+        if kv is None:
+            return Versioned(0, None, 0)
+        return self._parse(kv.value, kv.mod_revision)
+
+    async def set_state(self, data: bytes, expected: Versioned) -> tuple[Versioned, bool]:
+        if not isinstance(expected.token, int):
+            raise RendezvousStateError(f"{expected!r} was not read from this backend")
+        version = expected.version + 1
+        desired = b"%d\n%b" % (version, data)
+        key = self._state_key
+        response = await self.client.txn(
+            [Compare.mod_revision(key, expected.token)], [PutOp(key, desired)], [RangeOp(key)]
+        )
+        if response.succeeded:
+            return Versioned(version, data, response.revision), True
+        kvs = response.range(0).kvs
+        if not kvs:  # deleted by hand since it was read: start over from nothing
+            return Versioned(0, None, 0), False
+        return self._parse(kvs[0].value, kvs[0].mod_revision), False
+
+    async def wait_for_change(self, seen: Versioned) -> None:
+        """A watch of the state key from the revision after ``seen``'s; returns at its first event."""
+        if not isinstance(seen.token, int):
+            await anyio.lowlevel.checkpoint()
+            return
+        try:
+            async with self.client.watch(self._state_key, start_revision=seen.token + 1) as events:
+                async for _ in events:
+                    return
+        except EtcdCompactedError:
+            # The history after `seen` is gone, so the key changed (or nothing did and we re-read harmlessly).
+            current = await self.get_state()
+            if current.version != seen.version:
+                return
+            async with self.client.watch(self._state_key) as events:
+                async for _ in events:
+                    return
+
+    async def keep_alive(self, node_key: str) -> None:
+        """Renew ``node_key``'s lease; on the first beat (or after it expired) grant one and attach ``alive/``."""
+        lease = self._leases.get(node_key)
+        if lease is not None:
+            try:
+                await self.client.lease_keep_alive(lease)
+            except EtcdLeaseExpiredError:
+                logger.warning("etcd rendezvous %s: the lease of %s expired; granting a new one", self.root, node_key)
+                del self._leases[node_key]
+            else:
+                return
+        granted = await self.client.lease_grant(self.lease_ttl)
+        self._leases[node_key] = granted.id
+        await self.client.put(self._alive_key(node_key), b"", lease=granted.id)
+
+    async def find_dead(self, node_keys: Sequence[str], grace: float) -> frozenset[str]:
+        """The nodes whose ``alive/`` key is gone: etcd expired their lease (``grace`` is the lease TTL here)."""
+        if not node_keys:
+            return frozenset()
+        response = await self.client.txn([], [RangeOp(self._alive_key(k), count_only=True) for k in node_keys])
+        return frozenset(k for i, k in enumerate(node_keys) if response.range(i).count == 0)
+
+    async def release(self) -> None:
+        """Revoke this process's leases, so its ``alive/`` keys go now rather than at expiry. Shielded, bounded."""
+        with anyio.move_on_after(2.0, shield=True):
+            for node_key, lease in list(self._leases.items()):
+                try:
+                    await self.client.lease_revoke(lease)
+                except EtcdError as exc:
+                    logger.debug("etcd rendezvous %s: revoking the lease of %s: %r", self.root, node_key, exc)
+                del self._leases[node_key]
+
+
+@dataclass(frozen=True, slots=True)
+class EtcdRendezvousSettings:
+    """The ``--rdzv-conf`` keys of the etcd backend besides the timing keys, validated."""
+
+    etcd: EtcdConfig
+    key_prefix: str
+    read_timeout: float
+
+    @classmethod
+    def from_parameters(cls, params: RendezvousParameters) -> EtcdRendezvousSettings:
+        conf = params.config
+        for alias, name in _ALIASES.items():
+            if alias in conf and name in conf and conf[alias] != conf[name]:
+                raise ConfigurationError(f"--rdzv-conf {alias} and {name} name the same setting: give one")
+
+        def text(name: str) -> str | None:
+            value = conf.get(name)
+            if value is None:
+                value = next((conf[a] for a, n in _ALIASES.items() if n == name and a in conf), None)
+            return None if value is None else str(value)
+
+        key_prefix = text("key_prefix") or DEFAULT_KEY_PREFIX
+        if not key_prefix.startswith("/"):
+            raise ConfigurationError(f"--rdzv-conf key_prefix={key_prefix!r}: must start with '/'")
+        endpoints = parse_endpoints(params.endpoint or "localhost", protocol=text("protocol") or "http")
+        config = EtcdConfig(
+            endpoints, ca_cert=text("cacert"), cert=text("cert"), key=text("key"),
+            username=text("username"), password=text("password"),
+        )  # fmt: skip
+        return cls(config, key_prefix, conf_float(params, "read_timeout", 60.0))
+
+
+def _timing_parameters(params: RendezvousParameters) -> RendezvousParameters:
+    timing = {k: v for k, v in params.config.items() if k in _TIMING_KEYS}
+    return RendezvousParameters(
+        params.backend, params.endpoint, params.run_id, params.min_nodes, params.max_nodes, params.local_addr,
+        **timing,
+    )  # fmt: skip
+
+
+@asynccontextmanager
+async def open_etcd_rendezvous(params: RendezvousParameters) -> AsyncIterator[RendezvousHandler]:
+    """The dynamic rendezvous over the etcd cluster at ``params.endpoint`` (``h1:2379,h2:2379``).
+
+    Connecting (and the first round trip) must finish within ``read_timeout`` (60 s), else
+    :class:`~aelastic.errors.RendezvousConnectionError` names the endpoints. On exit the node's lease is revoked.
+    """
+    params.pop_unknown(set(_TIMING_KEYS | _ETCD_KEYS))
+    timing = C10dSettings.from_parameters(_timing_parameters(params))
+    settings = EtcdRendezvousSettings.from_parameters(params)
+    rendezvous = timing.rendezvous
+    grace = rendezvous.keep_alive_interval * rendezvous.keep_alive_max_attempt
+    async with AsyncExitStack() as stack:
+        try:
+            with anyio.fail_after(settings.read_timeout):
+                client = await stack.enter_async_context(open_etcd_client(settings.etcd))
+                addr = params.local_addr or await client.local_address()
+        except (EtcdConnectionError, TimeoutError) as exc:
+            raise RendezvousConnectionError(
+                f"could not reach etcd at {','.join(settings.etcd.endpoints)} within "
+                f"read_timeout={settings.read_timeout:g}s: {exc}"
+            ) from exc
+        backend = EtcdBackend(client, settings.key_prefix, params.run_id, lease_ttl=max(1, math.ceil(grace)))
+        stack.push_async_callback(backend.release)
+        node = NodeDesc(addr, os.getpid(), next(_local_ids))
+        async with open_dynamic_rendezvous(
+            node, rendezvous, backend, backend_name=params.backend, bootstrap_host=addr,
+            heartbeat_timeout=timing.heartbeat_timeout,
+        ) as handler:  # fmt: skip
+            yield handler
+
+
+@asynccontextmanager
+async def open_etcd_v2_rendezvous(params: RendezvousParameters) -> AsyncIterator[RendezvousHandler]:
+    """torch's ``etcd-v2`` name: the same backend (aelastic speaks etcd's v3 API only)."""
+    logger.info("rendezvous backend 'etcd-v2': aelastic speaks etcd's v3 API (etcd >= 3.4); using the 'etcd' backend")
+    async with open_etcd_rendezvous(params) as handler:
+        yield handler

@@ -1,0 +1,294 @@
+"""The dynamic rendezvous handler: runs the pure state machine (``state.py``) against a backend driver.
+
+Theory of operation
+-------------------
+``next_rendezvous`` runs two operations, as torch does: *exit* (leave the round this node was in) and *join*.
+Each operation is a loop: read the state, ask the state machine what to do, and either write (compare-and-set;
+on a lost race the backend hands back the newer state and the loop decides again), finish, fail, or wait. A wait
+lasts until the backend reports a change or the nearest local deadline (join timeout, last call, keep-alive)
+passes; nothing polls.
+
+Liveness runs as one task per node from its first join until the handler closes: each interval it beats once
+(a small write of its own) and checks one neighbour: the node just before it in the state's node order (the
+first checks the last), so N nodes cost O(N) small reads and writes per interval. A neighbour the backend judges
+dead is removed from the state by a compare-and-set; every member learns of it through the change.
+
+Clocks: every deadline is this process's monotonic clock (``anyio.current_time``); nothing compares times
+written by different hosts.
+
+Bootstrap store: when a round completes, its rank-0 node starts a fresh, empty store server in the handler's
+task group (stopping the one of its previous round) and publishes its address in the round store; workers of
+every node use it (``MASTER_ADDR``/``MASTER_PORT``). A fresh server per round means a restarted attempt never
+reads the dead attempt's keys.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import anyio
+import anyio.abc
+
+from ..errors import (
+    RendezvousClosedError,
+    RendezvousGracefulExitError,
+    RendezvousTimeoutError,
+)
+from .api import RendezvousHandler, RendezvousInfo
+from .backends.base import RendezvousBackend, Versioned
+from .bootstrap import BootstrapStores
+from .state import (
+    Action,
+    NodeDesc,
+    NodeTimers,
+    RendezvousSettings,
+    RendezvousState,
+    apply,
+    decide_close,
+    decide_exit,
+    decide_join,
+    decode_state,
+    encode_state,
+    update_timers,
+)
+
+__all__ = ["DynamicRendezvousHandler", "open_dynamic_rendezvous"]
+
+logger = logging.getLogger(__name__)
+
+Decide = Callable[[RendezvousState, NodeTimers, float], Action]
+
+
+class DynamicRendezvousHandler(RendezvousHandler):
+    """torch's ``DynamicRendezvousHandler`` semantics, event driven. Open it with :func:`open_dynamic_rendezvous`."""
+
+    def __init__(
+        self,
+        node: NodeDesc,
+        settings: RendezvousSettings,
+        backend: RendezvousBackend,
+        task_group: anyio.abc.TaskGroup,
+        *,
+        backend_name: str,
+        bootstrap_host: str,
+        heartbeat_timeout: float = 5.0,
+    ) -> None:
+        self.node = node
+        self.settings = settings
+        self.backend = backend
+        self._task_group = task_group
+        self._backend_name = backend_name
+        self._heartbeat_timeout = heartbeat_timeout
+        self._seen = Versioned(0, None)
+        self._state = RendezvousState()
+        self._liveness_started = False
+        self._bootstrap = BootstrapStores(task_group, bootstrap_host)
+        self._round: int | None = None
+        self._members: frozenset[NodeDesc] = frozenset()
+
+    def __repr__(self) -> str:
+        s = self._state
+        return (
+            f"<DynamicRendezvousHandler {self.node.id} run={self.settings.run_id!r} round={s.round} "
+            f"complete={s.complete} closed={s.closed} participants={len(s.participants)} "
+            f"waiting={len(s.wait_list)} reserve={len(s.redundancy_list)} version={self._seen.version}>"
+        )
+
+    def get_backend(self) -> str:
+        return self._backend_name
+
+    def get_run_id(self) -> str:
+        return self.settings.run_id
+
+    @property
+    def use_agent_store(self) -> bool:
+        return True
+
+    @property
+    def state(self) -> RendezvousState:
+        """The state as this node last read it."""
+        return self._state
+
+    # --- reading and writing --------------------------------------------------------------------------------
+
+    def _adopt(self, seen: Versioned) -> None:
+        if seen.version >= self._seen.version:
+            self._seen = seen
+            self._state = decode_state(seen.data) if seen.data is not None else RendezvousState()
+
+    async def _refresh(self) -> None:
+        self._adopt(await self.backend.get_state())
+
+    async def _write(self, state: RendezvousState) -> bool:
+        seen, won = await self.backend.set_state(encode_state(state), self._seen)
+        self._adopt(seen)
+        return won
+
+    async def _wait_for_change(self, until: float) -> None:
+        """Wait for the next state change, at most until ``until`` (monotonic); then read the state."""
+        # A writer that dies between its CAS and its notification must not stall waiters forever: never wait
+        # longer than the liveness grace without re-reading (a safety net; changes normally arrive pushed).
+        grace = self.settings.keep_alive_interval * self.settings.keep_alive_max_attempt
+        limit = min(until, anyio.current_time() + grace)
+        with anyio.move_on_after(max(0.0, limit - anyio.current_time())):
+            await self.backend.wait_for_change(self._seen)
+        await self._refresh()
+
+    async def _run(self, decide: Decide, timers: NodeTimers, node: NodeDesc | None) -> NodeTimers:
+        """Drive one operation until the state machine says FINISH; returns the timers as they ended.
+
+        ``node`` is the node whose join deadline the state may move (see ``update_timers``); None for close.
+        """
+        await self._refresh()
+        while True:
+            now = anyio.current_time()
+            timers = update_timers(timers, self._state, self.settings, now, node=node)
+            action = decide(self._state, timers, now)
+            if action is Action.FINISH:
+                return timers
+            if action is Action.ERROR_CLOSED:
+                raise RendezvousClosedError(f"rendezvous {self.settings.run_id!r} is closed")
+            if action is Action.GRACEFUL_EXIT:
+                raise RendezvousGracefulExitError(
+                    f"rendezvous {self.settings.run_id!r} closed while {self.node.id} waited in reserve"
+                )
+            if action is Action.ERROR_TIMEOUT:
+                # The node has already taken itself off the lists: count the others, and itself.
+                joined = 1 + sum(n != self.node for n in self._state.participants)
+                raise RendezvousTimeoutError(
+                    f"rendezvous {self.settings.run_id!r} did not complete within join_timeout="
+                    f"{self.settings.join_timeout:g}s: {joined} node(s) joined, "
+                    f"min_nodes={self.settings.min_nodes}"
+                )
+            if action is Action.WAIT:
+                deadlines = [timers.join_deadline]
+                if timers.last_call_deadline is not None:
+                    deadlines.append(timers.last_call_deadline)
+                await self._wait_for_change(min(deadlines))
+            else:
+                await self._write(apply(self._state, action, self.node, self.settings))
+
+    # --- liveness ---------------------------------------------------------------------------------------------
+
+    async def _start_liveness(self) -> None:
+        if not self._liveness_started:
+            await self._task_group.start(self._liveness)
+            self._liveness_started = True
+
+    async def _liveness(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        await self.backend.keep_alive(self.node.key)
+        task_status.started()
+        grace = self.settings.keep_alive_interval * self.settings.keep_alive_max_attempt
+        while True:
+            await anyio.sleep(self.settings.keep_alive_interval)
+            with anyio.fail_after(self._heartbeat_timeout):
+                await self.backend.keep_alive(self.node.key)
+            neighbour = self._neighbour()
+            if neighbour is not None and await self.backend.find_dead([neighbour.key], grace):
+                await self._evict(frozenset({neighbour}))
+
+    def _neighbour(self) -> NodeDesc | None:
+        nodes = sorted(self._state.all_nodes())
+        if self.node not in nodes or len(nodes) < 2:
+            return None
+        return nodes[nodes.index(self.node) - 1]
+
+    async def _evict(self, dead: frozenset[NodeDesc]) -> None:
+        while True:
+            present = dead & set(self._state.all_nodes())
+            if not present:
+                return
+            names = sorted(n.id for n in present)
+            logger.warning("rendezvous %s: removing dead node(s) %s", self.settings.run_id, names)
+            if await self._write(apply(self._state, Action.REMOVE_DEAD, self.node, self.settings, present)):
+                return
+
+    # --- the handler API --------------------------------------------------------------------------------------
+
+    async def next_rendezvous(self) -> RendezvousInfo:
+        timers = NodeTimers(join_deadline=anyio.current_time() + self.settings.join_timeout)
+        await self._start_liveness()
+        node, settings = self.node, self.settings
+        timers = await self._run(lambda s, t, now: decide_exit(s, node, settings, t, now), timers, node)
+        await self._run(lambda s, t, now: decide_join(s, node, settings, t, now), timers, node)
+        state = self._state
+        rank = state.rank_of(node)
+        if rank is None:  # the state machine finishes a join only as a member of a complete round
+            raise RendezvousClosedError(f"rendezvous {settings.run_id!r}: join finished without a rank")
+        round_store = self.backend.store.prefixed(f"torch.rendezvous.{settings.run_id}.{state.round}")
+        bootstrap = await self._bootstrap.publish(round_store, rank)
+        self._round = state.round
+        self._members = frozenset(state.participants)
+        logger.info(
+            "rendezvous %s round %d complete: %s is rank %d of %d",
+            settings.run_id, state.round, node.id, rank, state.world_size,
+        )  # fmt: skip
+        return RendezvousInfo(round_store, rank, state.world_size, bootstrap, state.round)
+
+    async def num_nodes_waiting(self) -> int:
+        await self._refresh()
+        return self._state.num_waiting
+
+    async def wait_for_membership_change(self) -> str:
+        while True:
+            reason = self._restart_reason()
+            if reason is not None:
+                return reason
+            await self._wait_for_change(math.inf)
+
+    def _restart_reason(self) -> str | None:
+        s = self._state
+        if s.closed:
+            return "the rendezvous was closed"
+        if self._round is None:
+            return None
+        if s.round != self._round:
+            return f"round {self._round} is over (now round {s.round})"
+        gone = self._members - set(s.participants)
+        if gone:
+            return f"round {self._round} lost {len(gone)} member(s): {', '.join(sorted(n.id for n in gone))}"
+        if s.wait_list:
+            return f"{len(s.wait_list)} node(s) waiting to join"
+        return None
+
+    async def is_closed(self) -> bool:
+        await self._refresh()
+        return self._state.closed
+
+    async def set_closed(self) -> None:
+        timers = NodeTimers(join_deadline=anyio.current_time() + self.settings.close_timeout)
+        settings = self.settings
+        await self._run(lambda s, t, now: decide_close(s, settings, t, now), timers, None)
+
+    async def shutdown(self) -> bool:
+        try:
+            await self.set_closed()
+        except Exception as exc:  # shutdown reports failure instead of raising, as torch's does
+            logger.warning("rendezvous %s: shutdown failed: %r", self.settings.run_id, exc)
+            return False
+        return True
+
+
+@asynccontextmanager
+async def open_dynamic_rendezvous(
+    node: NodeDesc,
+    settings: RendezvousSettings,
+    backend: RendezvousBackend,
+    *,
+    backend_name: str,
+    bootstrap_host: str,
+    heartbeat_timeout: float = 5.0,
+) -> AsyncIterator[DynamicRendezvousHandler]:
+    """A handler whose background tasks (liveness, bootstrap store) live in a task group of its own."""
+    async with anyio.create_task_group() as tg:
+        handler = DynamicRendezvousHandler(
+            node, settings, backend, tg, backend_name=backend_name, bootstrap_host=bootstrap_host,
+            heartbeat_timeout=heartbeat_timeout,
+        )  # fmt: skip
+        try:
+            yield handler
+        finally:
+            tg.cancel_scope.cancel()

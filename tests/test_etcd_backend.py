@@ -1,0 +1,175 @@
+"""The ``etcd`` rendezvous backend over a real etcd, on asyncio and trio; etcd3-py checks the keys it writes."""
+
+from __future__ import annotations
+
+import itertools
+import socket
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+from urllib.parse import urlsplit
+
+import anyio
+import anyio.from_thread
+import pytest
+from etcd3 import Client as Etcd3Client  # type: ignore[import-untyped]
+
+from aelastic.errors import ConfigurationError, RendezvousConnectionError
+from aelastic.etcd import EtcdConfig, EtcdStore, EventType, open_etcd_client, open_local_etcd, parse_endpoints
+from aelastic.rendezvous.api import RendezvousInfo, RendezvousParameters, open_rendezvous
+from aelastic.rendezvous.backends.base import Versioned
+from aelastic.rendezvous.backends.etcd import EtcdBackend
+
+pytestmark = pytest.mark.anyio
+
+_runs = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def etcd() -> Iterator[str]:
+    with (
+        anyio.from_thread.start_blocking_portal() as portal,
+        portal.wrap_async_context_manager(open_local_etcd()) as server,
+    ):
+        yield server.endpoint
+
+
+def reader(endpoint: str) -> Etcd3Client:
+    parts = urlsplit(endpoint)
+    return Etcd3Client(parts.hostname, parts.port)
+
+
+@asynccontextmanager
+async def backends(endpoint: str, n: int, *, lease_ttl: int = 30) -> AsyncIterator[list[EtcdBackend]]:
+    """``n`` backends of one fresh run id, each on its own client (its own connections)."""
+    run_id = f"run{next(_runs)}"
+    async with AsyncExitStack() as stack:
+        out = []
+        for _ in range(n):
+            client = await stack.enter_async_context(open_etcd_client(EtcdConfig(parse_endpoints(endpoint))))
+            out.append(EtcdBackend(client, "/test/rdzv", run_id, lease_ttl=lease_ttl))
+        yield out
+
+
+async def test_state_cas_race_has_one_winner(etcd: str) -> None:
+    async with backends(etcd, 4) as bs:
+        empty = await bs[0].get_state()
+        assert empty.version == 0
+        assert empty.data is None
+        results: list[tuple[Versioned, bool]] = []
+        async with anyio.create_task_group() as tg:
+            for i, b in enumerate(bs):
+
+                async def write(b: EtcdBackend = b, i: int = i) -> None:
+                    results.append(await b.set_state(b"from %d" % i, empty))
+
+                tg.start_soon(write)
+        winners = [seen for seen, won in results if won]
+        assert len(winners) == 1
+        assert {seen.data for seen, _ in results} == {winners[0].data}
+        assert {seen.version for seen, _ in results} == {1}
+        current = await bs[1].get_state()
+        assert (current.version, current.data, current.token) == (1, winners[0].data, winners[0].token)
+        raw = reader(etcd).range(f"{bs[0].root}/state").kvs[0].value
+        assert raw == b"1\n" + (winners[0].data or b"")
+        # A stale writer loses and learns the current state.
+        seen, won = await bs[2].set_state(b"stale", empty)
+        assert not won
+        assert seen.version == 1
+
+
+async def test_wait_for_change_is_woken_by_another_node(etcd: str) -> None:
+    async with backends(etcd, 2) as (a, b):
+        seen = await a.get_state()
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(a.wait_for_change, seen)
+                await b.set_state(b"x", await b.get_state())
+            # Already moved past: returns at once.
+            await a.wait_for_change(seen)
+        with anyio.move_on_after(0.2) as scope:
+            await a.wait_for_change(await a.get_state())
+        assert scope.cancelled_caught
+
+
+async def test_lease_expiry_marks_a_node_dead_without_other_writes(etcd: str) -> None:
+    async with backends(etcd, 2, lease_ttl=2) as (a, b):
+        await a.keep_alive("node_a")
+        await a.keep_alive("node_a")  # a renewal
+        alive = f"{a.root}/alive/node_a"
+        assert reader(etcd).range(alive).kvs
+        assert await b.find_dead(["node_a"], 2.0) == frozenset()
+        kv, revision = await b.client.get(alive.encode())
+        assert kv is not None
+        # node_a "dies": it stops beating. Nobody writes; etcd expires the lease and deletes the key.
+        with anyio.fail_after(15):
+            async with b.client.watch(alive.encode(), start_revision=revision + 1) as events:
+                async for event in events:
+                    if event.type is EventType.DELETE:
+                        break
+        assert await b.find_dead(["node_a", "never_seen"], 2.0) == {"node_a", "never_seen"}
+        assert not reader(etcd).range(alive).kvs
+        await a.keep_alive("node_a")  # back from the dead: a fresh lease
+        assert await b.find_dead(["node_a"], 2.0) == frozenset()
+        await a.release()
+        assert await b.find_dead(["node_a"], 2.0) == {"node_a"}
+
+
+def params(endpoint: str, run_id: str, backend: str = "etcd", **conf: Any) -> RendezvousParameters:
+    conf = {"keep_alive_interval": 1, "keep_alive_max_attempt": 2, "last_call_timeout": 0.2, **conf}
+    return RendezvousParameters(backend, endpoint, run_id, 2, 2, **conf)
+
+
+async def test_two_nodes_rendezvous_over_etcd(etcd: str) -> None:
+    run_id = f"full{next(_runs)}"
+    infos: list[RendezvousInfo] = []
+
+    async def node(backend: str) -> None:
+        async with open_rendezvous(params(etcd, run_id, backend, key_prefix="/t/full")) as handler:
+            info = await handler.next_rendezvous()
+            infos.append(info)
+            assert handler.get_backend() == backend
+            if info.rank == 0:
+                await info.store.set("hello", "from rank 0")
+            assert await info.store.get("hello") == b"from rank 0"
+
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(node, "etcd")
+            tg.start_soon(node, "etcd-v2")
+    assert sorted(i.rank for i in infos) == [0, 1]
+    assert {i.world_size for i in infos} == {2}
+    assert len({i.bootstrap_store_info for i in infos}) == 1
+    assert infos[0].bootstrap_store_info.master_addr == "127.0.0.1"  # this host as seen on its etcd connection
+    etcd3 = reader(etcd)
+    assert etcd3.range(f"/t/full/{run_id}/state").kvs
+    stored = [kv.key.decode() for kv in etcd3.range(f"/t/full/{run_id}/store/", prefix=True).kvs]
+    assert f"/t/full/{run_id}/store/kv/torch.rendezvous.{run_id}.0/hello" in stored
+    assert isinstance(getattr(infos[0].store, "store", None), EtcdStore)
+    # Leaving revoked both leases: no alive keys are left behind.
+    assert not etcd3.range(f"/t/full/{run_id}/alive/", prefix=True).kvs
+
+
+async def test_configuration_errors(etcd: str) -> None:
+    with pytest.raises(ConfigurationError, match="is_host"):
+        async with open_rendezvous(params(etcd, "x", is_host=True)):
+            pass
+    with pytest.raises(ConfigurationError, match="key_prefix"):
+        async with open_rendezvous(params(etcd, "x", key_prefix="relative")):
+            pass
+    with pytest.raises(ConfigurationError, match="cert"):
+        async with open_rendezvous(params(etcd, "x", ssl_cert="/c")):
+            pass
+
+
+async def test_unreachable_etcd_is_one_line(etcd: str) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(RendezvousConnectionError) as caught, anyio.fail_after(10):
+        async with open_rendezvous(params(f"127.0.0.1:{port}", "x", read_timeout=5)):
+            pass
+    message = str(caught.value)
+    assert f"http://127.0.0.1:{port}" in message
+    assert "nothing listening" in message
+    assert "\n" not in message

