@@ -1,6 +1,13 @@
-"""aelastic: an asyncio/trio-native elastic launcher for PyTorch distributed jobs."""
+"""aelastic: an asyncio/trio-native elastic launcher for PyTorch distributed jobs.
+
+The launcher's names (:func:`launch`, :func:`run`, :class:`LaunchConfig`, ...) are imported on first use: a worker
+that only needs :func:`record` (or the callable bootstrap) must not pay for the agent, anyio and the rendezvous.
+"""
 
 from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from .errors import (
     AelasticError,
@@ -17,11 +24,33 @@ from .errors import (
     StoreProtocolError,
 )
 
+if TYPE_CHECKING:
+    from .agent.agent import RunResult, WorkerSpec, WorkerState
+    from .agent.errors import ChildFailedError, ProcessFailure, record
+    from .config import LaunchConfig
+    from .launcher import launch, run
+
 __version__ = "0.1.0"
+
+# public name -> the module that defines it, imported by __getattr__ on first access
+_LAZY = {
+    "ChildFailedError": ".agent.errors",
+    "LaunchConfig": ".config",
+    "ProcessFailure": ".agent.errors",
+    "RunResult": ".agent.agent",
+    "WorkerSpec": ".agent.agent",
+    "WorkerState": ".agent.agent",
+    "launch": ".launcher",
+    "record": ".agent.errors",
+    "run": ".launcher",
+}
 
 __all__ = [
     "AelasticError",
+    "ChildFailedError",
     "ConfigurationError",
+    "LaunchConfig",
+    "ProcessFailure",
     "QueueEmptyError",
     "RendezvousClosedError",
     "RendezvousConnectionError",
@@ -29,8 +58,27 @@ __all__ = [
     "RendezvousGracefulExitError",
     "RendezvousStateError",
     "RendezvousTimeoutError",
+    "RunResult",
     "StoreConnectionError",
     "StoreError",
     "StoreProtocolError",
+    "WorkerSpec",
+    "WorkerState",
     "__version__",
+    "launch",
+    "record",
+    "run",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'aelastic' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,4 +1,4 @@
-"""The ``aelastic`` command line: ``run`` (torchrun's flags), ``store``.
+"""The ``aelastic`` command line: ``run`` (torchrun's flags), ``status`` (a rendezvous as people read it), ``store``.
 
 User errors print one line on stderr (``aelastic run: error: ...``) and exit with status 2; nothing is started,
 and no traceback is shown. The library never installs log handlers: this module does, for the command line only.
@@ -7,14 +7,19 @@ and no traceback is shown. The library never installs log handlers: this module 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import uuid
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TextIO
+
+if sys.version_info < (3, 11):
+    from exceptiongroup import BaseExceptionGroup  # anyio's dependency before 3.11
 
 import anyio
 
@@ -22,7 +27,11 @@ from ._net import format_address
 from .agent.errors import ChildFailedError
 from .agent.logs import Std
 from .config import DEFAULT_SIGNALS, LaunchConfig, parse_nnodes, parse_rdzv_conf, parse_signals
-from .errors import AelasticError, ConfigurationError
+from .errors import AelasticError, ConfigurationError, RendezvousConnectionError
+from .launcher import rendezvous_parameters
+from .rendezvous.api import RendezvousParameters, check_parameters
+from .rendezvous.state import Action, NodeDesc, NodeTimers, RendezvousSettings, RendezvousState
+from .status import check_readable, describe, read_rendezvous, rendezvous_settings, waiting_reason
 from .store.server import serve_store
 
 __all__ = ["main"]
@@ -70,95 +79,162 @@ def _add_flag(group: Any, *flags: str, dest: str, help: str) -> None:
     group.add_argument(*_spellings(flags), dest=dest, action="store_true", default=_env_flag(dest), help=help)
 
 
+def _comma_list(text: str) -> list[str]:
+    """torch's ``comma_separated_list``: items split on ``,``; ``,,`` is a literal comma."""
+    return [item.replace("\0", ",") for item in text.replace(",,", "\0").split(",")]
+
+
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """torchrun's flags, in torchrun's order and groups, each with its default; ``PET_<FLAG>`` overrides it."""
     nodes = parser.add_argument_group("Worker/node size")
-    _add(nodes, "--nnodes", dest="nnodes", default="1:1", help="N or MIN:MAX nodes (default: %(default)s)")
+    _add(nodes, "--nnodes", dest="nnodes", default="1:1",
+         help="number of nodes, or the range MIN:MAX for an elastic job (default: %(default)s)")  # fmt: skip
     _add(nodes, "--nproc-per-node", dest="nproc_per_node", default="1",
-         help="workers per node: an integer, cpu, gpu or auto (default: %(default)s)")  # fmt: skip
+         help="workers per node: an integer, cpu (one per CPU), gpu (one per visible NVIDIA GPU) or auto (gpu if "
+         "there are GPUs, else cpu) (default: %(default)s)")  # fmt: skip
 
     rdzv = parser.add_argument_group("Rendezvous")
     _add(rdzv, "--rdzv-backend", dest="rdzv_backend", default="static",
-         help="c10d, etcd, static, or a registered plugin (default: %(default)s)")  # fmt: skip
+         help="c10d, etcd (etcd-v2 is an alias), static, or a registered plugin (default: %(default)s)")  # fmt: skip
     _add(rdzv, "--rdzv-endpoint", dest="rdzv_endpoint", default="",
-         help="HOST[:PORT] of the rendezvous store; [ADDR]:PORT for IPv6 (default: none)")  # fmt: skip
+         help="HOST[:PORT] of the rendezvous store; IPv6 as [ADDR]:PORT; an address given is never "
+         "reverse-resolved (default: none; static uses --master-addr:--master-port)")  # fmt: skip
     _add(rdzv, "--rdzv-id", dest="rdzv_id", default="none", help="the job's run id (default: %(default)s)")
     _add(rdzv, "--rdzv-conf", dest="rdzv_conf", default="",
-         help="KEY=VALUE,... e.g. join_timeout=600,last_call_timeout=30 (default: none)")  # fmt: skip
+         help="KEY=VALUE,... e.g. join_timeout=600,last_call_timeout=30,close_timeout=30,is_host=true "
+         "(default: none)")  # fmt: skip
     _add_flag(rdzv, "--standalone", dest="standalone",
-              help="single node: c10d on localhost with a free port and a random run id")  # fmt: skip
-    _add(rdzv, "--local-addr", dest="local_addr", default=None,
-         help="this node's address for rendezvous and the workers' store (default: the address used to reach "
-         "the rendezvous store)")  # fmt: skip
+              help="one node: c10d on localhost with a free port and a random run id; --rdzv-backend, "
+              "--rdzv-endpoint and --rdzv-id are ignored. Automatic for one static node with no endpoint and no "
+              "--master-port, as in torch 2.14 (default: off)")  # fmt: skip
 
     user = parser.add_argument_group("User-code launch")
-    _add(user, "--max-restarts", dest="max_restarts", default=0, type=int,
-         help="failure restarts before the job fails (default: %(default)s)")  # fmt: skip
+    _add(
+        user,
+        "--max-restarts",
+        dest="max_restarts",
+        default=0,
+        type=int,
+        help="failure restarts before the job fails; membership changes do not count (default: %(default)s)",
+    )
     _add(user, "--monitor-interval", dest="monitor_interval", default=0.1, type=float,
-         help="accepted for torchrun compatibility; aelastic awaits worker exits, it does not poll (default: "
-         "%(default)s)")  # fmt: skip
+         help="accepted for torchrun compatibility, no effect: aelastic awaits worker exits, it does not poll "
+         "(default: %(default)s)")  # fmt: skip
     _add(user, "--start-method", dest="start_method", default="spawn", choices=["spawn", "fork", "forkserver"],
-         help="accepted for compatibility; functions always run in a fresh interpreter (default: %(default)s)")
+         help="accepted for torchrun compatibility; workers always start as fresh processes (default: "
+         "%(default)s)")  # fmt: skip
     _add(user, "--event-log-handler", dest="event_log_handler", default="null",
-         help="accepted for compatibility (default: %(default)s)")  # fmt: skip
-    _add(user, "--role", dest="role", default="default", help="worker role (default: %(default)s)")
-    _add_flag(user, "-m", "--module", dest="module", help="run the script as a module (python -m)")
-    _add_flag(user, "--no-python", dest="no_python", help="run the script as an executable, without python")
-    _add_flag(user, "--run-path", dest="run_path", help="run the script with runpy.run_path in each worker")
-    _add(user, "--signals-to-handle", dest="signals_to_handle", default=DEFAULT_SIGNALS,
-         help="signals that stop the agent and its workers (default: %(default)s)")  # fmt: skip
-    _add(user, "--shutdown-timeout", dest="shutdown_timeout", default=None, type=float,
+         help="accepted for torchrun compatibility; aelastic logs events with the logging module (default: "
+         "%(default)s)")  # fmt: skip
+    _add(user, "--role", dest="role", default="default", help="the workers' role (default: %(default)s)")
+    _add_flag(user, "-m", "--module", dest="module",
+              help="run the script as a module, as 'python -m' does (default: off)")  # fmt: skip
+    _add_flag(user, "--no-python", dest="no_python",
+              help="run the script as an executable, without python in front (default: off)")  # fmt: skip
+    _add_flag(
+        user,
+        "--run-path",
+        dest="run_path",
+        help="run the script with runpy.run_path in each worker; wins over --no-python (default: off)",
+    )
+    _add(user, "--log-dir", dest="log_dir", default=None,
+         help="base directory for <run_id>_*/attempt_<n>/<local_rank>/{stdout,stderr}.log and error.json "
+         "(default: a new temporary directory)")  # fmt: skip
+    _add(user, "-r", "--redirects", dest="redirects", default="0",
+         help="streams to log files only: 0 none, 1 stdout, 2 stderr, 3 both, or LOCAL_RANK:N,... "
+         "(default: %(default)s)")  # fmt: skip
+    _add(user, "-t", "--tee", dest="tee", default="0",
+         help="streams to log files and the console, as --redirects (default: %(default)s)")  # fmt: skip
+    _add(user, "--local-ranks-filter", dest="local_ranks_filter", default="",
+         help="comma list of local ranks whose output the console shows (default: all)")  # fmt: skip
+    _add(user, "--log-line-prefix-template", dest="log_line_prefix_template", default=None,
+         help="console line prefix with ${role_name} ${rank} ${local_rank} (torch 2.14; default: "
+         "$TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, else [<role><local_rank>]:)")  # fmt: skip
+    for stream in ("stdout", "stderr"):
+        _add(user, f"--duplicate-{stream}-filters", dest=f"duplicate_{stream}_filters", default=[],
+             type=_comma_list, help="accepted for torchrun compatibility, not implemented: lines are not "
+             "duplicated (default: none)")  # fmt: skip
+
+    compat = parser.add_argument_group("Backwards compatible parameters with caffe2.distributed.launch")
+    _add(compat, "--node-rank", dest="node_rank", default=0, type=int,
+         help="this node's rank; static rendezvous only (default: %(default)s)")  # fmt: skip
+    _add(
+        compat,
+        "--master-addr",
+        dest="master_addr",
+        default="127.0.0.1",
+        help="address of the rank-0 node, static rendezvous only; IPv6 as [ADDR] (default: %(default)s)",
+    )
+    _add(compat, "--master-port", dest="master_port", default=None, type=int,
+         help="port of the rank-0 node's store, static rendezvous only (default: 29500)")  # fmt: skip
+    _add(compat, "--local-addr", dest="local_addr", default=None,
+         help="this node's address for the rendezvous and the workers' store (default: the local address of the "
+         "connection to the rendezvous store: routable by construction, never a reverse lookup)")  # fmt: skip
+    # torchrun reads no PET_* variable for these two.
+    compat.add_argument(*_spellings(("--logs-specs",)), dest="logs_specs", default=None,
+                        help="accepted for torchrun compatibility; aelastic has torch's default log layout only "
+                        "(default: default)")  # fmt: skip
+    compat.add_argument(*_spellings(("--numa-binding",)), dest="numa_binding", default=None,
+                        choices=["node", "socket", "exclusive", "core-complex"],
+                        help="accepted for torchrun compatibility; aelastic does not bind workers to NUMA nodes "
+                        "(default: none)")  # fmt: skip
+    _add(compat, "--signals-to-handle", dest="signals_to_handle", default=DEFAULT_SIGNALS,
+         help="signals that stop the workers and then the agent (default: %(default)s)")  # fmt: skip
+    _add(compat, "--shutdown-timeout", dest="shutdown_timeout", default=None, type=float,
          help="seconds between SIGTERM and SIGKILL when stopping workers (default: "
-         "$TORCH_ELASTIC_SHUTDOWN_TIMEOUT or 30)")  # fmt: skip
-    _add(user, "--numa-binding", dest="numa_binding", default=None,
-         choices=["node", "socket", "exclusive", "core-complex"],
-         help="accepted; aelastic does not bind workers to NUMA nodes (default: none)")  # fmt: skip
-    _add_flag(user, "--virtual-local-rank", dest="virtual_local_rank",
-              help="accepted for compatibility; LOCAL_RANK stays the real local rank")  # fmt: skip
+         "$TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30)")  # fmt: skip
+    _add_flag(
+        compat,
+        "--virtual-local-rank",
+        dest="virtual_local_rank",
+        help="accepted for torchrun compatibility; LOCAL_RANK stays the real local rank (default: off)",
+    )
 
-    logs = parser.add_argument_group("Logging")
-    _add(logs, "--log-dir", dest="log_dir", default=None,
-         help="directory for attempt_<n>/<local_rank>/{stdout,stderr}.log and error.json (default: a temp dir)")
-    _add(logs, "-r", "--redirects", dest="redirects", default="0",
-         help="streams to files only: 0..3 or LOCAL_RANK:0..3,... (default: %(default)s)")  # fmt: skip
-    _add(logs, "-t", "--tee", dest="tee", default="0",
-         help="streams to files and the console: 0..3 or LOCAL_RANK:0..3,... (default: %(default)s)")
-    _add(logs, "--local-ranks-filter", dest="local_ranks_filter", default="",
-         help="comma list of local ranks whose output is shown (default: all)")  # fmt: skip
-    _add(logs, "--log-line-prefix-template", dest="log_line_prefix_template", default=None,
-         help="prefix with ${role_name} ${rank} ${local_rank} ${hostname} (default: [<role><local_rank>]:)")
-    _add(logs, "--logs-specs", dest="logs_specs", default=None, help="accepted: only torch's default layout exists")
-    _add(logs, "--duplicate-stdout-filters", dest="duplicate_stdout_filters", default="",
-         help="accepted for compatibility (default: none)")  # fmt: skip
-    _add(logs, "--duplicate-stderr-filters", dest="duplicate_stderr_filters", default="",
-         help="accepted for compatibility (default: none)")  # fmt: skip
-
-    static = parser.add_argument_group("Static rendezvous (--rdzv-backend static)")
-    _add(static, "--node-rank", dest="node_rank", default=0, type=int, help="this node's rank (default: %(default)s)")
-    _add(static, "--master-addr", dest="master_addr", default="127.0.0.1",
-         help="address of the rank-0 node (default: %(default)s)")  # fmt: skip
-    _add(static, "--master-port", dest="master_port", default=None, type=int,
-         help="port of the rank-0 node's store (default: 29500)")  # fmt: skip
+    own = parser.add_argument_group("aelastic (beyond torchrun; no torchrun flag changes meaning)")
+    own.add_argument("--async-backend", choices=_BACKENDS, default=argparse.SUPPRESS,
+                     help="event loop to run on, as 'aelastic --async-backend' (default: asyncio; env "
+                     "AELASTIC_ASYNC_BACKEND)")  # fmt: skip
 
     parser.add_argument("training_script", help="the script (or module, or executable) every worker runs")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="its arguments")
 
 
+def _gpu_count() -> int:
+    """Visible NVIDIA GPUs without importing torch: ``CUDA_VISIBLE_DEVICES`` if set (as CUDA reads it: up to the
+    first invalid entry), else the ``/dev/nvidia<N>`` devices."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        count = 0
+        for item in visible.split(","):
+            if not item.strip() or item.strip().startswith("-"):
+                break
+            count += 1
+        return count
+    try:
+        return sum(1 for d in os.listdir("/dev") if d.startswith("nvidia") and d[len("nvidia") :].isdigit())
+    except OSError:
+        return 0
+
+
 def _nproc(text: str) -> int:
-    if text == "cpu" or text == "auto":
+    if text == "cpu":
         return os.cpu_count() or 1
+    if text == "auto":
+        return _gpu_count() or os.cpu_count() or 1
     if text == "gpu":
-        count = len([d for d in os.listdir("/dev") if d[len("nvidia") :].isdigit() and d.startswith("nvidia")])
+        count = _gpu_count()
         if count == 0:
-            raise ConfigurationError("--nproc-per-node 'gpu': no GPU on this machine (no /dev/nvidia<N>)")
+            raise ConfigurationError(
+                "--nproc-per-node 'gpu': no visible GPU on this machine (no /dev/nvidia<N>, or CUDA_VISIBLE_DEVICES "
+                "empty); give a number"
+            )
         return count
     try:
         value = int(text)
     except ValueError:
-        raise ConfigurationError(
-            f"--nproc-per-node {text!r}: must be a positive integer, cpu, gpu or auto"
-        ) from None
+        raise ConfigurationError(f"--nproc-per-node {text!r}: must be a positive integer, cpu, gpu or auto") from None
     if value < 1:
-        raise ConfigurationError(f"--nproc-per-node {text!r}: must be >= 1")
+        raise ConfigurationError(f"--nproc-per-node {text!r}: must be a positive integer (>= 1)")
     return value
 
 
@@ -186,45 +262,53 @@ def _run_script_path(script: str, *args: str) -> None:
     runpy.run_path(script, run_name="__main__")
 
 
+def _explain_ignored(args: argparse.Namespace) -> None:
+    """torchrun flags accepted for compatibility that do nothing here: say so once, never fail on them."""
+    ignored = {
+        "--numa-binding": (args.numa_binding, "aelastic does not bind workers to NUMA nodes"),
+        "--virtual-local-rank": (args.virtual_local_rank, "LOCAL_RANK stays the real local rank"),
+        "--logs-specs": (args.logs_specs not in (None, "default") and args.logs_specs, "only torch's default "
+                         "log layout exists"),
+        "--duplicate-stdout-filters": (",".join(args.duplicate_stdout_filters), "lines are not duplicated"),
+        "--duplicate-stderr-filters": (",".join(args.duplicate_stderr_filters), "lines are not duplicated"),
+        "--event-log-handler": (args.event_log_handler != "null" and args.event_log_handler, "events go to the "
+                                "logging module (logger aelastic)"),
+        "--start-method": (args.start_method != "spawn" and args.start_method, "workers always start as fresh "
+                           "processes"),
+    }  # fmt: skip
+    for flag, (value, why) in ignored.items():
+        if value:
+            logger.warning("%s %s: accepted for torchrun compatibility and ignored: %s", flag, value, why)
+
+
 def config_from_args(args: argparse.Namespace) -> tuple[LaunchConfig, str | Callable[..., Any], list[str]]:
-    """Map torchrun's arguments onto a LaunchConfig and a worker command, refusing bad input."""
+    """Map torchrun's arguments onto a LaunchConfig and a worker command, refusing bad input.
+
+    Everything is checked before anything changes (this process's environment, a log line): a refused command
+    line leaves no trace but its one-line error.
+    """
     min_nodes, max_nodes = parse_nnodes(args.nnodes)
     nproc = _nproc(str(args.nproc_per_node))
     if args.max_restarts < 0:
         raise ConfigurationError(f"--max-restarts {args.max_restarts}: must be >= 0")
     if args.module and args.no_python:
-        raise ConfigurationError("-m/--module and --no-python cannot be used together")
+        raise ConfigurationError("-m/--module and --no-python cannot be used together: -m runs python")
     backend, endpoint, run_id = args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id
     rdzv_configs: dict[str, Any] = parse_rdzv_conf(args.rdzv_conf)
     auto_standalone = backend == "static" and not endpoint and args.master_port is None and max_nodes == 1
+    standalone_ignores = args.standalone and (endpoint or backend != "static")
     if args.standalone or auto_standalone:
-        if args.standalone and (endpoint or backend != "static"):
-            logger.warning("--standalone: ignoring --rdzv-backend/--rdzv-endpoint; using c10d on localhost:0")
         backend, endpoint, run_id = "c10d", "localhost:0", str(uuid.uuid4())
     elif backend == "static":
         rdzv_configs["rank"] = args.node_rank
         if not endpoint:
-            endpoint = format_address(args.master_addr, args.master_port or 29500)
-    elif args.node_rank != 0 or args.master_addr != "127.0.0.1":
-        logger.warning("--node-rank/--master-addr only apply to --rdzv-backend static; ignored")
+            endpoint = format_address(args.master_addr.strip("[]"), args.master_port or 29500)
     if not endpoint and backend != "c10d":
         raise ConfigurationError(f"--rdzv-endpoint '': the {backend!r} backend needs HOST[:PORT]")
     parse_signals(args.signals_to_handle)
     shutdown = args.shutdown_timeout
     if shutdown is None:
         shutdown = float(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30"))
-    if args.numa_binding:
-        logger.warning("--numa-binding %s: aelastic does not bind workers to NUMA nodes; ignored", args.numa_binding)
-    if args.virtual_local_rank:
-        logger.warning("--virtual-local-rank: not supported; LOCAL_RANK stays the real local rank")
-    if nproc > 1 and "OMP_NUM_THREADS" not in os.environ:
-        logger.warning(
-            "Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to avoid your "
-            "system being overloaded, please further tune the variable for optimal performance in your "
-            "application as needed."
-        )
-        os.environ["OMP_NUM_THREADS"] = "1"
-    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = args.signals_to_handle
     template = args.log_line_prefix_template or os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
     config = LaunchConfig(
         min_nodes=min_nodes,
@@ -247,26 +331,90 @@ def config_from_args(args: argparse.Namespace) -> tuple[LaunchConfig, str | Call
         shutdown_timeout=shutdown,
         signals_to_handle=args.signals_to_handle,
     )
+    check_parameters(rendezvous_parameters(config, run_id))
     script, script_args = args.training_script, list(args.training_script_args)
     entrypoint: str | Callable[..., Any]
     if args.run_path:
         entrypoint, script_args = _run_script_path, [script, *script_args]
     elif args.no_python:
+        if shutil.which(script) is None:
+            raise ConfigurationError(f"training script {script!r}: no such executable (--no-python runs it as one)")
         entrypoint = script
     else:
+        if not args.module and not os.path.isfile(script):
+            raise ConfigurationError(f"training script {script!r}: no such file")
         python = os.environ.get("PYTHON_EXEC", sys.executable)
         entrypoint, script_args = python, ["-u", *(["-m"] if args.module else []), script, *script_args]
-        if not args.module and not os.path.exists(script):
-            raise ConfigurationError(f"training script {script!r}: no such file")
+
+    # Accepted: now say what is ignored and set what torchrun sets in its own environment (workers inherit it).
+    if standalone_ignores:
+        logger.warning("--standalone: ignoring --rdzv-backend/--rdzv-endpoint; using c10d on localhost:0")
+    if backend != "static" and (args.node_rank != 0 or args.master_addr != "127.0.0.1"):
+        logger.warning("--node-rank/--master-addr only apply to --rdzv-backend static; ignored")
+    _explain_ignored(args)
+    if nproc > 1 and "OMP_NUM_THREADS" not in os.environ:
+        logger.warning(
+            "\n*****************************************\n"
+            "Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to avoid your "
+            "system being overloaded, please further tune the variable for optimal performance in your "
+            "application as needed. \n"
+            "*****************************************"
+        )
+        os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = args.signals_to_handle
     return config, entrypoint, script_args
 
 
+class _LiveLine:
+    """The rendezvous's one-line status on a terminal while this node waits in it (``aelastic status``'s reason),
+    redrawn at every step of the join and each second of a countdown, erased when the wait ends."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._waiting: tuple[RendezvousState, RendezvousSettings, NodeTimers] | None = None
+
+    def observe(
+        self,
+        node: NodeDesc,
+        state: RendezvousState,
+        settings: RendezvousSettings,
+        timers: NodeTimers,
+        now: float,
+        action: Action,
+    ) -> None:
+        drawn = self._waiting is not None
+        self._waiting = (state, settings, timers) if action is Action.WAIT else None
+        if drawn or self._waiting is not None:
+            self.draw()
+
+    def draw(self) -> None:
+        if self._waiting is None:
+            text = ""  # the wait is over: erase the line
+        else:
+            state, settings, timers = self._waiting
+            reason = waiting_reason(state, settings, timers, anyio.current_time())
+            text = f"aelastic: rendezvous {settings.run_id!r} round {state.round}: {reason}"
+        self._stream.write(f"\r\x1b[K{text}")  # carriage return, erase the line
+        self._stream.flush()
+
+    async def tick(self) -> None:
+        while True:
+            await anyio.sleep(1.0)  # the countdowns move each second even when nothing else does
+            if self._waiting is not None:
+                self.draw()
+
+
 async def _run_job(config: LaunchConfig, entrypoint: str | Callable[..., Any], args: list[str]) -> int:
-    from .launch import launch
+    from .launcher import launch
+    from .rendezvous.dynamic import join_observer  # after the launcher: dynamic first is a circular import
 
     signals = parse_signals(config.signals_to_handle)
     received: list[int] = []
     async with anyio.create_task_group() as tg:
+        if sys.stderr.isatty():
+            live = _LiveLine(sys.stderr)
+            join_observer.set(live.observe)  # the agent's tasks, started below, inherit this context
+            tg.start_soon(live.tick)
 
         async def on_signals() -> None:
             with anyio.open_signal_receiver(*signals) as receiver:
@@ -325,9 +473,9 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser(
         "run",
         help="launch a distributed job: a drop-in for torchrun (same flags and PET_* variables)",
-        description="Launch this node's workers, rendezvous with the other nodes and supervise the workers: "
-        "torchrun's flags, defaults and PET_<FLAG> variables.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Launch this node's workers, rendezvous with the other nodes and supervise the workers: a "
+        "drop-in for torchrun, with its flags (dash or underscore), defaults and PET_<FLAG> variables. A user error "
+        "prints one line and exits with status 2 before anything starts.",
     )
     add_run_arguments(run)
     run.set_defaults(entry=_entry_run)
@@ -345,6 +493,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     store.add_argument("--port", type=_port, default=29400, help="port; 0 picks a free one (default: %(default)s)")
     store.set_defaults(entry=lambda args: partial(_run_store, args.host, args.port))
+
+    status = commands.add_parser(
+        "status",
+        help="show a rendezvous: round, members, who waits, and why it has not completed",
+        description="Read a c10d or etcd rendezvous without joining it and show its round, whether it is complete "
+        "or closed, the participants (with ranks once complete) and their addresses, the nodes waiting and in "
+        "reserve, and one line saying why it has not completed yet. Give the job's own flags (or run it where the "
+        "job's PET_* variables are set).",
+    )
+    _add(status, "--rdzv-backend", dest="rdzv_backend", default="c10d",
+         help="c10d or etcd (default: %(default)s)")  # fmt: skip
+    _add(status, "--rdzv-endpoint", dest="rdzv_endpoint", default="",
+         help="the job's HOST:PORT (default: none, required)")  # fmt: skip
+    _add(status, "--rdzv-id", dest="rdzv_id", default="none", help="the job's run id (default: %(default)s)")
+    _add(status, "--rdzv-conf", dest="rdzv_conf", default="", help="the job's --rdzv-conf (default: none)")
+    _add(status, "--nnodes", dest="nnodes", default=None,
+         help="the job's N or MIN:MAX, to say what the round waits for (default: unknown)")  # fmt: skip
+    status.add_argument("--json", action="store_true", help="print JSON for machines (default: text)")
+    status.add_argument("--timeout", type=float, default=10.0,
+                        help="seconds to connect and read (default: %(default)s)")  # fmt: skip
+    status.set_defaults(entry=_entry_status)
     return parser
 
 
@@ -353,23 +522,65 @@ def _entry_run(args: argparse.Namespace) -> Callable[[], Any]:
     return partial(_run_job, config, entrypoint, script_args)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+async def _show_status(params: RendezvousParameters, known_counts: bool, as_json: bool, read_seconds: float) -> int:
     try:
+        with anyio.fail_after(read_seconds):
+            state = await read_rendezvous(params)
+    except TimeoutError:
+        raise RendezvousConnectionError(
+            f"rendezvous {params.run_id!r}: the {params.backend} backend at {params.endpoint!r} did not answer "
+            f"within --timeout {read_seconds:g}s"
+        ) from None
+    settings = rendezvous_settings(params) if known_counts else None
+    view = describe(state, settings, run_id=params.run_id, backend=params.backend, endpoint=params.endpoint)
+    print(json.dumps(view.to_json(), indent=2) if as_json else view.render(), flush=True)
+    return 0
+
+
+def _entry_status(args: argparse.Namespace) -> Callable[[], Any]:
+    low, high = parse_nnodes(args.nnodes) if args.nnodes is not None else (1, 1)
+    if not args.rdzv_endpoint:
+        raise ConfigurationError("--rdzv-endpoint '': give the job's rendezvous endpoint HOST:PORT")
+    if not args.timeout > 0:
+        raise ConfigurationError(f"--timeout {args.timeout!r}: must be a number of seconds > 0")
+    conf = parse_rdzv_conf(args.rdzv_conf)
+    params = RendezvousParameters(args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id, low, high, **conf)
+    check_readable(params)
+    return partial(_show_status, params, args.nnodes is not None, args.json, args.timeout)
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside (nested) exception groups: task groups wrap what their tasks raise."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    prog = "aelastic"
+    try:
+        parser = build_parser()  # PET_* flags are read here
         args = parser.parse_args(argv)
-        logging.basicConfig(level=args.log_level.upper(), format="[%(asctime)s] %(levelname)s %(name)s: %(message)s")
+        prog = f"aelastic {args.command}"
+        level = args.log_level.upper()
+        if not isinstance(logging.getLevelName(level), int):
+            raise ConfigurationError(f"--log-level {args.log_level!r}: must be DEBUG, INFO, WARNING or ERROR")
+        logging.basicConfig(level=level, format="[%(asctime)s] %(levelname)s %(name)s: %(message)s")
         entry = args.entry(args)
     except ConfigurationError as exc:
-        prog = f"aelastic {args.command}" if "args" in locals() else "aelastic"
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     try:
         return int(anyio.run(entry, backend=args.async_backend))
-    except AelasticError as exc:
-        print(f"aelastic {args.command}: error: {exc}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         return 128 + signal.SIGINT
+    except BaseException as exc:  # re-raised below unless every part is aelastic's own error
+        errors = _leaves(exc)
+        if not all(isinstance(e, AelasticError) for e in errors):
+            raise
+        for error in dict.fromkeys(str(e) for e in errors):
+            print(f"{prog}: error: {error}", file=sys.stderr)
+        return 2 if all(isinstance(e, ConfigurationError) for e in errors) else 1
 
 
 if __name__ == "__main__":

@@ -11,9 +11,13 @@ the group exits. Nothing polls.
 Outcomes: all workers succeeded, then an exit barrier through the round store; a worker failed, then a failure
 restart while ``max_restarts`` allows (the node leaves the round, so every other node sees a member leave and
 restarts too, without spending its own failure budget); a membership change, then a membership restart, which
-never spends the failure budget. Either restart re-rendezvouses, and the new round gets a fresh workers' store.
-``TORCHELASTIC_RESTART_COUNT`` counts failure restarts, as torch defines it; ``AELASTIC_MEMBERSHIP_RESTARTS``
-counts the others.
+never spends the failure budget; the rendezvous closed by another node (its job ended), then the workers stop and
+:class:`~aelastic.errors.RendezvousClosedError` says so. Either restart re-rendezvouses, and the new round gets a
+fresh workers' store. ``TORCHELASTIC_RESTART_COUNT`` counts failure restarts, as torch defines it;
+``AELASTIC_MEMBERSHIP_RESTARTS`` counts the others.
+
+:meth:`ElasticAgent.shutdown` closes the rendezvous when the run is over; after a success the nodes then meet at
+one more barrier, so the node serving the rendezvous store does not exit while another still needs it to close.
 """
 
 from __future__ import annotations
@@ -24,13 +28,13 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from string import Template
 from typing import Any
 
 import anyio
 
-from ..errors import AelasticError
+from ..errors import AelasticError, RendezvousClosedError, StoreConnectionError
 from ..rendezvous.api import RendezvousHandler, RendezvousInfo
-from ._bootstrap import bootstrap_args, read_result, write_payload
 from .errors import ProcessFailure
 from .logs import LogSpec
 from .processes import GroupOutcome, Reaper, WorkerCommand, run_workers
@@ -149,6 +153,7 @@ class ElasticAgent:
         self.failure_restarts = 0
         self.membership_restarts = 0
         self._attempt = 0
+        self._finished: RendezvousInfo | None = None  # the round in which every node's workers succeeded
 
     def __repr__(self) -> str:
         g = self.group
@@ -169,11 +174,18 @@ class ElasticAgent:
             assignment = await self._assign(info)
             outcome, reason = await self._attempt_once(info, assignment)
             if outcome is None:
+                if await self.handler.is_closed():
+                    raise RendezvousClosedError(
+                        f"rendezvous {self.handler.get_run_id()!r} was closed by another node while this node's "
+                        "workers ran (its job ended: a worker failed with no restarts left, or it was stopped); "
+                        "this node's workers were stopped"
+                    )
                 self.membership_restarts += 1
                 logger.info("[%s] membership change (%s): restarting workers", self.spec.role, reason)
             elif outcome.succeeded:
                 self.group.state = WorkerState.SUCCEEDED
                 await self._exit_barrier(info)
+                self._finished = info
                 return self._result(WorkerState.SUCCEEDED, outcome)
             elif self.failure_restarts < self.spec.max_restarts:
                 self.failure_restarts += 1
@@ -230,12 +242,17 @@ class ElasticAgent:
 
     def _command(self, worker: Worker, logs: LogSpec) -> WorkerCommand:
         if callable(self.spec.entrypoint):
+            from ._bootstrap import bootstrap_args, write_payload  # cloudpickle: only callables need it
+
             payload = self.run_dir / f"payload_{self._attempt}.pkl"
             if not payload.exists():
                 write_payload(payload, self.spec.entrypoint, self.spec.args)
             args = bootstrap_args(payload, self._result_path(worker.local_rank))
         else:
-            args = (self.spec.entrypoint, *map(str, self.spec.args))
+            # torch's macros.substitute: "${local_rank}" in an argument becomes the worker's local rank.
+            local_rank = str(worker.local_rank)
+            substituted = (Template(str(a)).safe_substitute(local_rank=local_rank) for a in self.spec.args)
+            args = (self.spec.entrypoint, *substituted)
         return WorkerCommand(worker.local_rank, worker.global_rank, args, self._environment(worker, logs))
 
     def _result_path(self, local_rank: int) -> Path:
@@ -276,9 +293,27 @@ class ElasticAgent:
                 "[%s] exit barrier: not every node finished within %gs", self.spec.role, self.exit_barrier_timeout
             )
 
+    async def shutdown(self) -> bool:
+        """Close the rendezvous (torch's ``rdzv_handler.shutdown()``); ``False`` if that failed (it is logged).
+
+        After a success every node closes, and then they wait for each other (at most ``exit_barrier_timeout``),
+        so the node that serves the rendezvous store does not take it away from a node still closing.
+        """
+        closed = await self.handler.shutdown()
+        if self._finished is not None:
+            info = self._finished
+            with anyio.move_on_after(self.exit_barrier_timeout):
+                try:
+                    await info.store.barrier("aelastic/agent/closed", info.world_size)
+                except StoreConnectionError as exc:  # the job is done; a peer that left early changes nothing
+                    logger.debug("[%s] closing barrier: %s", self.spec.role, exc)
+        return closed
+
     def _result(self, state: WorkerState, outcome: GroupOutcome) -> RunResult:
         values: dict[int, Any] = {}
         if state is WorkerState.SUCCEEDED and callable(self.spec.entrypoint):
+            from ._bootstrap import read_result
+
             values = {w.global_rank: read_result(self._result_path(w.local_rank)) for w in self.group.workers}
         elif state is WorkerState.SUCCEEDED:
             values = {w.global_rank: None for w in self.group.workers}

@@ -105,7 +105,7 @@ async def launch(config: LaunchConfig, entrypoint: str | Callable[..., Any], *ar
             # Done either way: close the rendezvous so nodes in reserve and late joiners exit (torch does the same;
             # a cancelled launch, e.g. on a signal, leaves it open for a rescheduled node).
             with anyio.move_on_after(_SHUTDOWN_GRACE, shield=True):
-                await handler.shutdown()
+                await agent.shutdown()
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
     if result.is_failed():

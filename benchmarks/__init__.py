@@ -1,0 +1,1 @@
+"""Benchmarks: torch beside aelastic on the same machine, in the same run."""

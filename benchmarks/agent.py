@@ -1,0 +1,212 @@
+"""The agent: torchrun beside ``aelastic run``, same machine, same run, alternating within each repetition.
+
+    python -m benchmarks.agent [--quick] [--repeats N] [--json PATH]
+
+Scenarios:
+
+* ``launch``: ``--standalone --nproc-per-node 2`` of a no-op script; wall time of the whole launcher process, from
+  exec to exit.
+* ``recovery``: ``--standalone --nproc-per-node 2 --max-restarts 1``; both workers import torch and pass
+  ``init_process_group("gloo")``, then local rank 1 of the first attempt crashes (``os._exit(1)``). Measured from
+  the crash (the worker's ``time.time()`` just before exiting) to the moment the last worker of the second attempt
+  is past ``init_process_group`` again (its own ``time.time()``). torchrun runs with
+  ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: by default its restarted workers reuse the dead attempt's store and
+  most restarts fail with "Connection refused" (3 of 8 recovered when measured), which would leave nothing to time.
+* ``respawn``: the launcher's share of ``recovery``: from the crash to the last restarted worker running the first
+  line of its script (before it imports torch). The rest of ``recovery`` is the worker's own start: importing torch
+  and joining the gloo group, the same under either launcher.
+* ``agent RSS``: the agent process's peak resident set (``VmHWM``) over the recovery run; for torchrun its agent
+  process. ``aelastic+reaper`` adds aelastic's reaper sidecar, a second small process.
+
+Targets (issue 4): aelastic ≤ 0.3× torchrun for ``launch`` and ``recovery``; aelastic's agent under 60 MiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SYSTEMS = ("torch", "aelastic")
+
+NOOP = "pass\n"
+
+CRASH_ONCE = """\
+import os, sys, time
+started = time.time()
+import torch.distributed as dist
+dist.init_process_group("gloo", init_method="env://")
+past_init = time.time()
+attempt, rank = os.environ["TORCHELASTIC_RESTART_COUNT"], os.environ["LOCAL_RANK"]
+if attempt == "0":
+    dist.barrier()  # every worker of the first attempt is past init before the crash
+    if rank == "1":
+        with open(os.path.join(sys.argv[1], "crash"), "w") as f:
+            f.write(repr(time.time()))
+        os._exit(1)
+    time.sleep(600)  # the agent stops this survivor when its peer crashes
+with open(os.path.join(sys.argv[1], f"init-{attempt}-{rank}"), "w") as f:
+    f.write(f"{started!r} {past_init!r}")
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def launcher(system: str, *args: str | os.PathLike[str]) -> list[str]:
+    if system == "torch":
+        return [sys.executable, "-m", "torch.distributed.run", *map(str, args)]
+    return [sys.executable, "-m", "aelastic", "run", *map(str, args)]
+
+
+def environment(system: str) -> dict[str, str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    if system == "torch":
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    return env
+
+
+def launch_once(system: str, script: Path) -> float:
+    started = time.perf_counter()
+    proc = subprocess.run(
+        launcher(system, "--standalone", "--nproc-per-node", "2", script),
+        env=environment(system), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False, timeout=120,
+    )  # fmt: skip
+    took = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise RuntimeError(f"{system} no-op launch failed ({proc.returncode}): {proc.stderr.decode()[-2000:]}")
+    return took
+
+
+def peak_rss_mib(pid: int) -> float | None:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    kib = next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")), None)
+    return None if kib is None else kib / 1024
+
+
+def reaper_of(pid: int) -> int | None:
+    """aelastic's reaper sidecar: the agent's child running ``_reaper.py``."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return None
+    for child in map(int, children):
+        with suppress(OSError):
+            if b"_reaper" in Path(f"/proc/{child}/cmdline").read_bytes():
+                return child
+    return None
+
+
+@dataclass
+class Recovery:
+    seconds: float  # crash to every restarted worker past init_process_group
+    respawn: float  # crash to every restarted worker running its first line (before it imports torch)
+    agent_mib: float
+    reaper_mib: float = 0.0
+
+
+@contextmanager
+def scratch() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="aelastic_bench_") as tmp:
+        yield Path(tmp)
+
+
+def recovery_once(system: str, script: Path) -> Recovery:
+    with scratch() as out:
+        proc = subprocess.Popen(
+            launcher(system, "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", script, out),
+            env=environment(system), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        agent_mib = reaper_mib = 0.0
+        reaper: int | None = None
+        deadline = time.monotonic() + 180
+        # VmHWM is a high-water mark: the last reading before the exit is the peak. Sampling costs the harness
+        # (not the launcher) a /proc read every 20 ms.
+        while proc.poll() is None:
+            agent_mib = max(agent_mib, peak_rss_mib(proc.pid) or 0.0)
+            if system == "aelastic":
+                reaper = reaper or reaper_of(proc.pid)
+                if reaper is not None:
+                    reaper_mib = max(reaper_mib, peak_rss_mib(reaper) or 0.0)
+            if time.monotonic() > deadline:
+                proc.kill()
+            time.sleep(0.02)
+        assert proc.stderr is not None
+        stderr = proc.stderr.read().decode(errors="replace")
+        proc.stderr.close()
+        inits = sorted(out.glob("init-1-*"))
+        if proc.returncode != 0 or len(inits) != 2 or not (out / "crash").exists():
+            raise RuntimeError(f"{system} recovery run failed ({proc.returncode}): {stderr[-3000:]}")
+        crash = float((out / "crash").read_text())
+        started, past_init = zip(*(map(float, p.read_text().split()) for p in inits), strict=True)
+        return Recovery(max(past_init) - crash, max(started) - crash, agent_mib, reaper_mib)
+
+
+@dataclass
+class Samples:
+    values: dict[tuple[str, str], list[float]] = field(default_factory=dict)
+
+    def add(self, scenario: str, system: str, value: float) -> None:
+        self.values.setdefault((scenario, system), []).append(value)
+
+
+UNITS = {"launch": "s", "recovery": "s", "respawn": "s", "agent RSS": "MiB"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.agent", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run: few repetitions (under ~30 s)")
+    parser.add_argument("--repeats", type=int, default=None, help="repetitions of the recovery scenario")
+    parser.add_argument("--json", type=Path, default=None, help="write the records here")
+    args = parser.parse_args(argv)
+    recoveries = args.repeats or (2 if args.quick else 5)
+    launches = 3 * recoveries if not args.quick else 3
+
+    samples = Samples()
+    with scratch() as tmp:
+        noop, crash_once = tmp / "noop.py", tmp / "crash_once.py"
+        noop.write_text(NOOP)
+        crash_once.write_text(CRASH_ONCE)
+        for rep in range(launches):
+            for system in SYSTEMS if rep % 2 == 0 else SYSTEMS[::-1]:
+                samples.add("launch", system, launch_once(system, noop))
+        for rep in range(recoveries):
+            for system in SYSTEMS if rep % 2 == 0 else SYSTEMS[::-1]:
+                result = recovery_once(system, crash_once)
+                samples.add("recovery", system, result.seconds)
+                samples.add("respawn", system, result.respawn)
+                samples.add("agent RSS", system, result.agent_mib)
+                if system == "aelastic":
+                    samples.add("agent RSS", "aelastic+reaper", result.agent_mib + result.reaper_mib)
+
+    records = [
+        {"scenario": scenario, "system": system, "param": None, "unit": UNITS[scenario], "samples": values,
+         "better": "lower"}
+        for (scenario, system), values in samples.values.items()
+    ]  # fmt: skip
+    print(f"agent benchmark: {launches} launches, {recoveries} recoveries per system (medians, min-max)")
+    print(f"{'scenario':<10} {'system':<16} {'median':>12} {'min':>12} {'max':>12}  aelastic/torch")
+    for r in records:
+        values = r["samples"]
+        torch = samples.values[(str(r["scenario"]), "torch")]
+        ratio = "" if r["system"] == "torch" else f"{statistics.median(values) / statistics.median(torch):.2f}x"
+        cells = " ".join(f"{v:>8.3f} {r['unit']:<3}" for v in (statistics.median(values), min(values), max(values)))
+        print(f"{r['scenario']:<10} {r['system']:<16} {cells}  {ratio}")
+    if args.json is not None:
+        args.json.write_text(json.dumps({"benchmark": "agent", "records": records}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,226 @@
+"""Run every benchmark (torch beside aelastic, same machine, same run) and write ``benchmarks/RESULTS.md``.
+
+    python -m benchmarks [--quick] [--only agent,store_ops] [--repeats N]
+
+Each module ``benchmarks/<name>.py`` runs as a subprocess with ``--json``, so one crashing benchmark cannot take
+the others down and every module starts from a fresh interpreter. The report has, per scenario, the median and
+min–max of every system and the ratio aelastic/torch; a PNG per scenario goes to ``benchmarks/plots/``.
+
+``--quick`` is the CI smoke run: a few repetitions, small sizes, and a failing exit status if aelastic's
+standalone launch is slower than torchrun's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+MODULES = ("store_ops", "rendezvous", "agent")
+OUT = HERE / "out"
+PLOTS = HERE / "plots"
+GATE = ("agent", "launch")  # (benchmark, scenario) that --quick holds to "aelastic no slower than torchrun"
+
+Record = dict[str, Any]
+
+
+def machine() -> str:
+    cpu = next(
+        (line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+         if line.startswith("model name")),
+        platform.processor() or "unknown CPU",
+    )  # fmt: skip
+    mem_kib = next(
+        int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal")
+    )
+    try:
+        from importlib.metadata import version
+
+        torch = version("torch")
+    except Exception:  # torch is a benchmark dependency, not a package one
+        torch = "not installed"
+    return (
+        f"{os.cpu_count()} CPUs ({cpu}), {mem_kib / 2**20:.0f} GiB, {platform.system()} {platform.release()}, "
+        f"Python {platform.python_version()}, torch {torch}"
+    )
+
+
+def run_module(name: str, quick: bool, repeats: int | None) -> list[Record]:
+    OUT.mkdir(parents=True, exist_ok=True)
+    out = OUT / f"{name}.json"
+    out.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", f"benchmarks.{name}", "--json", str(out)]
+    if quick:
+        cmd.append("--quick")
+    if repeats is not None:
+        cmd += ["--repeats", str(repeats)]
+    print(f"$ {' '.join(cmd)}", flush=True)
+    started = datetime.datetime.now()
+    proc = subprocess.run(cmd, cwd=HERE.parent, check=False)
+    took = datetime.datetime.now() - started
+    if proc.returncode != 0 or not out.exists():
+        print(f"benchmark {name} failed (exit {proc.returncode}) after {took}", file=sys.stderr)
+        return []
+    records: list[Record] = json.loads(out.read_text())["records"]
+    for r in records:
+        r["benchmark"] = name
+    return records
+
+
+def fmt(value: float, unit: str) -> str:
+    if unit == "s":
+        return f"{value:.3f} s" if value < 10 else f"{value:.1f} s"
+    if unit == "ops/s":
+        return f"{value:,.0f} ops/s"
+    return f"{value:.3g} {unit}"
+
+
+def ratio(ours: list[float], theirs: list[float], better: str) -> str:
+    """aelastic / torch of the medians, and which way is better, so a reader needs no unit knowledge."""
+    if not ours or not theirs:
+        return ""
+    r = statistics.median(ours) / statistics.median(theirs)
+    good = r <= 1 if better == "lower" else r >= 1
+    return f"{r:.2f}× ({'better' if good else 'worse'})"
+
+
+def table(records: list[Record]) -> list[str]:
+    groups: dict[tuple[str, str], list[Record]] = defaultdict(list)
+    for r in records:
+        groups[(r["benchmark"], r["scenario"])].append(r)
+    lines = [
+        "| benchmark | scenario | N | system | median | min – max | runs | aelastic / torch |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for (bench, scenario), rs in groups.items():
+        by_param: dict[Any, dict[str, Record]] = defaultdict(dict)
+        for r in rs:
+            by_param[r["param"]][r["system"]] = r
+        for param, systems in by_param.items():
+            torch = next((r for s, r in systems.items() if s.startswith("torch")), None)
+            for system, r in systems.items():
+                s = r["samples"]
+                cmp = ratio(s, torch["samples"], r["better"]) if torch is not None and r is not torch else ""
+                lines.append(
+                    f"| {bench} | {scenario} | {'' if param is None else param} | {system} | "
+                    f"{fmt(statistics.median(s), r['unit'])} | {fmt(min(s), r['unit'])} – {fmt(max(s), r['unit'])} "
+                    f"| {len(s)} | {cmp} |"
+                )
+    return lines
+
+
+def plot(records: list[Record]) -> list[Path]:
+    """One PNG per scenario: median vs N where a scenario has several N, else a bar per system."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    PLOTS.mkdir(parents=True, exist_ok=True)
+    groups: dict[tuple[str, str], list[Record]] = defaultdict(list)
+    for r in records:
+        groups[(r["benchmark"], r["scenario"])].append(r)
+    paths = []
+    for (bench, scenario), rs in groups.items():
+        fig, ax = plt.subplots(figsize=(6, 4))
+        unit = rs[0]["unit"]
+        if any(r["param"] is not None for r in rs):
+            by_system: dict[str, list[Record]] = defaultdict(list)
+            for r in rs:
+                by_system[r["system"]].append(r)
+            for system, srs in sorted(by_system.items()):
+                srs.sort(key=lambda r: r["param"])
+                xs = [r["param"] for r in srs]
+                ax.plot(xs, [statistics.median(r["samples"]) for r in srs], marker="o", label=system)
+                ax.fill_between(xs, [min(r["samples"]) for r in srs], [max(r["samples"]) for r in srs], alpha=0.2)
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("N")
+            ax.legend()
+        else:
+            ax.bar([r["system"] for r in rs], [statistics.median(r["samples"]) for r in rs])
+        ax.set_ylabel(unit)
+        ax.set_title(f"{bench}: {scenario}")
+        fig.tight_layout()
+        path = PLOTS / f"{bench}-{''.join(c if c.isalnum() else '_' for c in scenario)}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def gate(records: list[Record]) -> str | None:
+    """The CI smoke check: aelastic's standalone launch no slower than torchrun's (medians)."""
+    rs = [r for r in records if (r["benchmark"], r["scenario"]) == GATE]
+    ours = [r for r in rs if r["system"] == "aelastic"]
+    theirs = [r for r in rs if r["system"].startswith("torch")]
+    if not ours or not theirs:
+        return f"the {GATE[0]} benchmark produced no {GATE[1]!r} result for both systems"
+    a, t = statistics.median(ours[0]["samples"]), statistics.median(theirs[0]["samples"])
+    if a > t:
+        return f"aelastic's standalone launch took {a:.3f} s, torchrun's {t:.3f} s: aelastic must not be slower"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="CI smoke run: small sizes, few repetitions")
+    parser.add_argument("--only", default=",".join(MODULES), help="comma list of benchmarks (default: all)")
+    parser.add_argument("--repeats", type=int, default=None, help="repetitions per scenario (default: each one's)")
+    parser.add_argument("--results", type=Path, default=HERE / "RESULTS.md", help="where to write the report")
+    args = parser.parse_args(argv)
+    names = [n for n in args.only.split(",") if n]
+    unknown = sorted(set(names) - set(MODULES))
+    if unknown:
+        parser.error(f"--only {args.only!r}: unknown benchmark(s) {unknown}; choose from {', '.join(MODULES)}")
+
+    started = datetime.datetime.now(datetime.timezone.utc)
+    records = [r for name in names for r in run_module(name, args.quick, args.repeats)]
+    took = datetime.datetime.now(datetime.timezone.utc) - started
+    failed = [n for n in names if not any(r["benchmark"] == n for r in records)]
+
+    report = [
+        "# aelastic benchmarks",
+        "",
+        f"Run {started:%Y-%m-%d %H:%M} UTC{' (quick)' if args.quick else ''}, took {took.seconds // 60} min "
+        f"{took.seconds % 60} s: `python -m benchmarks{' --quick' if args.quick else ''}`.",
+        f"Machine: {machine()}.",
+        "",
+        "Medians of the repetitions; systems alternate within each repetition. Ratios are aelastic / torch.",
+        "",
+        *table(records),
+        "",
+    ]
+    if failed:
+        report += [f"Failed to produce results: {', '.join(failed)}.", ""]
+    faults = OUT / "faults.json"
+    if faults.exists():
+        report += ["## Fault scenarios", "", "From the fault suite (`pytest tests/faults`):", "", "```"]
+        report += [json.dumps(entry) for entry in json.loads(faults.read_text())]
+        report += ["```", ""]
+    paths = plot(records) if records else []
+    report += [f"![{p.stem}](plots/{p.name})" for p in paths]
+    args.results.write_text("\n".join(report) + "\n")
+    print("\n".join(table(records)))
+    print(f"wrote {args.results}")
+
+    if failed:
+        print(f"benchmarks failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    problem = gate(records) if args.quick and "agent" in names else None
+    if problem:
+        print(problem, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,323 @@
+"""``aelastic run``'s command line: torchrun's flags, defaults and PET_* variables; one-line errors with exit status
+2 before anything starts; flags that do nothing here explained; addresses; ``--help``.
+
+The flag tables are compared with torch's own parser (``torch.distributed.run.get_args_parser``); the user-facing
+behaviour is checked on the real command (``python -m aelastic run`` in a subprocess).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aelastic._net import format_address, parse_endpoint
+from aelastic.cli import build_parser, config_from_args, main
+from aelastic.errors import ConfigurationError
+
+TESTS = Path(__file__).parent
+PROBE = str(TESTS / "cli_probe.py")
+DEADLINE = 120.0  # seconds for one command on a loaded machine
+
+
+@pytest.fixture(autouse=True)
+def no_pet(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parsers read PET_* variables when built: start every test without any."""
+    for key in [k for k in os.environ if k.startswith("PET_")]:
+        monkeypatch.delenv(key)
+
+
+def run_parser() -> argparse.ArgumentParser:
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    parser = sub.choices["run"]
+    assert isinstance(parser, argparse.ArgumentParser)
+    return parser
+
+
+def torch_parser() -> argparse.ArgumentParser:
+    run = pytest.importorskip("torch.distributed.run")
+    parser = run.get_args_parser()
+    assert isinstance(parser, argparse.ArgumentParser)
+    return parser
+
+
+def options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    return {a.dest: a for a in parser._actions if a.option_strings and a.dest != "help"}
+
+
+def is_switch(action: argparse.Action) -> bool:
+    return action.nargs == 0
+
+
+# --- the flag table, against torch's -----------------------------------------------------------------------------
+
+
+@pytest.mark.torch
+def test_every_torchrun_flag_with_its_spellings_default_and_choices() -> None:
+    ours, theirs = options(run_parser()), options(torch_parser())
+    missing = sorted(set(theirs) - set(ours))
+    assert not missing, f"torchrun flags aelastic lacks: {missing}"
+    for dest, action in theirs.items():
+        mine = ours[dest]
+        assert set(action.option_strings) <= set(mine.option_strings), dest
+        assert mine.default == action.default, f"{dest}: default {mine.default!r}, torchrun {action.default!r}"
+        assert is_switch(mine) == is_switch(action), dest
+        assert mine.choices == action.choices, dest
+    extra = sorted(set(ours) - set(theirs))
+    assert extra == ["async_backend", "log_line_prefix_template"], extra  # torch 2.14's template flag, and ours
+
+
+@pytest.mark.torch
+def test_pet_variables_set_the_same_defaults_as_for_torchrun(monkeypatch: pytest.MonkeyPatch) -> None:
+    values = {"nnodes": "1:3", "nproc_per_node": "3", "rdzv_backend": "c10d", "rdzv_endpoint": "h:1",
+              "rdzv_id": "job", "rdzv_conf": "a=1", "max_restarts": "2", "monitor_interval": "0.5",
+              "start_method": "fork", "event_log_handler": "console", "role": "trainer", "log_dir": "/l",
+              "redirects": "3", "tee": "1", "local_ranks_filter": "0", "duplicate_stdout_filters": "a,,b,c",
+              "duplicate_stderr_filters": "x", "node_rank": "1", "master_addr": "10.0.0.1", "master_port": "1234",
+              "local_addr": "10.0.0.2", "signals_to_handle": "SIGTERM", "shutdown_timeout": "5"}  # fmt: skip
+    switches = ["standalone", "module", "no_python", "run_path", "virtual_local_rank"]
+    for dest, value in values.items():
+        monkeypatch.setenv(f"PET_{dest.upper()}", value)
+    for dest in switches:
+        monkeypatch.setenv(f"PET_{dest.upper()}", "1")
+    ours = vars(run_parser().parse_args(["train.py"]))
+    theirs = vars(torch_parser().parse_args(["train.py"]))
+    compared = [*values, *switches]
+    assert {k: ours[k] for k in compared} == {k: theirs[k] for k in compared}
+    assert ours["duplicate_stdout_filters"] == ["a,b", "c"]  # ",," is a literal comma
+    assert all(ours[k] is True for k in switches)
+
+
+def test_help_is_grouped_like_torchrun_and_every_flag_shows_its_default(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    torch_groups = [  # the sections of torch/distributed/run.py's get_args_parser, in order
+        "Worker/node size",
+        "Rendezvous",
+        "User-code launch",
+        "Backwards compatible parameters with caffe2.distributed.launch",
+    ]
+    groups = [g.title for g in run_parser()._action_groups if g.title not in ("positional arguments", "options")]
+    assert groups[:4] == torch_groups
+    positions = [text.index(f"\n{title}:\n") for title in groups]
+    assert positions == sorted(positions)
+    for action in run_parser()._actions:
+        if action.option_strings and action.dest != "help":
+            assert action.help is not None
+            assert "(default: " in action.help or "default: " in action.help, action.dest
+
+
+# --- bad input: one line, exit 2, nothing started ------------------------------------------------------------------
+
+
+def aelastic(*args: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PET_")}
+    return subprocess.run(
+        [sys.executable, "-m", "aelastic", *args],
+        env=base | dict(env or {}),
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+        cwd=TESTS,
+    )
+
+
+BAD_INPUTS: list[tuple[list[str], dict[str, str], list[str]]] = [
+    (["--nnodes", "4:2"], {}, ["--nnodes '4:2'", "MIN must be <= MAX"]),
+    (["--nnodes", "0"], {}, ["--nnodes '0'", "MIN must be >= 1"]),
+    (["--nnodes", "two"], {}, ["--nnodes 'two'", "N or MIN:MAX"]),
+    (["--nproc-per-node", "-1"], {}, ["--nproc-per-node '-1'", "positive integer"]),
+    (["--nproc-per-node", "many"], {}, ["--nproc-per-node 'many'", "positive integer, cpu, gpu or auto"]),
+    (["--nproc-per-node", "gpu"], {"CUDA_VISIBLE_DEVICES": ""}, ["--nproc-per-node 'gpu'", "no visible GPU"]),
+    (["--rdzv-conf", "foo"], {}, ["--rdzv-conf 'foo'", "not KEY=VALUE"]),
+    (["--rdzv-conf", "join_timeout="], {}, ["--rdzv-conf 'join_timeout='", "not KEY=VALUE"]),
+    (["--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--rdzv-conf", "colour=blue"], {},
+     ["--rdzv-conf key 'colour'", "not understood by the 'c10d' backend", "join_timeout"]),
+    (["--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--rdzv-conf", "join_timeout=soon"], {},
+     ["--rdzv-conf join_timeout='soon'", "number of seconds"]),
+    (["--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--rdzv-conf", "last_call_timeout=-1"], {},
+     ["--rdzv-conf last_call_timeout='-1'", "> 0"]),
+    (["--rdzv-backend", "etcd", "--rdzv-endpoint", "localhost:2379", "--rdzv-conf", "close_timeout=x"], {},
+     ["--rdzv-conf close_timeout='x'", "number of seconds"]),
+    (["--rdzv-backend", "c10d", "--rdzv-endpoint", "host:notaport"], {},
+     ["--rdzv-endpoint 'host:notaport'", "port 'notaport' is not an integer 0..65535"]),
+    (["--rdzv-backend", "c10d", "--rdzv-endpoint", "[::1:29400"], {}, ["--rdzv-endpoint '[::1:29400'", "[ADDR]"]),
+    (["--rdzv-backend", "zookeeper", "--rdzv-endpoint", "h:1"], {},
+     ["--rdzv-backend 'zookeeper'", "unknown rendezvous backend", "c10d"]),
+    (["--max-restarts", "-1"], {}, ["--max-restarts -1", ">= 0"]),
+    (["--signals-to-handle", "SIGTERM,SIGNOPE"], {}, ["--signals-to-handle", "'SIGNOPE' is not a signal name"]),
+    (["--redirects", "7"], {}, ["--redirects '7'", "0..3"]),
+    (["-m", "--no-python"], {}, ["-m/--module and --no-python", "cannot be used together"]),
+    ([], {"PET_NNODES": "4:2"}, ["--nnodes '4:2'", "MIN must be <= MAX"]),
+    ([], {"PET_STANDALONE": "yes"}, ["PET_STANDALONE='yes'", "must be 0 or 1"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("flags", "env", "expected"), BAD_INPUTS, ids=lambda v: str(v) if isinstance(v, list) else "")
+def test_bad_input_is_one_line_and_exit_2_before_anything_starts(
+    flags: list[str], env: dict[str, str], expected: list[str], tmp_path: Path
+) -> None:
+    result = aelastic("run", *flags, PROBE, env={"PROBE_OUT": str(tmp_path)} | env)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert re.match(r"aelastic( run)?: error: ", lines[0]), lines[0]  # PET_* are read before the command is known
+    for part in expected:
+        assert part in lines[0]
+    assert result.stdout == ""
+    assert list(tmp_path.iterdir()) == []  # no worker ran
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["run", "missing.py"], "training script 'missing.py': no such file"),
+        (["run", "--no-python", "no-such-program-here"], "'no-such-program-here': no such executable"),
+        (["run"], "the following arguments are required: training_script"),
+        (["run", "--nnodes"], "argument --nnodes: expected one argument"),
+        (["run", "--start-method", "thread", PROBE], "argument --start-method"),
+        (["--log-level", "LOUD", "run", PROBE], "--log-level 'LOUD'"),
+    ],
+)
+def test_missing_script_and_malformed_command_lines(args: list[str], expected: str) -> None:
+    result = aelastic(*args)
+    assert result.returncode == 2, result.stderr
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert expected in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+# --- accepted, explained, run ------------------------------------------------------------------------------------
+
+
+def probe_records(out: Path) -> dict[int, dict[str, Any]]:
+    return {int(p.stem[len("rank") :]): json.loads(p.read_text()) for p in out.glob("rank*.json")}
+
+
+def test_flags_that_do_nothing_here_are_accepted_and_explained(tmp_path: Path) -> None:
+    flags = ["--numa-binding", "node", "--virtual-local-rank", "--logs-specs", "custom", "--start-method", "fork",
+             "--event-log-handler", "console", "--duplicate-stdout-filters", "loss"]  # fmt: skip
+    env = {"PROBE_OUT": str(tmp_path)}
+    env.pop("OMP_NUM_THREADS", None)
+    result = aelastic("run", "--standalone", "--nproc-per-node", "2", *flags, PROBE, env=env)
+    assert result.returncode == 0, result.stderr
+    for flag in ["--numa-binding node", "--virtual-local-rank True", "--logs-specs custom", "--start-method fork",
+                 "--event-log-handler console", "--duplicate-stdout-filters loss"]:  # fmt: skip
+        assert f"{flag}: accepted for torchrun compatibility and ignored" in result.stderr, flag
+    assert "Setting OMP_NUM_THREADS environment variable for each process to be 1" in result.stderr
+    records = probe_records(tmp_path)
+    assert sorted(records) == [0, 1]
+    assert {r["env"]["LOCAL_RANK"] for r in records.values()} == {"0", "1"}  # virtual-local-rank explained, not done
+
+
+# --- addresses -----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("10.1.2.3:29400", ("10.1.2.3", 29400)),
+        ("10.1.2.3", ("10.1.2.3", 29400)),
+        ("[::1]:29401", ("::1", 29401)),
+        ("[fe80::1%eth0]:7", ("fe80::1%eth0", 7)),
+        ("::1", ("::1", 29400)),
+        ("[2001:db8::5]", ("2001:db8::5", 29400)),
+        ("node-7.cluster.local:1", ("node-7.cluster.local", 1)),
+        ("localhost", ("localhost", 29400)),
+    ],
+)
+def test_endpoints_ipv4_ipv6_and_hostnames(text: str, expected: tuple[str, int]) -> None:
+    assert parse_endpoint(text, 29400) == expected
+    assert parse_endpoint(format_address(*expected), None) == expected
+
+
+def config(*argv: str) -> Any:
+    return config_from_args(run_parser().parse_args([*argv, PROBE]))
+
+
+@pytest.fixture
+def restore_environ() -> Iterator[None]:
+    saved = dict(os.environ)  # config_from_args sets what torchrun sets in its own environment
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+@pytest.mark.usefixtures("restore_environ")
+def test_addresses_given_are_kept_as_given_never_resolved() -> None:
+    cfg, _, _ = config("--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "192.0.2.7:29400")
+    assert cfg.rdzv_endpoint == "192.0.2.7:29400"
+    cfg, _, _ = config("--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "[2001:db8::7]:29400",
+                       "--local-addr", "2001:db8::8")  # fmt: skip
+    assert (cfg.rdzv_endpoint, cfg.local_addr) == ("[2001:db8::7]:29400", "2001:db8::8")
+    cfg, _, _ = config("--nnodes", "2", "--master-addr", "[::1]", "--master-port", "5000")
+    assert (cfg.rdzv_backend, cfg.rdzv_endpoint, cfg.rdzv_configs["rank"]) == ("static", "[::1]:5000", 0)
+    cfg, _, _ = config("--nnodes", "2", "--master-addr", "node-0.example", "--node-rank", "1")
+    assert (cfg.rdzv_endpoint, cfg.rdzv_configs["rank"]) == ("node-0.example:29500", 1)
+
+
+@pytest.mark.usefixtures("restore_environ")
+def test_standalone_and_torch_2_14_automatic_standalone() -> None:
+    for argv in (["--standalone", "--rdzv-backend", "etcd", "--rdzv-id", "x"], []):
+        cfg, entrypoint, args = config(*argv)
+        assert (cfg.rdzv_backend, cfg.rdzv_endpoint) == ("c10d", "localhost:0")
+        assert re.fullmatch(r"[0-9a-f-]{36}", cfg.run_id)
+        assert (entrypoint, args) == (sys.executable, ["-u", PROBE])
+    cfg, _, _ = config("--master-port", "29600")  # a port given: static, as torch 2.14
+    assert (cfg.rdzv_backend, cfg.rdzv_endpoint) == ("static", "127.0.0.1:29600")
+
+
+def test_a_user_error_in_config_is_a_configuration_error() -> None:
+    with pytest.raises(ConfigurationError, match=r"--nnodes '3:1': MIN must be <= MAX"):
+        config("--nnodes", "3:1")
+
+
+def test_ipv6_loopback_endpoint_end_to_end(tmp_path: Path) -> None:
+    result = aelastic("run", "--rdzv-backend", "c10d", "--rdzv-endpoint", "[::1]:0", "--nproc-per-node", "1", PROBE,
+                      env={"PROBE_OUT": str(tmp_path)})  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (record,) = probe_records(tmp_path).values()
+    assert record["env"]["MASTER_ADDR"] == "::1"  # the address the node reached the store at, kept literal
+
+
+@pytest.mark.usefixtures("restore_environ")
+@pytest.mark.parametrize(
+    ("visible", "gpu", "auto"),
+    [("0,1", 2, 2), ("GPU-5b2c,GPU-77aa,GPU-0f1e", 3, 3), ("0,-1,2", 1, 1), ("", None, os.cpu_count())],
+)
+def test_nproc_per_node_gpu_and_auto_count_visible_gpus(
+    visible: str, gpu: int | None, auto: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)  # as CUDA reads it: up to the first invalid entry
+    assert config("--nproc-per-node", "auto")[0].nproc_per_node == auto
+    assert config("--nproc-per-node", "cpu")[0].nproc_per_node == os.cpu_count()
+    if gpu is None:
+        with pytest.raises(ConfigurationError, match=r"--nproc-per-node 'gpu': no visible GPU"):
+            config("--nproc-per-node", "gpu")
+    else:
+        assert config("--nproc-per-node", "gpu")[0].nproc_per_node == gpu
+
+
+def test_unreachable_rendezvous_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:  # bound, never listening: connections are refused
+        s.bind(("127.0.0.1", 0))
+        endpoint = f"127.0.0.1:{s.getsockname()[1]}"
+        flags = ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-conf",
+                 "is_host=false,read_timeout=2"]  # fmt: skip
+        result = aelastic("run", *flags, PROBE, env={"PROBE_OUT": str(tmp_path)})
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [result.stderr.strip()], result.stderr
+    assert f"aelastic run: error: could not reach the rendezvous store at {endpoint}" in result.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,181 @@
+"""``aelastic.launch`` (awaited from asyncio and trio) and ``aelastic.run`` (blocking, also inside a running loop),
+with real worker processes; and the public surface of ``aelastic``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import cast
+
+import anyio
+import anyio.abc
+import pytest
+
+import aelastic
+from aelastic import ChildFailedError, LaunchConfig
+
+pytestmark = pytest.mark.anyio
+
+DEADLINE = 90.0  # generous: the machine is small and shared
+HERE = Path(__file__).resolve().parent
+
+
+def rank_and_double(x: int) -> tuple[int, int, int]:
+    return int(os.environ["RANK"]), 2 * x, int(os.environ["WORLD_SIZE"])
+
+
+def fails_on_rank_one(shard: str) -> None:
+    if os.environ["RANK"] == "1":
+        raise ValueError(f"bad shard {shard!r}")
+
+
+def report_pid_and_sleep(port: int) -> None:
+    import socket
+    import time
+
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        conn.sendall(f"{os.getpid()}\n".encode())
+    time.sleep(600)
+
+
+def exists(pid: int) -> bool:
+    """Whether ``pid`` exists at all (a zombie counts: it was not reaped)."""
+    return os.path.exists(f"/proc/{pid}")
+
+
+def children_of_this_process() -> list[int]:
+    me = str(os.getpid())
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[1] == me and fields[0] not in ("Z", "X"):
+                found.append(int(entry))
+    return found
+
+
+@pytest.fixture
+def importable_tests(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers unpickle this module's functions by reference: let them import it."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
+
+
+@pytest.mark.usefixtures("importable_tests")
+async def test_launch_returns_values_by_global_rank(tmp_path: Path) -> None:
+    config = LaunchConfig(nproc_per_node=2, max_restarts=0, log_dir=tmp_path)
+    with anyio.fail_after(DEADLINE):
+        values = await aelastic.launch(config, rank_and_double, 21)
+    assert values == {0: (0, 42, 2), 1: (1, 42, 2)}
+
+
+@pytest.mark.usefixtures("importable_tests")
+async def test_launch_raises_child_failed_error_with_the_traceback(tmp_path: Path) -> None:
+    config = LaunchConfig(nproc_per_node=2, max_restarts=0, log_dir=tmp_path)
+    with anyio.fail_after(DEADLINE), pytest.raises(ChildFailedError) as caught:
+        await aelastic.launch(config, fails_on_rank_one, "s-7")
+    rank, failure = caught.value.get_first_failure()
+    assert rank == 1
+    assert failure.message == "ValueError: bad shard 's-7'"
+    assert failure.error_file.endswith("attempt_0/1/error.json")  # the callable runs under record()
+    report = str(caught.value)
+    assert "fails_on_rank_one FAILED" in report
+    assert "Traceback (most recent call last)" in report
+
+
+@pytest.mark.usefixtures("importable_tests")
+async def test_cancelling_launch_leaves_no_process(tmp_path: Path) -> None:
+    config = LaunchConfig(nproc_per_node=2, max_restarts=0, log_dir=tmp_path, shutdown_timeout=5)
+    multi = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    listener = cast(anyio.abc.SocketListener, multi.listeners[0])
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    pids = []
+    with anyio.fail_after(DEADLINE):
+        async with multi, anyio.create_task_group() as tg:
+            tg.start_soon(aelastic.launch, config, report_pid_and_sleep, port)
+            for _ in range(2):  # each worker connects once it runs
+                async with await listener.accept() as conn:
+                    pids.append(int((await conn.receive()).decode()))
+            assert set(pids) <= set(children_of_this_process())  # the workers run, next to the reaper sidecar
+            tg.cancel_scope.cancel()
+    # launch() returned from its cancellation only after stopping and reaping everything it started.
+    assert children_of_this_process() == []
+    assert not [pid for pid in pids if exists(pid)]
+
+
+MAIN_PROGRAM = """
+import asyncio, json, os, sys
+import aelastic
+
+def work(x):  # defined in __main__: no worker can import it, so it travels by value
+    return {"rank": int(os.environ["RANK"]), "value": x * 2}
+
+config = aelastic.LaunchConfig(nproc_per_node=2, max_restarts=0)
+
+async def main():
+    if sys.argv[1] == "launch":
+        return await aelastic.launch(config, work, 21)
+    await asyncio.sleep(0)
+    return aelastic.run(config, work, 21)  # blocking, with this loop running (as in a notebook)
+
+print(json.dumps(asyncio.run(main())))
+"""
+
+
+@pytest.mark.parametrize("mode", ["launch", "run-inside-loop"])
+def test_dunder_main_function_from_a_plain_asyncio_program(mode: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(MAIN_PROGRAM), mode],
+        capture_output=True, text=True, timeout=DEADLINE, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {"0": {"rank": 0, "value": 42}, "1": {"rank": 1, "value": 42}}
+
+
+def test_public_surface() -> None:
+    assert aelastic.__all__ == [
+        "AelasticError",
+        "ChildFailedError",
+        "ConfigurationError",
+        "LaunchConfig",
+        "ProcessFailure",
+        "QueueEmptyError",
+        "RendezvousClosedError",
+        "RendezvousConnectionError",
+        "RendezvousError",
+        "RendezvousGracefulExitError",
+        "RendezvousStateError",
+        "RendezvousTimeoutError",
+        "RunResult",
+        "StoreConnectionError",
+        "StoreError",
+        "StoreProtocolError",
+        "WorkerSpec",
+        "WorkerState",
+        "__version__",
+        "launch",
+        "record",
+        "run",
+    ]
+    for name in aelastic.__all__:
+        assert getattr(aelastic, name) is not None, name
+    assert callable(aelastic.launch)
+    assert callable(aelastic.run)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        _ = aelastic.nope  # type: ignore[attr-defined]
+
+
+def test_importing_aelastic_does_not_import_the_launcher() -> None:
+    """Workers import aelastic (record, the callable bootstrap): that must not drag in anyio and the agent."""
+    code = (
+        "import sys, aelastic; from aelastic import record; "
+        "print(sorted(m for m in ('anyio', 'aelastic.launcher') if m in sys.modules))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert proc.stdout == "[]\n"
