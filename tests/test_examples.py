@@ -1,0 +1,279 @@
+"""Every example under ``examples/`` run as its docstring (and the README) says, asserting on what it prints.
+
+The examples run as subprocesses (the notebook in a real Jupyter kernel), so these tests are synchronous: they
+wait on each process's output file with a deadline and a short bounded poll, as a user watching a terminal would.
+Every process a test starts is SIGKILLed at teardown, with any process whose command line mentions the test's
+``tmp_path`` (workers of the training runs); the tests that cancel assert themselves that no worker survived.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import suppress
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+from test_agent_e2e import alive, free_port, kill_all_mentioning
+
+pytestmark = pytest.mark.torch
+
+DEADLINE = 120.0  # generous: torch workers on a small, shared machine
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+AELASTIC = str(Path(sys.executable).with_name("aelastic"))  # the console script, as the README runs it
+PREFIX = r"^(?:\[\w+\]:)?"  # the agent's console prefix ([default0]:) on worker lines
+
+
+class Proc:
+    """A command with stdout and stderr in one file, started from the repository root."""
+
+    def __init__(self, args: list[str | os.PathLike[str]], log: Path) -> None:
+        self.log = log
+        with log.open("wb") as f:
+            self.popen = subprocess.Popen(
+                [str(a) for a in args], cwd=ROOT, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )  # fmt: skip
+
+    @property
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait(self) -> int:
+        try:
+            return self.popen.wait(DEADLINE)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{self.popen.args} still running after {DEADLINE} s:\n{self.output}") from None
+
+    def wait_for(self, pattern: str, count: int = 1) -> list[re.Match[str]]:
+        """Wait until the output holds ``count`` lines matching ``pattern``; fail early if the process exits."""
+        deadline = time.monotonic() + DEADLINE
+        while True:
+            exited = self.popen.poll() is not None  # read the output after the exit check: nothing is missed
+            found = list(re.finditer(pattern, self.output, re.M))
+            if len(found) >= count:
+                return found
+            if exited or time.monotonic() > deadline:
+                found_text = f"{len(found)} of {count} lines matching {pattern!r}"
+                raise AssertionError(f"{found_text} (exit code {self.popen.poll()}):\n{self.output}")
+            time.sleep(0.05)  # a line appearing in a file has no event to wait on: a bounded poll
+
+
+Start = Callable[..., Proc]
+
+
+@pytest.fixture
+def start(tmp_path: Path) -> Iterator[Start]:
+    procs: list[Proc] = []
+
+    def start(*args: str | os.PathLike[str]) -> Proc:
+        proc = Proc(list(args), tmp_path / f"proc{len(procs)}.log")
+        procs.append(proc)
+        return proc
+
+    try:
+        yield start
+    finally:
+        for proc in procs:
+            with suppress(ProcessLookupError):
+                proc.popen.kill()
+            proc.popen.wait()
+        kill_all_mentioning(str(tmp_path))
+
+
+# --- allreduce.py -----------------------------------------------------------------------------------------------------
+
+
+def test_allreduce(start: Start) -> None:
+    proc = start(AELASTIC, "run", "--standalone", "--nproc-per-node", "2", "examples/allreduce.py")
+    assert proc.wait() == 0, proc.output
+    found = re.findall(PREFIX + r"rank (\d) world_size 2 tensor\(\[2\]\)$", proc.output, re.M)
+    assert sorted(found) == ["0", "1"], proc.output
+
+
+
+# --- store_demo.py ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_store_demo(start: Start, backend: str) -> None:
+    proc = start(sys.executable, "examples/store_demo.py", backend)
+    assert proc.wait() == 0, proc.output
+    lines = proc.output.splitlines()
+    assert re.fullmatch(r"store listening on localhost:\d+", lines[0]), lines
+    assert lines[1:3] == ["get greeting -> hello", "add counter +5 -> 5"]
+    assert re.fullmatch(r"waiter woke after \d+\.\d ms with b'arrived'", lines[3]), lines  # woken by the set
+    assert re.fullmatch(r"server statistics: ServerStatistics\(.*keys=3, waiters=0.*\)", lines[4]), lines
+
+# --- elastic_ddp/ -----------------------------------------------------------------------------------------------------
+
+TRAIN = EXAMPLES / "elastic_ddp" / "train.py"
+LOSS_FORMAT = r"(\d+\.\d{6})"
+
+
+def step_lines(output: str) -> list[tuple[int, str, int]]:
+    """Rank 0's ``step S loss L world_size W`` lines, in order: (step, loss as printed, world size)."""
+    lines = re.findall(PREFIX + rf"step (\d+) loss {LOSS_FORMAT} world_size (\d+)$", output, re.M)
+    return [(int(step), loss, int(world)) for step, loss, world in lines]
+
+
+def resumed_lines(output: str, world_size: int) -> list[tuple[int, int, str, int]]:
+    """Every rank's ``resumed`` line: (rank, step, loss, restart count)."""
+    pattern = PREFIX + rf"rank (\d) of {world_size}: resumed from step (\d+), loss {LOSS_FORMAT} \(restart (\d+)\)$"
+    return sorted((int(r), int(s), loss, int(n)) for r, s, loss, n in re.findall(pattern, output, re.M))
+
+
+def test_elastic_ddp_resumes_from_its_checkpoint_after_a_worker_crash(start: Start, tmp_path: Path) -> None:
+    """The README command, with the checkpoint in tmp_path: rank 1 SIGKILLs itself at step 12 of the first attempt;
+    the agent restarts both workers, which resume from the step-10 checkpoint and repeat step 11 exactly."""
+    checkpoint = tmp_path / "ckpt.pt"
+    proc = start(AELASTIC, "run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+                 "examples/elastic_ddp/train.py", "--crash-at-step", "12", "--checkpoint", checkpoint)  # fmt: skip
+    assert proc.wait() == 0, proc.output
+    output = proc.output
+    assert re.search(PREFIX + r"rank 1: crashing at step 12 \(SIGKILL\)$", output, re.M), output
+    steps = step_lines(output)
+    assert [step for step, _, _ in steps] == [*range(1, 12), *range(11, 41)], output  # 1..11, crash, 11..40
+    assert {world for _, _, world in steps} == {2}
+    first, second = {s: loss for s, loss, _ in steps[:11]}, {s: loss for s, loss, _ in steps[11:]}
+    assert resumed_lines(output, 2) == [(0, 10, first[10], 1), (1, 10, first[10], 1)], output
+    assert second[11] == first[11]  # the restored model and optimizer repeat the lost step to the last digit
+    assert float(second[40]) < float(first[1]) / 5  # and training went on from there
+    assert re.search(PREFIX + rf"finished at step 40; checkpoint {re.escape(str(checkpoint))}$", output, re.M)
+
+
+# Runs train.py with every worker of a two-worker world held at step 8, so that the first node cannot finish before
+# the second one joins; the agent's membership restart is what releases them.
+HOLD_SMALL_WORLD = """
+import os, sys, time
+sys.path.insert(0, sys.argv.pop(1))
+import train
+
+make_batch = train.make_batch
+
+def make_batch_or_hold(step, batch_size):
+    if step == 8 and os.environ["WORLD_SIZE"] == "2":
+        print(f"rank {os.environ['RANK']}: holding at step 8 until the world grows", flush=True)
+        time.sleep(600)
+    return make_batch(step, batch_size)
+
+train.make_batch = make_batch_or_hold
+train.main()
+"""
+
+
+def test_elastic_ddp_scales_up_when_a_second_node_joins(start: Start, tmp_path: Path) -> None:
+    """One agent (--nnodes 1:2) trains in a world of 2; a second agent joins mid-training; the two re-rendezvous
+    into a world of 2 nodes x 2 workers, resume from the step-5 checkpoint with the same losses, and finish."""
+    hold = tmp_path / "hold_small_world.py"
+    hold.write_text(HOLD_SMALL_WORLD)
+    checkpoint = tmp_path / "ckpt.pt"
+    agent = [AELASTIC, "run", "--nnodes", "1:2", "--nproc-per-node", "2", "--max-restarts", "0",
+             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "scale-up",
+             "--rdzv-conf", "last_call_timeout=1",
+             hold, TRAIN.parent, "--checkpoint", checkpoint]  # fmt: skip
+    first = start(*agent)
+    first.wait_for(PREFIX + r"rank \d: holding at step 8 until the world grows$", count=2)
+    second = start(*agent)
+    assert first.wait() == 0, first.output
+    assert second.wait() == 0, second.output
+    both = first.output + second.output
+
+    small = {step: loss for step, loss, world in step_lines(first.output) if world == 2}
+    assert sorted(small) == list(range(1, 8)), first.output
+    big = [(step, loss) for step, loss, world in step_lines(both) if world == 4]
+    assert [step for step, _ in big] == list(range(6, 41)), both  # resumed after the step-5 checkpoint
+    # Both nodes run workers of the new world (max_restarts 0: a membership restart spends no failure budget).
+    assert resumed_lines(both, 4) == [(rank, 5, small[5], 0) for rank in range(4)], both
+    assert resumed_lines(first.output, 4)
+    assert resumed_lines(second.output, 4)
+    # The loss curve does not depend on the world size: steps 6 and 7 repeat in the world of 4 (up to rounding).
+    for step, loss in big[:2]:
+        assert math.isclose(float(loss), float(small[step]), rel_tol=1e-4), (step, loss, small[step])
+    assert re.search(PREFIX + r"finished at step 40; ", both, re.M)
+
+
+# --- asyncio_orchestrator.py, trio_orchestrator.py --------------------------------------------------------------------
+
+ORCHESTRATORS = ["asyncio_orchestrator.py", "trio_orchestrator.py"]
+STARTED = r"^all 4 workers have started \(pids ([\d ]+)\)$"
+
+
+def exists(pid: int) -> bool:
+    """Whether ``pid`` exists at all (a zombie counts: nobody reaped it)."""
+    return os.path.exists(f"/proc/{pid}")
+
+
+@pytest.mark.parametrize("script", ORCHESTRATORS)
+def test_orchestrator_runs_a_sweep_of_two_jobs(start: Start, script: str) -> None:
+    proc = start(sys.executable, f"examples/{script}", "--steps", "20")
+    assert proc.wait() == 0, proc.output
+    output = proc.output
+    assert re.search(r"^progress endpoint on 127\.0\.0\.1:\d+$", output, re.M), output
+    for lr in ("0.01", "0.1"):  # the workers' progress, streamed to the orchestrator's endpoint while it waits
+        assert re.findall(rf"^lr={lr} step (\d+)/20 loss \d+\.\d+$", output, re.M) == ["10", "20"], output
+    final = dict(re.findall(r"^lr=([\d.]+): final loss (\d+\.\d+) \(ranks \[0, 1\]\)$", output, re.M))
+    assert sorted(final) == ["0.01", "0.1"], output
+    assert float(final["0.1"]) < float(final["0.01"])
+    assert re.search(r"^best learning rate: 0\.1$", output, re.M)
+
+
+@pytest.mark.parametrize("script", ORCHESTRATORS)
+def test_orchestrator_ctrl_c_cancels_both_jobs_and_leaves_no_worker(start: Start, script: str) -> None:
+    proc = start(sys.executable, f"examples/{script}", "--steps", "1000000")
+    [started] = proc.wait_for(STARTED)
+    pids = [int(pid) for pid in started[1].split()]
+    assert len(set(pids)) == 4
+    assert all(alive(pid) for pid in pids)  # a million steps: both jobs are training now
+    proc.popen.send_signal(signal.SIGINT)
+    assert proc.wait() == 130, proc.output
+    assert re.search(r"^cancelled \(interrupted\): 4 workers had reported, 0 still exist$", proc.output, re.M)
+    assert not [pid for pid in pids if exists(pid)]
+    assert "final loss" not in proc.output
+
+
+@pytest.mark.parametrize("script", ORCHESTRATORS)
+def test_orchestrator_time_budget_cancels_the_sweep(start: Start, script: str) -> None:
+    proc = start(sys.executable, f"examples/{script}", "--steps", "1000000", "--cancel-after", "1.5")
+    assert proc.wait() == 0, proc.output
+    output = proc.output
+    # How many workers reported within the budget depends on the machine's load; that none survives does not.
+    budget_spent = r"^cancelled \(time budget of 1\.5 s spent\): \d workers had reported, 0 still exist$"
+    assert re.search(budget_spent, output, re.M), output
+    started = re.search(STARTED, output, re.M)
+    assert started is None or not [pid for pid in map(int, started[1].split()) if exists(pid)]
+    assert "final loss" not in output
+
+
+# --- notebook.ipynb ---------------------------------------------------------------------------------------------------
+
+
+def test_notebook_runs_a_cell_function_on_two_workers() -> None:
+    """The notebook in a real Jupyter kernel (the venv's "python3"), where an event loop already runs."""
+    notebook = nbformat.read(EXAMPLES / "notebook.ipynb", as_version=4)
+    client = NotebookClient(notebook, kernel_name="python3", timeout=int(DEADLINE),
+                            resources={"metadata": {"path": str(EXAMPLES)}})  # fmt: skip
+    client.execute()
+    cells = {tag: cell for cell in notebook.cells for tag in cell.metadata.get("tags", [])}
+
+    def stream(tag: str, name: str) -> str:
+        return "".join(out.text for out in cells[tag].outputs if out.output_type == "stream" and out.name == name)
+
+    assert stream("results", "stdout") == (
+        "0 {'rank': 0, 'world_size': 2, 'total': 30.0}\n1 {'rank': 1, 'world_size': 2, 'total': 30.0}\n"
+    )
+    [restarted] = [out for out in cells["restart"].outputs if out.output_type == "execute_result"]
+    assert restarted.data["text/plain"] == (
+        "{0: {'rank': 0, 'attempt': 1, 'value': 42},\n 1: {'rank': 1, 'attempt': 1, 'value': 42}}"
+    )
+    assert "RuntimeError: worker 1 fails in the first attempt" in stream("restart", "stderr")  # the first attempt's
+    assert stream("failure", "stdout") == "rank 1 failed: RuntimeError: worker 1 fails in the first attempt\n"
