@@ -22,6 +22,7 @@ __all__ = [
     "RendezvousGracefulExitError",
     "RendezvousStateError",
     "RendezvousTimeoutError",
+    "StoreAuthError",
     "StoreConnectionError",
     "StoreError",
     "StoreProtocolError",
@@ -42,6 +43,10 @@ class StoreError(AelasticError):
 
 class StoreConnectionError(StoreError, ConnectionError):
     """The store at an address could not be reached, or the connection to it broke."""
+
+
+class StoreAuthError(StoreConnectionError):
+    """The store refused this client's auth token (or its lack of one); retrying cannot help."""
 
 
 class StoreProtocolError(StoreError):

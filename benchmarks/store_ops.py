@@ -1,9 +1,20 @@
 """Store throughput and WAIT wake-up latency: torch's TCPStore server (libuv) beside aelastic's, in one run.
 
-Both servers run in a process of their own; the clients are torch's C++ ``TCPStore`` client in several processes,
-so the only difference is the server. The servers alternate for several repetitions; medians are reported.
+    python -m benchmarks.store_ops [--quick] [--repeats N] [--json PATH] [--clients 8] [--seconds 2]
 
-    python benchmarks/store_ops.py [--clients 8] [--seconds 2] [--repeats 3] [--wakeups 200]
+Both servers run in a process of their own (torch's ``TCPStore(is_master=True)``; ``aelastic store``, which serves
+on asyncio). The clients are torch's C++ ``TCPStore`` client in ``--clients`` long-lived processes, so the only
+difference is the server. Per repetition, each server in turn (the order alternates between repetitions):
+
+* **set / get / add ops/s**: every client process runs the op in a loop for ``--seconds``, all starting together
+  (a barrier); each then makes one round trip (CHECK) so that replies-less SETs still in socket buffers are
+  counted only once the server has handled them. The sum of the clients' rates is one sample. torch's ``get`` is
+  two round trips (WAIT, then GET), as in real use.
+* **WAIT wake-up**: one client WAITs for a key, another SETs it; the time from just before the SET to the return
+  of the WAIT (CLOCK_MONOTONIC, shared by the processes), ``--wakeups`` times. The sample is the p50 (and, as a
+  scenario of its own, the p99) of the repetition.
+
+Targets (issue 2): aelastic >= 0.5x torch's ops/s with 8 client processes; WAIT wake-up p50 <= 1 ms.
 """
 
 from __future__ import annotations
@@ -11,6 +22,8 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import multiprocessing.connection
+import multiprocessing.synchronize
 import os
 import statistics
 import subprocess
@@ -18,154 +31,210 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
+SYSTEMS = ("torch", "aelastic")
+OPS = ("set", "get", "add")
 TORCH_SERVER = """
-import sys, time
+import sys
 from datetime import timedelta
 import torch.distributed as dist
-s = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+s = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=300))
 print(s.port, flush=True)
 sys.stdin.read()
 """
 
 
-@dataclass(frozen=True)
-class Server:
-    name: str
-    port: int
-
-
 @contextmanager
-def serve(name: str) -> Iterator[Server]:
-    if name == "torch":
+def serve(system: str) -> Iterator[int]:
+    """Start ``system``'s server in a process of its own; yields its port."""
+    if system == "torch":
         cmd = [sys.executable, "-c", TORCH_SERVER]
     else:
         cmd = [sys.executable, "-m", "aelastic", "store", "--host", "127.0.0.1", "--port", "0"]
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
-        line = proc.stdout.readline()
-        port = int(line.split()[0] if name == "torch" else line.rsplit(":", 1)[1])
-        yield Server(name, port)
+        line = proc.stdout.readline()  # torch: "PORT"; aelastic: "aelastic store listening on HOST:PORT"
+        if not line:
+            raise RuntimeError(f"{system} store server exited with {proc.wait()} before listening")
+        yield int(line.split()[0] if system == "torch" else line.rsplit(":", 1)[1])
     finally:
         proc.terminate()
-        proc.wait(10)
+        proc.wait(30)
 
 
-def _client(port: int, op: str, seconds: float, worker: int, out: mp.Queue) -> None:  # type: ignore[type-arg]
+# --- client processes -------------------------------------------------------------------------------------------
+
+
+def _client(index: int, commands: mp.connection.Connection, start: mp.synchronize.Barrier) -> None:
+    """A long-lived process with torch's client: runs the commands the harness sends, replies with results."""
     from datetime import timedelta
 
     import torch.distributed as dist
 
-    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60))
-    key = f"bench/{worker}"
+    store: Any = None
+    port = -1
+    while True:
+        command = commands.recv()
+        if command is None:
+            return
+        kind, new_port, arg = command
+        if new_port != port:
+            store = None  # close the previous server's connection first
+            store = dist.TCPStore("127.0.0.1", new_port, is_master=False, timeout=timedelta(seconds=300))
+            port = new_port
+        if kind == "rate":
+            op, seconds = arg
+            commands.send(_rate(store, index, op, seconds, start))
+        else:
+            commands.send(_wait_for_wakeups(store, arg))
+
+
+def _rate(store: Any, index: int, op: str, seconds: float, start: mp.synchronize.Barrier) -> float:
+    key = f"bench/{index}"
     store.set(key, b"0")
-    ops: dict[str, Callable[[], object]] = {
+    fn: Callable[[], object] = {
         "set": lambda: store.set(key, b"x" * 32),
         "get": lambda: store.get(key),
-        "add": lambda: store.add(key + "n", 1),
-    }
-    fn = ops[op]
-    done, deadline = 0, time.perf_counter() + seconds
+        "add": lambda: store.add(key + "/n", 1),
+    }[op]
+    start.wait()
+    done = 0
+    began = time.perf_counter()
+    deadline = began + seconds
     while time.perf_counter() < deadline:
         for _ in range(100):
             fn()
         done += 100
-    out.put(done / seconds)
+    store.check([key])  # a round trip: every SET sent before it has been handled
+    return done / (time.perf_counter() - began)
 
 
-def throughput(server: Server, op: str, clients: int, seconds: float) -> float:
-    ctx = mp.get_context("spawn")
-    out: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
-    procs = [ctx.Process(target=_client, args=(server.port, op, seconds, i, out)) for i in range(clients)]
-    for p in procs:
-        p.start()
-    rates = [out.get(timeout=120) for _ in procs]
-    for p in procs:
-        p.join(30)
-    return sum(rates)
-
-
-def _waiter(port: int, n: int, out: mp.Queue) -> None:  # type: ignore[type-arg]
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60))
+def _wait_for_wakeups(store: Any, n: int) -> list[int]:
     woke = []
     for i in range(n):
         store.set(f"armed/{i}", b"1")
         store.wait([f"wake/{i}"])
         woke.append(time.perf_counter_ns())
-    out.put(woke)
+    return woke
 
 
-def wakeup_latency(server: Server, n: int) -> list[float]:
-    """Milliseconds from a SET (issued by one torch client) to the return of another client's WAIT."""
-    from datetime import timedelta
+class Clients:
+    """``count`` client processes, started once for the whole run (torch's import is slow)."""
 
-    import torch.distributed as dist
+    def __init__(self, count: int) -> None:
+        ctx = mp.get_context("spawn")
+        self.start = ctx.Barrier(count)
+        self.pipes: list[mp.connection.Connection] = []
+        self.procs = []
+        for i in range(count):
+            ours, theirs = ctx.Pipe()
+            proc = ctx.Process(target=_client, args=(i, theirs, self.start), daemon=True)
+            proc.start()
+            self.pipes.append(ours)
+            self.procs.append(proc)
 
-    ctx = mp.get_context("spawn")
-    out: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
-    proc = ctx.Process(target=_waiter, args=(server.port, n, out))
-    proc.start()
-    store = dist.TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=60))
-    sent = []
-    for i in range(n):
-        store.wait([f"armed/{i}"])
-        time.sleep(0.002)  # let the WAIT reach the server and register
-        sent.append(time.perf_counter_ns())
-        store.set(f"wake/{i}", b"1")
-    woke = out.get(timeout=120)
-    proc.join(30)
-    return [(w - s) / 1e6 for s, w in zip(sent, woke, strict=True)]
+    def close(self) -> None:
+        for pipe in self.pipes:
+            pipe.send(None)
+        for proc in self.procs:
+            proc.join(30)
+            if proc.is_alive():
+                proc.kill()
+
+    def rate(self, port: int, op: str, seconds: float) -> float:
+        for pipe in self.pipes:
+            pipe.send(("rate", port, (op, seconds)))
+        return sum(pipe.recv() for pipe in self.pipes)
+
+    def wakeups(self, port: int, n: int) -> list[float]:
+        """Milliseconds from a SET (issued here) to the return of client 0's WAIT for it."""
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        self.pipes[0].send(("wait", port, n))
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=300))
+        sent = []
+        for i in range(n):
+            store.wait([f"armed/{i}"])
+            time.sleep(0.002)  # let the WAIT reach the server and register: this measures the wake-up only
+            sent.append(time.perf_counter_ns())
+            store.set(f"wake/{i}", b"1")
+        woke: list[int] = self.pipes[0].recv()
+        return [(w - s) / 1e6 for s, w in zip(sent, woke, strict=True)]
 
 
-def pct(values: list[float], q: float) -> float:
+# --- the run ----------------------------------------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--clients", type=int, default=8)
-    parser.add_argument("--seconds", type=float, default=2.0)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--wakeups", type=int, default=200)
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    args = parser.parse_args()
+def measure(clients: int, seconds: float, repeats: int, wakeups: int) -> list[dict[str, Any]]:
+    samples: dict[tuple[str, str], list[float]] = {}
+    pool = Clients(clients)
+    try:
+        for repeat in range(repeats):
+            for system in SYSTEMS if repeat % 2 == 0 else SYSTEMS[::-1]:
+                with serve(system) as port:
+                    for op in OPS:
+                        samples.setdefault((f"{op} ops/s", system), []).append(pool.rate(port, op, seconds))
+                    latencies = pool.wakeups(port, wakeups)
+                samples.setdefault(("WAIT wake-up p50", system), []).append(percentile(latencies, 0.5))
+                samples.setdefault(("WAIT wake-up p99", system), []).append(percentile(latencies, 0.99))
+                print(f"  repeat {repeat + 1}/{repeats} {system}: done", file=sys.stderr, flush=True)
+    finally:
+        pool.close()
+    return [
+        {
+            "scenario": scenario,
+            "system": system,
+            "param": clients,
+            "unit": "ops/s" if scenario.endswith("ops/s") else "ms",
+            "samples": values,
+            "better": "higher" if scenario.endswith("ops/s") else "lower",
+        }
+        for (scenario, system), values in samples.items()
+    ]
 
-    rates: dict[tuple[str, str], list[float]] = {}
-    wake: dict[str, list[float]] = {"torch": [], "aelastic": []}
-    for _ in range(args.repeats):
-        for name in ("torch", "aelastic"):
-            with serve(name) as server:
-                for op in ("set", "get", "add"):
-                    rates.setdefault((name, op), []).append(throughput(server, op, args.clients, args.seconds))
-                wake[name].extend(wakeup_latency(server, args.wakeups // args.repeats))
 
-    result = {
-        "machine": f"{os.cpu_count()} cores, python {sys.version.split()[0]}",
-        "clients": args.clients,
-        "ops_per_s": {f"{n}/{op}": statistics.median(v) for (n, op), v in rates.items()},
-        "ratio": {
-            op: statistics.median(rates["aelastic", op]) / statistics.median(rates["torch", op])
-            for op in ("set", "get", "add")
-        },
-        "wakeup_ms": {n: {"p50": pct(v, 0.5), "p99": pct(v, 0.99)} for n, v in wake.items()},
-    }
-    if args.json:
-        print(json.dumps(result))
-        return
-    print(f"store ops, {args.clients} torch client processes, {args.repeats} repeats (medians) - {result['machine']}")
+def print_table(records: list[dict[str, Any]], clients: int, repeats: int) -> None:
+    median = {(r["scenario"], r["system"]): statistics.median(r["samples"]) for r in records}
+    print(f"store ops, {clients} torch client processes, {repeats} repeats (medians), {os.cpu_count()} CPUs")
     print(f"{'op':<6}{'torch ops/s':>14}{'aelastic ops/s':>16}{'ratio':>8}")
-    for op in ("set", "get", "add"):
-        t, a = result["ops_per_s"][f"torch/{op}"], result["ops_per_s"][f"aelastic/{op}"]
+    for op in OPS:
+        t, a = median[f"{op} ops/s", "torch"], median[f"{op} ops/s", "aelastic"]
         print(f"{op:<6}{t:>14.0f}{a:>16.0f}{a / t:>8.2f}")
-    for name, w in result["wakeup_ms"].items():
-        print(f"WAIT wake-up {name:<9} p50 {w['p50']:.3f} ms  p99 {w['p99']:.3f} ms")
+    for system in SYSTEMS:
+        p50, p99 = median["WAIT wake-up p50", system], median["WAIT wake-up p99", system]
+        print(f"WAIT wake-up {system:<9} p50 {p50:.3f} ms  p99 {p99:.3f} ms")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.store_ops", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run of a few seconds per server")
+    parser.add_argument("--repeats", type=int, default=None, help="repetitions (default 5, quick 1)")
+    parser.add_argument("--json", type=Path, default=None, help="write the records here")
+    parser.add_argument("--clients", type=int, default=8, help="torch client processes (default 8)")
+    parser.add_argument("--seconds", type=float, default=None, help="seconds per op and server (default 2)")
+    parser.add_argument("--wakeups", type=int, default=None, help="WAIT wake-ups per server (default 200)")
+    args = parser.parse_args(argv)
+    repeats = args.repeats or (1 if args.quick else 5)
+    seconds = args.seconds or (0.5 if args.quick else 2.0)
+    wakeups = args.wakeups or (50 if args.quick else 200)
+    for name, value in (("--repeats", repeats), ("--clients", args.clients), ("--wakeups", wakeups)):
+        if value < 1:
+            parser.error(f"{name} {value}: must be >= 1")
+
+    records = measure(args.clients, seconds, repeats, wakeups)
+    print_table(records, args.clients, repeats)
+    if args.json is not None:
+        args.json.write_text(json.dumps({"benchmark": "store_ops", "records": records}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

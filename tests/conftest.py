@@ -6,9 +6,26 @@ is parametrized); tests that embed aelastic in a plain asyncio program use pytes
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
+
+
+@pytest.fixture(scope="session")
+def etcd_endpoint() -> Iterator[str]:
+    """One real etcd (aelastic's local etcd helper) for the session; each test keeps to a key prefix of its own.
+
+    Raft timing allows 1 s leases, so liveness tests run at the seconds their settings ask for.
+    """
+    import anyio.from_thread
+
+    from aelastic.etcd import RaftTiming, open_local_etcd
+
+    etcd = open_local_etcd(timing=RaftTiming(heartbeat_interval=0.1, election_timeout=0.5))
+    with anyio.from_thread.start_blocking_portal() as portal, portal.wrap_async_context_manager(etcd) as server:
+        yield server.endpoint

@@ -1,6 +1,6 @@
 """A rendezvous node as its own OS process (used by test_rendezvous_processes.py).
 
-argv: ENDPOINT RUN_ID MIN MAX [KEY=VALUE ...]  (rdzv-conf keys)
+argv: BACKEND ENDPOINT RUN_ID MIN MAX [KEY=VALUE ...]  (rdzv-conf keys)
 Prints one JSON line per event: {"event": "complete", "rank", "world_size", "round"} then, when its round must be
 redone, {"event": "change", "reason"}; it then rejoins, until killed.
 """
@@ -19,9 +19,9 @@ def emit(**fields: object) -> None:
     print(json.dumps(fields), flush=True)
 
 
-async def main(endpoint: str, run_id: str, min_nodes: str, max_nodes: str, *conf: str) -> None:
+async def main(backend: str, endpoint: str, run_id: str, min_nodes: str, max_nodes: str, *conf: str) -> None:
     params = RendezvousParameters(
-        "c10d", endpoint, run_id, int(min_nodes), int(max_nodes), **dict(kv.split("=", 1) for kv in conf)
+        backend, endpoint, run_id, int(min_nodes), int(max_nodes), **dict(kv.split("=", 1) for kv in conf)
     )
     async with open_rendezvous(params) as handler:
         while True:

@@ -50,21 +50,28 @@ class Cluster:
         self._tg = tg
         self._opener = opener
         self._run_id = run_id
-        self._defaults = defaults
+        self._defaults = {**FAST, **defaults}  # a backend may need slower liveness (etcd: whole-second leases)
         self.nodes: list[Node] = []
+
+    @property
+    def keep_alive_interval(self) -> float:
+        return float(self._defaults["keep_alive_interval"])
+
+    @property
+    def grace(self) -> float:
+        """How long a silent node stays a member: keep_alive_interval × keep_alive_max_attempt."""
+        return self.keep_alive_interval * int(self._defaults["keep_alive_max_attempt"])
 
     async def start(self, min_nodes: int, max_nodes: int, **conf: Any) -> Node:
         node = Node(f"n{len(self.nodes)}")
         self.nodes.append(node)
-        conf = {**self._defaults, **FAST, **conf}
+        conf = {**self._defaults, **conf}
         backend, endpoint = conf.pop("backend", "c10d"), conf.pop("endpoint", "")
         params = RendezvousParameters(backend, endpoint, self._run_id, min_nodes, max_nodes, **conf)
         await self._tg.start(self._run, node, params)
         return node
 
-    async def _run(
-        self, node: Node, params: RendezvousParameters, *, task_status: anyio.abc.TaskStatus[None]
-    ) -> None:
+    async def _run(self, node: Node, params: RendezvousParameters, *, task_status: anyio.abc.TaskStatus[None]) -> None:
         with node.scope:
             async with self._opener(params) as handler:
                 node.handler = handler

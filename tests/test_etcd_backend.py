@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 from urllib.parse import urlsplit
@@ -13,25 +13,32 @@ import anyio
 import anyio.from_thread
 import pytest
 from etcd3 import Client as Etcd3Client  # type: ignore[import-untyped]
+from rendezvous_cluster import open_cluster
 
 from aelastic.errors import ConfigurationError, RendezvousConnectionError
-from aelastic.etcd import EtcdConfig, EtcdStore, EventType, open_etcd_client, open_local_etcd, parse_endpoints
+from aelastic.etcd import (
+    EtcdConfig,
+    EtcdStore,
+    EventType,
+    RaftTiming,
+    open_etcd_client,
+    open_local_etcd_cluster,
+    parse_endpoints,
+    prefix_range_end,
+)
 from aelastic.rendezvous.api import RendezvousInfo, RendezvousParameters, open_rendezvous
 from aelastic.rendezvous.backends.base import Versioned
-from aelastic.rendezvous.backends.etcd import EtcdBackend
+from aelastic.rendezvous.backends.etcd import EtcdBackend, _Token
+from aelastic.rendezvous.dynamic import DynamicRendezvousHandler, state_of
 
 pytestmark = pytest.mark.anyio
 
 _runs = itertools.count()
 
 
-@pytest.fixture(scope="module")
-def etcd() -> Iterator[str]:
-    with (
-        anyio.from_thread.start_blocking_portal() as portal,
-        portal.wrap_async_context_manager(open_local_etcd()) as server,
-    ):
-        yield server.endpoint
+@pytest.fixture
+def etcd(etcd_endpoint: str) -> str:
+    return etcd_endpoint  # the session's etcd (conftest.py); this module keeps to its own keys
 
 
 def reader(endpoint: str) -> Etcd3Client:
@@ -173,3 +180,58 @@ async def test_unreachable_etcd_is_one_line(etcd: str) -> None:
     assert f"http://127.0.0.1:{port}" in message
     assert "nothing listening" in message
     assert "\n" not in message
+
+
+async def wait_for_participants(backend: EtcdBackend, count: int) -> None:
+    """Return once the rendezvous state lists ``count`` participants.
+
+    Join requests wake no watcher of the state (``RendezvousBackend.request_join``); this one, a test's observer,
+    also watches the requests' keys (so there is no polling)."""
+    while True:
+        seen = await backend.get_state()
+        if len(state_of(seen).participants) >= count:
+            return
+        token = seen.token
+        assert isinstance(token, _Token)
+        async with backend.client.watch(backend.root.encode() + b"/", prefix_range_end(backend.root.encode() + b"/"),
+                                        start_revision=token.read_revision + 1) as events:  # fmt: skip
+            await events.__anext__()
+
+
+async def test_rendezvous_completes_when_an_etcd_member_dies() -> None:
+    """Three etcd members; the nodes talk to the leader until it is SIGKILLed halfway through the rendezvous,
+    then fail over to the other two (which elect a new leader) and complete."""
+    timing = RaftTiming(heartbeat_interval=0.1, election_timeout=0.5)
+    with anyio.fail_after(90):
+        async with (
+            open_local_etcd_cluster(3, timing=timing) as etcd,
+            open_etcd_client(EtcdConfig(etcd.endpoints)) as probe,
+        ):
+            leader_id = (await probe.status())["leader"]
+            leader = None
+            for member in etcd.members:
+                async with open_etcd_client(EtcdConfig((member.client_url,))) as one:
+                    if (await one.status())["header"]["member_id"] == leader_id:
+                        leader = member
+            assert leader is not None
+            # The leader first: every node talks to it until it dies.
+            endpoint = ",".join([leader.client_url, *(m.client_url for m in etcd.members if m is not leader)])
+            conf = {"backend": "etcd", "endpoint": endpoint, "keep_alive_interval": 0.5, "keep_alive_max_attempt": 2}
+            async with open_cluster(open_rendezvous, "member-dies", **conf) as c:
+                first = [await c.start(4, 4) for _ in range(3)]
+                observer = first[0].h
+                assert isinstance(observer, DynamicRendezvousHandler)
+                assert isinstance(observer.backend, EtcdBackend)
+                await wait_for_participants(observer.backend, 3)
+                leader.process.kill()
+                await leader.stop()  # reaped
+                last = await c.start(4, 4)
+                for node in (*first, last):
+                    await node.done.wait()
+                infos = [n.info for n in (*first, last)]
+                assert all(n.error is None for n in (*first, last)), [n.error for n in (*first, last)]
+                assert sorted(i.rank for i in infos if i is not None) == [0, 1, 2, 3]
+                assert {i.world_size for i in infos if i is not None} == {4}
+                assert len({i.bootstrap_store_info for i in infos if i is not None}) == 1
+                assert observer.backend.client.endpoint != leader.client_url
+                assert observer.backend.client.statistics()["failovers"] >= 1

@@ -7,7 +7,6 @@ open across tests of both backends); the failover tests start their own three-me
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import anyio
@@ -24,7 +23,6 @@ from aelastic.etcd import (
     PutOp,
     RangeOp,
     open_etcd_client,
-    open_local_etcd,
     open_local_etcd_cluster,
     parse_endpoints,
     prefix_range_end,
@@ -33,13 +31,9 @@ from aelastic.etcd import (
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture(scope="module")
-def etcd() -> Iterator[str]:
-    with (
-        anyio.from_thread.start_blocking_portal() as portal,
-        portal.wrap_async_context_manager(open_local_etcd()) as server,
-    ):
-        yield server.endpoint
+@pytest.fixture
+def etcd(etcd_endpoint: str) -> str:
+    return etcd_endpoint  # the session's etcd (conftest.py); this module keeps to its own keys
 
 
 def reader(endpoint: str) -> Etcd3Client:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from urllib.parse import urlsplit
 
@@ -13,20 +13,16 @@ import pytest
 from etcd3 import Client as Etcd3Client  # type: ignore[import-untyped]
 
 from aelastic.errors import QueueEmptyError, StoreError
-from aelastic.etcd import EtcdConfig, EtcdStore, open_etcd_client, open_local_etcd, parse_endpoints
+from aelastic.etcd import EtcdConfig, EtcdStore, open_etcd_client, parse_endpoints
 
 pytestmark = pytest.mark.anyio
 
 _prefixes = itertools.count()
 
 
-@pytest.fixture(scope="module")
-def etcd() -> Iterator[str]:
-    with (
-        anyio.from_thread.start_blocking_portal() as portal,
-        portal.wrap_async_context_manager(open_local_etcd()) as server,
-    ):
-        yield server.endpoint
+@pytest.fixture
+def etcd(etcd_endpoint: str) -> str:
+    return etcd_endpoint  # the session's etcd (conftest.py); this module keeps to its own keys
 
 
 def reader(endpoint: str) -> Etcd3Client:

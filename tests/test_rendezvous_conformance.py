@@ -15,13 +15,15 @@ from typing import Any
 
 import anyio
 import pytest
-from aelastic.store.server import open_store_server
-from rendezvous_cluster import FAST, Cluster, Node, Opener, open_cluster
+from rendezvous_cluster import Cluster, Node, Opener, open_cluster
 
 from aelastic.errors import RendezvousClosedError, RendezvousGracefulExitError, RendezvousTimeoutError
 from aelastic.rendezvous.api import RendezvousHandler, RendezvousParameters, open_rendezvous
 from aelastic.rendezvous.backends.memory import MemoryRendezvous, open_memory_rendezvous
+from aelastic.rendezvous.dynamic import DynamicRendezvousHandler, join_observer
+from aelastic.rendezvous.state import Action, JoinRequest, NodeDesc, RendezvousState, encode_join_request
 from aelastic.store.client import open_store_client
+from aelastic.store.server import open_store_server
 
 pytestmark = pytest.mark.anyio
 
@@ -35,8 +37,14 @@ class Backend:
     defaults: dict[str, Any]
 
 
-@pytest.fixture(params=["memory", "c10d"])
+@pytest.fixture(params=["memory", "c10d", "etcd"])
 async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
+    if request.param == "etcd":
+        # etcd judges liveness by leases of whole seconds: a 1 s grace (0.5 s × 2), etcd's shortest lease here.
+        etcd = request.getfixturevalue("etcd_endpoint")
+        timing = {"keep_alive_interval": 0.5, "keep_alive_max_attempt": 2}
+        yield Backend("etcd", open_rendezvous, {"backend": "etcd", "endpoint": etcd, **timing})
+        return
     async with AsyncExitStack() as stack:
         server = await stack.enter_async_context(open_store_server("127.0.0.1", 0))
         if request.param == "memory":
@@ -122,7 +130,7 @@ async def test_late_node_waits_and_joins_next_round(backend: Backend) -> None:
         first_round = a.info.round if a.info else -1
         late = await c.start(2, 3, last_call_timeout=0.2)
         # Every member sees the waiting node within one heartbeat (push, not poll).
-        with anyio.fail_after(FAST["keep_alive_interval"] * 10):
+        with anyio.fail_after(c.keep_alive_interval * 10):
             for member in (a, b):
                 assert "waiting" in await member.h.wait_for_membership_change()
                 assert await member.h.num_nodes_waiting() == 1
@@ -155,9 +163,10 @@ async def test_survivors_keep_rank_order(backend: Backend) -> None:
 
 async def test_node_dying_before_completion_is_dropped(backend: Backend) -> None:
     async with cluster(backend) as c:
-        a = await c.start(2, 4, last_call_timeout=2.0)
-        b = await c.start(2, 4, last_call_timeout=2.0)
-        doomed = await c.start(2, 4, last_call_timeout=2.0)
+        last_call = c.grace + 2.0  # the dead node is found (after the grace) before the last call ends
+        a = await c.start(2, 4, last_call_timeout=last_call)
+        b = await c.start(2, 4, last_call_timeout=last_call)
+        doomed = await c.start(2, 4, last_call_timeout=last_call)
         doomed.kill()
         await wait_done(a, b)
         assert_consistent(a, b)
@@ -170,11 +179,11 @@ async def test_member_death_after_completion_is_detected(backend: Backend) -> No
         await wait_done(a, b)
         b.kill()
         killed_at = anyio.current_time()
-        bound = FAST["keep_alive_interval"] * FAST["keep_alive_max_attempt"] + 1.0
-        with anyio.fail_after(bound + FAST["keep_alive_interval"]):
+        bound = c.grace + 1.0
+        with anyio.fail_after(bound + c.keep_alive_interval):
             reason = await a.h.wait_for_membership_change()
         assert "round" in reason
-        assert anyio.current_time() - killed_at <= bound + FAST["keep_alive_interval"]
+        assert anyio.current_time() - killed_at <= bound + c.keep_alive_interval
 
 
 async def test_close_reaches_members_and_later_joiners(backend: Backend) -> None:
@@ -204,3 +213,46 @@ async def test_reserve_nodes_exit_gracefully_on_close(backend: Backend) -> None:
         await a.h.set_closed()
         await wait_done(spare)
         assert isinstance(spare.error, RendezvousGracefulExitError)
+
+
+async def test_a_completing_join_counts_even_if_its_node_hangs(backend: Backend) -> None:
+    """The node whose join request completes the round writes it, which wakes everyone. One that hangs first (a
+    'ghost' that appends a request and then only keeps alive, so liveness does not remove it) delays the others
+    only until their wait ends with no news (the liveness grace): the request they then read completes the round."""
+    waiting: set[NodeDesc] = set()
+    both_wait = anyio.Event()
+
+    def observe(node: NodeDesc, state: RendezvousState, *rest: object) -> None:
+        if rest[-1] is Action.WAIT and node in state.participants:  # rest: settings, timers, now, action
+            waiting.add(node)
+            if len(waiting) == 2:
+                both_wait.set()
+
+    async with cluster(backend) as c:
+        token = join_observer.set(observe)  # the nodes' tasks inherit it
+        try:
+            a = await c.start(3, 3)
+            b = await c.start(3, 3)
+        finally:
+            join_observer.reset(token)
+        with anyio.fail_after(10):
+            await both_wait.wait()
+        handler = a.h
+        assert isinstance(handler, DynamicRendezvousHandler)
+        ghost = NodeDesc("ghost", 1, 0)
+
+        async def keep_ghost_alive() -> None:
+            while True:
+                await handler.backend.keep_alive(ghost.key)
+                await anyio.sleep(c.keep_alive_interval)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(keep_ghost_alive)
+            appended_at = anyio.current_time()
+            await handler.backend.request_join(encode_join_request(JoinRequest(ghost, 3)))
+            await wait_done(a, b, within=c.grace + 10)
+            tg.cancel_scope.cancel()
+        infos = [n.info for n in (a, b)]
+        assert {i.world_size for i in infos if i is not None} == {3}
+        assert len({i.rank for i in infos if i is not None}) == 2
+        assert min(a.completed_at, b.completed_at) - appended_at >= c.grace * 0.9  # after a wait without news

@@ -1,4 +1,4 @@
-"""Rendezvous nodes as separate OS processes over the c10d backend; one is killed with SIGKILL."""
+"""Rendezvous nodes as separate OS processes (c10d and etcd backends); one is killed with SIGKILL."""
 
 from __future__ import annotations
 
@@ -6,13 +6,17 @@ import json
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 import anyio.abc
 import pytest
+from etcd3 import Client as Etcd3Client  # type: ignore[import-untyped]
+
 from aelastic.store.server import open_store_server
 
 pytestmark = pytest.mark.anyio
@@ -34,10 +38,17 @@ class NodeProcess:
         return dict(json.loads(buffer))
 
 
-async def spawn(endpoint: str, run_id: str, n: int) -> NodeProcess:
-    args = [sys.executable, NODE, endpoint, run_id, str(n), str(n), "is_host=false",
-            f"keep_alive_interval={INTERVAL}", f"keep_alive_max_attempt={ATTEMPTS}"]  # fmt: skip
+async def spawn(endpoint: str, run_id: str, n: int, *conf: str, backend: str = "c10d") -> NodeProcess:
+    args = [sys.executable, NODE, backend, endpoint, run_id, str(n), str(n), *conf]
     return NodeProcess(await anyio.open_process(args, stdout=subprocess.PIPE, stderr=None))
+
+
+async def stop_all(nodes: list[NodeProcess]) -> None:
+    with anyio.CancelScope(shield=True):
+        for node in nodes:
+            if node.process.returncode is None:
+                node.process.kill()
+            await node.process.wait()
 
 
 @pytest.fixture
@@ -47,7 +58,8 @@ async def endpoint() -> AsyncIterator[str]:
 
 
 async def test_sigkilled_node_is_detected_by_the_survivors(endpoint: str) -> None:
-    nodes = [await spawn(endpoint, "procs", 3) for _ in range(3)]
+    conf = ("is_host=false", f"keep_alive_interval={INTERVAL}", f"keep_alive_max_attempt={ATTEMPTS}")
+    nodes = [await spawn(endpoint, "procs", 3, *conf) for _ in range(3)]
     try:
         with anyio.fail_after(30):
             events = [await node.next_event() for node in nodes]
@@ -63,8 +75,62 @@ async def test_sigkilled_node_is_detected_by_the_survivors(endpoint: str) -> Non
         assert all(c["event"] == "change" and "round" in c["reason"] for c in changes)
         assert detected <= INTERVAL * ATTEMPTS + 1.0 + INTERVAL
     finally:
-        for node in nodes:
-            if node.process.returncode is None:
-                node.process.kill()
-            with anyio.CancelScope(shield=True):
-                await node.process.wait()
+        await stop_all(nodes)
+
+
+def _snapshot(etcd3: Etcd3Client, prefix: str, revision: int) -> dict[bytes, tuple[int, bytes]]:
+    kvs = etcd3.range(prefix, prefix=True, revision=revision).kvs or []
+    return {kv.key: (kv.mod_revision, kv.value) for kv in kvs}
+
+
+async def test_sigkilled_node_leaves_the_etcd_rendezvous_when_its_lease_expires(etcd_endpoint: str) -> None:
+    """Over etcd a dead node's liveness key is deleted by etcd itself when the node's lease expires: nothing is
+    written between the kill and that deletion (etcd3-py reads the history); then a survivor removes it."""
+    prefix, run_id = f"/procs/{uuid.uuid4().hex}", "etcd-procs"
+    conf = (f"key_prefix={prefix}", "keep_alive_interval=0.5", "keep_alive_max_attempt=2")  # 1 s leases
+    nodes = [await spawn(etcd_endpoint, run_id, 3, *conf, backend="etcd") for _ in range(3)]
+    try:
+        with anyio.fail_after(60):
+            events = [await node.next_event() for node in nodes]
+        assert sorted(e["rank"] for e in events) == [0, 1, 2]
+        parts = urlsplit(etcd_endpoint)
+        etcd3 = Etcd3Client(parts.hostname, parts.port)
+        root = f"{prefix}/{run_id}/"
+        victim, survivors = nodes[1], [nodes[0], nodes[2]]
+        alive = {kv.key: kv.lease for kv in etcd3.range(f"{root}alive/", prefix=True).kvs}
+        assert len(alive) == 3
+        (victim_key,) = [k for k in alive if k.decode().endswith(f"_{victim.process.pid}_0")]
+        before = etcd3.range(root, prefix=True).header.revision
+
+        victim.process.send_signal(signal.SIGKILL)
+        with anyio.fail_after(30):
+            changes = [await node.next_event() for node in survivors]
+        assert all(c["event"] == "change" and "lost 1 member" in c["reason"] for c in changes), changes
+
+        now = etcd3.range(root, prefix=True).header.revision
+        history = [_snapshot(etcd3, root, r) for r in range(before, now + 1)]
+        first_change = next(i for i in range(1, len(history)) if history[i] != history[0])
+        expected = dict(history[0])
+        del expected[victim_key]
+        assert history[first_change] == expected, "the first write after the kill must be etcd deleting its key"
+        # The victim's lease is gone (expired: nobody revoked it, and etcd kept the survivors' leases).
+        assert etcd3.lease_time_to_live(alive[victim_key]).TTL == -1
+        assert all(etcd3.lease_time_to_live(alive[k]).grantedTTL == 1 for k in alive if k != victim_key)
+    finally:
+        await stop_all(nodes)
+
+
+async def test_a_c10d_run_does_not_import_the_etcd_driver() -> None:
+    """httpx and aelastic.etcd load only for the etcd backend: a whole c10d job (CLI, agent, rendezvous, a worker)
+    runs without them."""
+    probe = (
+        "import sys\n"
+        "from aelastic.cli import main\n"
+        "code = main(['run', '--standalone', '--nproc-per-node', '1', '--no-python', 'true'])\n"
+        "loaded = sorted(m for m in sys.modules if m == 'httpx' or m.startswith(('httpx.', 'aelastic.etcd')))\n"
+        "print(code, loaded)\n"
+    )
+    with anyio.fail_after(120):
+        result = await anyio.run_process([sys.executable, "-c", probe], check=False)
+    assert result.returncode == 0, result.stderr.decode()
+    assert result.stdout.decode().split() == ["0", "[]"]

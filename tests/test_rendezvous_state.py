@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -21,8 +22,10 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from aelastic.errors import ConfigurationError, RendezvousStateError
 from aelastic.rendezvous import state as sm
 from aelastic.rendezvous.state import (
+    JOIN_REQUESTS,
     WRITE_ACTIONS,
     Action,
+    JoinRequest,
     NodeDesc,
     NodeTimers,
     RendezvousSettings,
@@ -31,8 +34,11 @@ from aelastic.rendezvous.state import (
     decide_close,
     decide_exit,
     decide_join,
+    decode_join_request,
     decode_state,
+    encode_join_request,
     encode_state,
+    fold_joins,
     update_timers,
 )
 
@@ -597,6 +603,53 @@ def test_codec_round_trips(state: RendezvousState) -> None:
 def test_decode_fails_only_with_state_errors(data: bytes) -> None:
     with pytest.raises(RendezvousStateError):
         decode_state(data)
+
+
+# --- join requests: folding them equals each requester writing its own join ---------------------------------------
+
+requests_st = st.lists(st.builds(JoinRequest, nodes_st, st.integers(1, 6)), max_size=10)
+
+
+def joined_one_by_one(state: RendezvousState, requests: list[JoinRequest]) -> RendezvousState:
+    """The reference: each requester decides on the state as it is and, if it would add itself, does."""
+    for request in requests:
+        settings = RendezvousSettings("run", 1, request.max_nodes)
+        action = decide_join(state, request.node, settings, NodeTimers(join_deadline=math.inf), 0.0)
+        if action in JOIN_REQUESTS:
+            state = apply(state, action, request.node, settings)
+    return state
+
+
+@settings(max_examples=500)
+@given(states(), requests_st)
+def test_folding_join_requests_equals_joining_one_by_one(state: RendezvousState, requests: list[JoinRequest]) -> None:
+    assert fold_joins(state, requests) == joined_one_by_one(state, requests)
+
+
+def test_folding_the_max_th_request_completes_the_round() -> None:
+    folded = fold_joins(S(participants=(B,)), [JoinRequest(A, 3), JoinRequest(C, 3), JoinRequest(D, 3)])
+    assert folded.complete
+    assert folded.participants == folded.rank_order == (A, B, C)  # NodeDesc order on a first round
+    assert folded.redundancy_list == (D,)  # the round was complete and full when D's request came
+    late = fold_joins(done(A, B), [JoinRequest(D, 3), JoinRequest(D, 3)])
+    assert late.wait_list == (D,)  # complete with room: waits for the next round, once
+    assert fold_joins(S(closed=True), [JoinRequest(A, 3)]) == S(closed=True)
+
+
+@given(requests_st)
+def test_join_request_codec_round_trips(requests: list[JoinRequest]) -> None:
+    for request in requests:
+        data = encode_join_request(request)
+        assert b"\n" not in data  # one line: backends append requests as lines
+        assert decode_join_request(data) == request
+
+
+@pytest.mark.parametrize(
+    "data", [b"", b"{}", b'["a",1,2]', b'["a",1,2,0]', b'["",1,2,3]', b"[1,1,2,3]", b'["a",1,2,true]', b"\xff"]
+)
+def test_join_request_decode_rejects_bad_payloads(data: bytes) -> None:
+    with pytest.raises(RendezvousStateError, match="join request"):
+        decode_join_request(data)
 
 
 # --- a simulated cluster ----------------------------------------------------------------------------------------

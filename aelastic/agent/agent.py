@@ -18,6 +18,10 @@ fresh workers' store. ``TORCHELASTIC_RESTART_COUNT`` counts failure restarts, as
 
 :meth:`ElasticAgent.shutdown` closes the rendezvous when the run is over; after a success the nodes then meet at
 one more barrier, so the node serving the rendezvous store does not exit while another still needs it to close.
+Both barriers wait for the round's *live* members: each node marks its rank's key and waits for the keys of the
+ranks still members; a node found dead meanwhile (liveness keeps running) is no longer waited for, so the others
+do not sit out ``exit_barrier_timeout`` for a node that will never come. (torch's store barrier counts to the
+world size and waits out its timeout.)
 """
 
 from __future__ import annotations
@@ -287,11 +291,45 @@ class ElasticAgent:
     async def _exit_barrier(self, info: RendezvousInfo) -> None:
         """Wait until every node's workers are done, so no node tears down a store others still use."""
         with anyio.move_on_after(self.exit_barrier_timeout) as scope:
-            await info.store.barrier("torchelastic/agent/terminal_state", info.world_size)
+            await self._members_barrier(info, "torchelastic/agent/terminal_state")
         if scope.cancelled_caught:
             logger.warning(
                 "[%s] exit barrier: not every node finished within %gs", self.spec.role, self.exit_barrier_timeout
             )
+
+    async def _members_barrier(self, info: RendezvousInfo, key: str) -> None:
+        """Arrive at ``key`` and wait until every rank of the round still a member has arrived (module doc).
+
+        Raises:
+            StoreConnectionError: the round store was lost (not wrapped in an exception group).
+        """
+        await info.store.set(f"{key}/{info.rank}", b"")
+        ranks = frozenset(range(info.world_size))
+        while True:
+            shrunk = False
+            lost: StoreConnectionError | None = None
+            async with anyio.create_task_group() as tg:
+
+                async def watch(known: frozenset[int]) -> None:
+                    nonlocal ranks, shrunk
+                    try:
+                        ranks = await self.handler.wait_for_member_ranks(known)
+                    except StoreConnectionError:
+                        return  # the barrier's own wait, on the same store, tells what that means
+                    shrunk = True
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(watch, ranks)
+                try:
+                    await info.store.wait([f"{key}/{rank}" for rank in sorted(ranks)])
+                except StoreConnectionError as exc:
+                    lost = exc
+                tg.cancel_scope.cancel()
+            if lost is not None:
+                raise lost
+            if not shrunk:
+                return
+            logger.warning("[%s] %s: waiting only for the ranks still members: %s", self.spec.role, key, sorted(ranks))
 
     async def shutdown(self) -> bool:
         """Close the rendezvous (torch's ``rdzv_handler.shutdown()``); ``False`` if that failed (it is logged).
@@ -304,7 +342,7 @@ class ElasticAgent:
             info = self._finished
             with anyio.move_on_after(self.exit_barrier_timeout):
                 try:
-                    await info.store.barrier("aelastic/agent/closed", info.world_size)
+                    await self._members_barrier(info, "aelastic/agent/closed")
                 except StoreConnectionError as exc:  # the job is done; a peer that left early changes nothing
                     logger.debug("[%s] closing barrier: %s", self.spec.role, exc)
         return closed

@@ -29,7 +29,14 @@ from .client import (
     parse_endpoints,
     prefix_range_end,
 )
-from .server import LocalEtcd, LocalEtcdMember, find_etcd_binary, open_local_etcd, open_local_etcd_cluster
+from .server import (
+    LocalEtcd,
+    LocalEtcdMember,
+    RaftTiming,
+    find_etcd_binary,
+    open_local_etcd,
+    open_local_etcd_cluster,
+)
 from .store import EtcdStore
 
 __all__ = [
@@ -44,6 +51,7 @@ __all__ = [
     "LocalEtcd",
     "LocalEtcdMember",
     "PutOp",
+    "RaftTiming",
     "RangeOp",
     "SortOrder",
     "SortTarget",

@@ -11,7 +11,9 @@ Failover: the client keeps the index of the member that answered last and starts
 proves the request was never sent (connect refused, connect timeout, TLS handshake) moves on to the next member.
 A connection that breaks after the request went out is retried elsewhere only for requests that are safe to repeat;
 for a ``txn`` (whose outcome the caller must know) it raises :class:`~aelastic.errors.EtcdConnectionError` saying
-the outcome is unknown. When every member failed, one error names each endpoint and why, on one line.
+the outcome is unknown. When every member failed, one error names each endpoint and why, on one line; but while
+some member answers "unavailable" (the cluster is electing a new leader after one died) the round over the members
+is repeated after a growing pause, bounded by the caller's deadline.
 
 Watches: ``/v3/watch`` is a streaming POST; each line of the chunked response is one JSON object (the creation
 acknowledgement, then batches of events). :meth:`EtcdClient.watch` returns an async context manager that opens the
@@ -81,6 +83,8 @@ DEFAULT_PORT: Final = 2379
 _UNAUTHENTICATED: Final = 16  # gRPC status of an expired or foreign auth token
 _NOT_FOUND: Final = 5
 _UNAVAILABLE: Final = 14  # "no leader", "leader changed": another member may answer
+_RETRY_INITIAL: Final = 0.05  # pauses between rounds over the members while none has a leader
+_RETRY_MAX: Final = 1.0
 
 
 def _b64(data: bytes) -> str:
@@ -301,6 +305,7 @@ class Compare:
     target: CompareTarget
     operand: int | bytes
     result: CompareResult = CompareResult.EQUAL
+    range_end: bytes | None = None  # compare every key in [key, range_end) (etcd >= 3.3); no key: holds
 
     @classmethod
     def mod_revision(cls, key: bytes, revision: int) -> Compare:
@@ -316,12 +321,15 @@ class Compare:
 
     def to_json(self) -> dict[str, Any]:
         operand = _b64(self.operand) if isinstance(self.operand, bytes) else str(self.operand)
-        return {
+        body = {
             "key": _b64(self.key),
             "target": self.target.name,
             "result": self.result.value,
             self.target.value: operand,
         }
+        if self.range_end is not None:
+            body["range_end"] = _b64(self.range_end)
+        return body
 
 
 class SortTarget(enum.Enum):
@@ -544,8 +552,26 @@ class EtcdClient:
         return {"Authorization": self._token} if self._token is not None else {}
 
     async def _call(self, path: str, body: dict[str, Any], *, idempotent: bool = True) -> dict[str, Any]:
-        """POST ``body`` to ``path`` on the current member, failing over as the module docstring says."""
+        """POST ``body`` to ``path`` on the current member, failing over as the module docstring says.
+
+        While every member that answers says it is unavailable (no leader: the cluster is electing one after a
+        member died), try them all again after a growing pause; the caller's deadline bounds it.
+        """
+        pause = _RETRY_INITIAL
+        while True:
+            outcome = await self._call_once(path, body, idempotent=idempotent)
+            if not isinstance(outcome, EtcdConnectionError):
+                return outcome
+            logger.debug("etcd: %s; retrying in %.2f s", outcome, pause)
+            await anyio.sleep(pause)
+            pause = min(pause * 2, _RETRY_MAX)
+
+    async def _call_once(
+        self, path: str, body: dict[str, Any], *, idempotent: bool
+    ) -> dict[str, Any] | EtcdConnectionError:
+        """One round over the members: the answer, or (returned) the error if some member said "unavailable"."""
         failures: list[tuple[str, str]] = []
+        unavailable = False
         for index in self._order():
             endpoint = self.config.endpoints[index]
             try:
@@ -556,6 +582,7 @@ class EtcdClient:
             except EtcdRequestError as exc:
                 if exc.code != _UNAVAILABLE or not idempotent:
                     raise
+                unavailable = True
                 failures.append((endpoint, str(exc).rpartition(": ")[2]))  # e.g. a member cut off from its quorum
                 continue
             except httpx.TransportError as exc:
@@ -569,7 +596,10 @@ class EtcdClient:
                 continue
             self._adopt(index)
             return obj
-        raise _all_failed(failures, path)
+        error = _all_failed(failures, path)
+        if unavailable:
+            return error
+        raise error
 
     async def _call_endpoint(self, endpoint: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
         for attempt in range(2):
@@ -813,7 +843,7 @@ class Watch:
             reason = exc.reason if isinstance(exc, _EndpointFailed) else _describe(exc, 0, self._endpoint)
             logger.warning("etcd watch at %s: %s; reopening from revision %d", self._endpoint, reason, self._next)
             await self._close()
-            self._client._current = (self._client._current + 1) % len(self._client.config.endpoints)
+            self._client._adopt((self._client._current + 1) % len(self._client.config.endpoints))
             await self._open()
             return
         self._handle(result)

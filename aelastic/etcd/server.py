@@ -27,6 +27,7 @@ import tempfile
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
@@ -35,7 +36,14 @@ import anyio.abc
 
 from ..errors import ConfigurationError, EtcdError
 
-__all__ = ["LocalEtcd", "LocalEtcdMember", "find_etcd_binary", "open_local_etcd", "open_local_etcd_cluster"]
+__all__ = [
+    "LocalEtcd",
+    "LocalEtcdMember",
+    "RaftTiming",
+    "find_etcd_binary",
+    "open_local_etcd",
+    "open_local_etcd_cluster",
+]
 
 ENV_BINARY: Final = "AELASTIC_ETCD_BINARY"
 _READY: Final = "ready to serve client requests"
@@ -188,6 +196,32 @@ class LocalEtcd:
         return ",".join(self.endpoints)
 
 
+@dataclass(frozen=True, slots=True)
+class RaftTiming:
+    """etcd's ``--heartbeat-interval`` and ``--election-timeout`` in seconds (etcd's defaults: 0.1 and 1.0).
+
+    etcd's shortest lease is 1.5 election timeouts, rounded up to whole seconds: the defaults give 2 s leases;
+    ``election_timeout <= 0.66`` allows 1 s leases (and a faster new leader when one dies), at the price of
+    spurious elections on a machine too loaded to send heartbeats in time.
+    """
+
+    heartbeat_interval: float = 0.1
+    election_timeout: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.heartbeat_interval * 5 <= self.election_timeout:
+            raise ConfigurationError(
+                f"etcd heartbeat_interval={self.heartbeat_interval!r}, election_timeout={self.election_timeout!r}: "
+                "need 0 < 5 * heartbeat_interval <= election_timeout"
+            )
+
+    def flags(self) -> list[str]:
+        return [
+            "--heartbeat-interval", str(round(self.heartbeat_interval * 1000)),
+            "--election-timeout", str(round(self.election_timeout * 1000)),
+        ]  # fmt: skip
+
+
 def _command(binary: str, name: str, data_dir: str, client: str, peer: str, cluster: str, token: str) -> list[str]:
     return [
         binary,
@@ -205,14 +239,16 @@ def _command(binary: str, name: str, data_dir: str, client: str, peer: str, clus
 
 
 @asynccontextmanager
-async def open_local_etcd(*, binary: str | None = None) -> AsyncIterator[LocalEtcd]:
+async def open_local_etcd(*, binary: str | None = None, timing: RaftTiming | None = None) -> AsyncIterator[LocalEtcd]:
     """A one-member etcd on 127.0.0.1, ready to serve when this yields; stopped (TERM, grace, KILL) on exit."""
-    async with open_local_etcd_cluster(1, binary=binary) as etcd:
+    async with open_local_etcd_cluster(1, binary=binary, timing=timing) as etcd:
         yield etcd
 
 
 @asynccontextmanager
-async def open_local_etcd_cluster(size: int = 3, *, binary: str | None = None) -> AsyncIterator[LocalEtcd]:
+async def open_local_etcd_cluster(
+    size: int = 3, *, binary: str | None = None, timing: RaftTiming | None = None
+) -> AsyncIterator[LocalEtcd]:
     """A ``size``-member etcd cluster on loopback; every member serves clients when this yields.
 
     Each member can be stopped on its own (``etcd.members[i].stop()``) to test failover. On exit (or cancellation)
@@ -234,6 +270,7 @@ async def open_local_etcd_cluster(size: int = 3, *, binary: str | None = None) -
             try:
                 for name, client, peer in zip(names, clients, peers, strict=True):
                     command = _command(executable, name, str(Path(root, name)), client, peer, cluster, token)
+                    command += (timing or RaftTiming()).flags()
                     process = await anyio.open_process(
                         command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
                     )

@@ -26,6 +26,7 @@ __all__ = [
     "RendezvousInfo",
     "RendezvousParameters",
     "RendezvousStoreInfo",
+    "check_parameters",
     "conf_bool",
     "conf_float",
     "conf_int",
@@ -177,6 +178,12 @@ class RendezvousHandler(abc.ABC):
         died, or the rendezvous closed. Event driven; it never returns while the round is stable."""
 
     @abc.abstractmethod
+    async def wait_for_member_ranks(self, known: frozenset[int]) -> frozenset[int]:
+        """The ranks of this node's last completed round whose nodes are still members, once they differ from
+        ``known`` (at once if they already do). Members only leave a completed round (found dead, or leaving to
+        rejoin); when the round is over, none are left. Event driven, like ``wait_for_membership_change``."""
+
+    @abc.abstractmethod
     async def is_closed(self) -> bool: ...
 
     @abc.abstractmethod
@@ -189,12 +196,18 @@ class RendezvousHandler(abc.ABC):
 
 OpenHandler = Callable[[RendezvousParameters], AbstractAsyncContextManager[RendezvousHandler]]
 
+CheckParameters = Callable[[RendezvousParameters], object]
+
 _registry: dict[str, OpenHandler] = {}
+_checks: dict[str, CheckParameters] = {}
 _ENTRY_POINT_GROUP = "aelastic.rendezvous_backends"
 
 
-def register_backend(name: str, opener: OpenHandler) -> None:
+def register_backend(name: str, opener: OpenHandler, *, check: CheckParameters | None = None) -> None:
     """Register a backend: ``opener(params)`` is an async context manager yielding a handler.
+
+    ``check(params)``, if given, raises :class:`~aelastic.errors.ConfigurationError` for parameters the opener
+    would refuse, without any I/O (its return value is ignored); :func:`check_parameters` runs it.
 
     Third-party packages register through the entry-point group ``aelastic.rendezvous_backends``; the entry point
     names the opener.
@@ -203,6 +216,8 @@ def register_backend(name: str, opener: OpenHandler) -> None:
     if existing is not None and existing is not opener:
         raise ConfigurationError(f"rendezvous backend {name!r} is already registered by {existing!r}")
     _registry[name] = opener
+    if check is not None:
+        _checks[name] = check
 
 
 def _lookup(name: str) -> OpenHandler:
@@ -216,7 +231,20 @@ def _lookup(name: str) -> OpenHandler:
         return _registry[name]
     except KeyError:
         known = ", ".join(sorted(_registry))
-        raise ConfigurationError(f"rendezvous backend {name!r} is unknown; known backends: {known}") from None
+        raise ConfigurationError(f"--rdzv-backend {name!r}: unknown rendezvous backend; known: {known}") from None
+
+
+def check_parameters(params: RendezvousParameters) -> None:
+    """Refuse, without opening anything, what opening ``params`` would refuse before any I/O: an unknown backend,
+    an unknown ``--rdzv-conf`` key, a bad value, a malformed endpoint (the command line checks before it starts).
+
+    Raises:
+        ConfigurationError: naming the backend, key or value and the rule.
+    """
+    _lookup(params.backend)
+    check = _checks.get(params.backend)
+    if check is not None:
+        check(params)
 
 
 def open_rendezvous(params: RendezvousParameters) -> AbstractAsyncContextManager[RendezvousHandler]:

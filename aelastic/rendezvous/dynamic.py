@@ -8,10 +8,21 @@ on a lost race the backend hands back the newer state and the loop decides again
 lasts until the backend reports a change or the nearest local deadline (join timeout, last call, keep-alive)
 passes; nothing polls.
 
+Joins are not compare-and-sets: a node adds itself by appending a join request, and the state every node decides
+on is the written state with the pending requests folded in (``state.fold_joins``), so a thousand nodes joining at
+once make a thousand small appends, not a million failed compare-and-sets of a growing value. Appends wake no one;
+when the requests change what others wait for (the round completed, reached ``min_nodes``, or gained a waiting
+node), the node whose request is the newest it read writes the folded state, and that write wakes them. With
+``n = max`` that is one write per round.
+
 Liveness runs as one task per node from its first join until the handler closes: each interval it beats once
 (a small write of its own) and checks one neighbour: the node just before it in the state's node order (the
 first checks the last), so N nodes cost O(N) small reads and writes per interval. A neighbour the backend judges
-dead is removed from the state by a compare-and-set; every member learns of it through the change.
+dead is removed from the state by a compare-and-set; every member learns of it through the change. The beats
+also watch the backend itself: when none has reached it for ``read_timeout`` (its host died, or the network
+dropped it without a reset, so that reads would hang for TCP's retransmission timeout), the handler fails with
+:class:`~aelastic.errors.RendezvousConnectionError` naming where the backend lives, which cancels whatever runs
+inside the handler (the agent stops its workers).
 
 Clocks: every deadline is this process's monotonic clock (``anyio.current_time``); nothing compares times
 written by different hosts.
@@ -24,24 +35,30 @@ reads the dead attempt's keys.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 
 import anyio
 import anyio.abc
 
 from ..errors import (
     RendezvousClosedError,
+    RendezvousConnectionError,
     RendezvousGracefulExitError,
     RendezvousTimeoutError,
+    StoreConnectionError,
 )
 from .api import RendezvousHandler, RendezvousInfo
 from .backends.base import RendezvousBackend, Versioned
 from .bootstrap import BootstrapStores
 from .state import (
+    JOIN_REQUESTS,
     Action,
+    JoinRequest,
     NodeDesc,
     NodeTimers,
     RendezvousSettings,
@@ -50,16 +67,70 @@ from .state import (
     decide_close,
     decide_exit,
     decide_join,
+    decode_join_request,
     decode_state,
+    encode_join_request,
     encode_state,
+    fold_joins,
     update_timers,
 )
 
-__all__ = ["DynamicRendezvousHandler", "open_dynamic_rendezvous"]
+__all__ = [
+    "DynamicRendezvousHandler",
+    "JoinObserver",
+    "committed_state",
+    "join_observer",
+    "open_dynamic_rendezvous",
+    "state_of",
+]
 
 logger = logging.getLogger(__name__)
 
 Decide = Callable[[RendezvousState, NodeTimers, float], Action]
+
+JoinObserver = Callable[[NodeDesc, RendezvousState, RendezvousSettings, NodeTimers, float, Action], None]
+join_observer: ContextVar[JoinObserver | None] = ContextVar("aelastic_join_observer", default=None)
+"""Called (synchronously; it must not block) at every step of a node's exit and join in this context, with what
+the step decided on: the node, the state, the settings, the node's timers, its monotonic ``now`` and the action.
+``aelastic run`` draws its live "waiting for ..." line from it."""
+
+
+# Nodes simulated as tasks of one process read the same bytes many times: decode each value once.
+_decode_state = functools.lru_cache(maxsize=8)(decode_state)
+_decode_join_request = functools.lru_cache(maxsize=1 << 16)(decode_join_request)
+
+
+def committed_state(seen: Versioned) -> RendezvousState:
+    """The state as last written, without the join requests pending on it."""
+    return _decode_state(seen.data) if seen.data is not None else RendezvousState()
+
+
+class _FoldCache:
+    """The last fold of this process. Its nodes (one agent's handler, or many nodes simulated as tasks) read the
+    same written state again and again with a few more join requests pending each time: fold only those, onto the
+    last result (``fold_joins`` is a left fold, so the result is the same)."""
+
+    def __init__(self) -> None:
+        self._last: tuple[bytes | None, tuple[bytes, ...], RendezvousState] = (None, (), RendezvousState())
+
+    def state_of(self, seen: Versioned) -> RendezvousState:
+        data, pending, folded = self._last
+        done = len(pending)
+        if seen.data == data and seen.pending[:done] == pending:
+            state = fold_joins(folded, map(_decode_join_request, seen.pending[done:]))
+        else:
+            state = fold_joins(committed_state(seen), map(_decode_join_request, seen.pending))
+        self._last = (seen.data, seen.pending, state)
+        return state
+
+
+_folds = _FoldCache()
+
+
+def state_of(seen: Versioned) -> RendezvousState:
+    """The rendezvous state that a backend read (``get_state``) holds: the written state with its pending join
+    requests applied (``fold_joins``); what every node decides on."""
+    return _folds.state_of(seen)
 
 
 class DynamicRendezvousHandler(RendezvousHandler):
@@ -75,6 +146,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         backend_name: str,
         bootstrap_host: str,
         heartbeat_timeout: float = 5.0,
+        read_timeout: float = 60.0,
     ) -> None:
         self.node = node
         self.settings = settings
@@ -82,8 +154,10 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._task_group = task_group
         self._backend_name = backend_name
         self._heartbeat_timeout = heartbeat_timeout
+        self._read_timeout = read_timeout
         self._seen = Versioned(0, None)
-        self._state = RendezvousState()
+        self._committed = self._state = RendezvousState()
+        self._request: bytes | None = None  # this node's latest join request
         self._liveness_started = False
         self._bootstrap = BootstrapStores(task_group, bootstrap_host)
         self._round: int | None = None
@@ -117,7 +191,29 @@ class DynamicRendezvousHandler(RendezvousHandler):
     def _adopt(self, seen: Versioned) -> None:
         if seen.version >= self._seen.version:
             self._seen = seen
-            self._state = decode_state(seen.data) if seen.data is not None else RendezvousState()
+            self._committed = committed_state(seen)
+            self._state = state_of(seen)
+
+    def _must_publish(self) -> bool:
+        """Whether the join requests folded into this node's view change what other nodes wait for, so that the
+        view must be written (which wakes them): the round completed, a node joined the wait list of a complete
+        round, or the round reached ``min_nodes`` (the others start their last call when they see it).
+
+        One node does it, not every node that sees it (a thousand nodes reading one burst of requests would
+        otherwise each encode and compare-and-set the whole state): the node whose own request is the newest in
+        its read; the last node to append always is. Publishing only wakes the others sooner: the folded view is
+        already the state (every later write is decided on a read that includes those requests), so if that node
+        dies first, the others see the same view when their wait ends (it never outlasts the liveness grace).
+        """
+        written, view = self._committed, self._state
+        if view is written or self._seen.pending[-1:] != (self._request,):
+            return False
+        quorum = self.settings.min_nodes
+        return (
+            view.complete != written.complete
+            or len(view.wait_list) > len(written.wait_list)
+            or len(written.participants) < quorum <= len(view.participants)
+        )
 
     async def _refresh(self) -> None:
         self._adopt(await self.backend.get_state())
@@ -137,16 +233,26 @@ class DynamicRendezvousHandler(RendezvousHandler):
             await self.backend.wait_for_change(self._seen)
         await self._refresh()
 
-    async def _run(self, decide: Decide, timers: NodeTimers, node: NodeDesc | None) -> NodeTimers:
+    async def _run(
+        self, decide: Decide, timers: NodeTimers, node: NodeDesc | None, *, fresh: bool = False
+    ) -> NodeTimers:
         """Drive one operation until the state machine says FINISH; returns the timers as they ended.
 
         ``node`` is the node whose join deadline the state may move (see ``update_timers``); None for close.
+        ``fresh``: the state was just read (by the operation before), so start from it.
         """
-        await self._refresh()
+        if not fresh:
+            await self._refresh()
+        observe = join_observer.get() if node is not None else None
         while True:
+            if self._must_publish():
+                await self._write(self._state)
+                continue
             now = anyio.current_time()
             timers = update_timers(timers, self._state, self.settings, now, node=node)
             action = decide(self._state, timers, now)
+            if observe is not None:
+                observe(self.node, self._state, self.settings, timers, now, action)
             if action is Action.FINISH:
                 return timers
             if action is Action.ERROR_CLOSED:
@@ -168,6 +274,10 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 if timers.last_call_deadline is not None:
                     deadlines.append(timers.last_call_deadline)
                 await self._wait_for_change(min(deadlines))
+            elif action in JOIN_REQUESTS:
+                self._request = encode_join_request(JoinRequest(self.node, self.settings.max_nodes))
+                await self.backend.request_join(self._request)
+                await self._refresh()
             else:
                 await self._write(apply(self._state, action, self.node, self.settings))
 
@@ -182,10 +292,26 @@ class DynamicRendezvousHandler(RendezvousHandler):
         await self.backend.keep_alive(self.node.key)
         task_status.started()
         grace = self.settings.keep_alive_interval * self.settings.keep_alive_max_attempt
+        reached = anyio.current_time()  # when a beat last reached the backend
         while True:
             await anyio.sleep(self.settings.keep_alive_interval)
-            with anyio.fail_after(self._heartbeat_timeout):
-                await self.backend.keep_alive(self.node.key)
+            try:
+                with anyio.fail_after(self._heartbeat_timeout):
+                    await self.backend.keep_alive(self.node.key)
+            except (TimeoutError, StoreConnectionError) as exc:
+                # A missed beat is what liveness is for: the others judge this node. Only a backend that no beat
+                # has reached for read_timeout is given up on: other operations may hang on it meanwhile.
+                lost = anyio.current_time() - reached
+                error = str(exc) or f"no answer within heartbeat_timeout={self._heartbeat_timeout:g}s"
+                if lost >= self._read_timeout:
+                    raise RendezvousConnectionError(
+                        f"rendezvous {self.settings.run_id!r}: lost {self.backend.location}: no heartbeat of "
+                        f"{self.node.id} reached it for {lost:.0f}s (read_timeout={self._read_timeout:g}s); "
+                        f"last error: {error}"
+                    ) from exc
+                logger.warning("rendezvous %s: heartbeat of %s failed: %s", self.settings.run_id, self.node.id, error)
+                continue
+            reached = anyio.current_time()
             neighbour = self._neighbour()
             if neighbour is not None and await self.backend.find_dead([neighbour.key], grace):
                 await self._evict(frozenset({neighbour}))
@@ -213,7 +339,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         await self._start_liveness()
         node, settings = self.node, self.settings
         timers = await self._run(lambda s, t, now: decide_exit(s, node, settings, t, now), timers, node)
-        await self._run(lambda s, t, now: decide_join(s, node, settings, t, now), timers, node)
+        await self._run(lambda s, t, now: decide_join(s, node, settings, t, now), timers, node, fresh=True)
         state = self._state
         rank = state.rank_of(node)
         if rank is None:  # the state machine finishes a join only as a member of a complete round
@@ -238,6 +364,18 @@ class DynamicRendezvousHandler(RendezvousHandler):
             if reason is not None:
                 return reason
             await self._wait_for_change(math.inf)
+
+    async def wait_for_member_ranks(self, known: frozenset[int]) -> frozenset[int]:
+        while (ranks := self._member_ranks()) == known:
+            await self._wait_for_change(math.inf)
+        return ranks
+
+    def _member_ranks(self) -> frozenset[int]:
+        s = self._state
+        if self._round is None or s.round != self._round or not s.complete:
+            return frozenset()
+        rank = {node: i for i, node in enumerate(s.rank_order)}
+        return frozenset(rank[node] for node in s.participants)
 
     def _restart_reason(self) -> str | None:
         s = self._state
@@ -281,12 +419,17 @@ async def open_dynamic_rendezvous(
     backend_name: str,
     bootstrap_host: str,
     heartbeat_timeout: float = 5.0,
+    read_timeout: float = 60.0,
 ) -> AsyncIterator[DynamicRendezvousHandler]:
-    """A handler whose background tasks (liveness, bootstrap store) live in a task group of its own."""
+    """A handler whose background tasks (liveness, bootstrap store) live in a task group of its own.
+
+    If no heartbeat reaches the backend for ``read_timeout`` seconds, the handler's task group fails with
+    :class:`~aelastic.errors.RendezvousConnectionError`, cancelling the body of this context manager.
+    """
     async with anyio.create_task_group() as tg:
         handler = DynamicRendezvousHandler(
             node, settings, backend, tg, backend_name=backend_name, bootstrap_host=bootstrap_host,
-            heartbeat_timeout=heartbeat_timeout,
+            heartbeat_timeout=heartbeat_timeout, read_timeout=read_timeout,
         )  # fmt: skip
         try:
             yield handler

@@ -49,8 +49,10 @@ from ..errors import ConfigurationError, RendezvousStateError
 
 __all__ = [
     "FORMAT_VERSION",
+    "JOIN_REQUESTS",
     "WRITE_ACTIONS",
     "Action",
+    "JoinRequest",
     "NodeDesc",
     "NodeTimers",
     "RendezvousSettings",
@@ -59,8 +61,11 @@ __all__ = [
     "decide_close",
     "decide_exit",
     "decide_join",
+    "decode_join_request",
     "decode_state",
+    "encode_join_request",
     "encode_state",
+    "fold_joins",
     "update_timers",
 ]
 
@@ -547,6 +552,83 @@ def apply(
     return MUTATIONS[action](state, node, settings, dead)
 
 
+# --- join requests ------------------------------------------------------------------------------------------------
+# Joining is the one write every node makes, all at once when a job starts; N nodes compare-and-setting one state
+# would cost O(N^2) attempts of an O(N) value. So a node that decides to add itself (ADD_TO_PARTICIPANTS, _WAIT_LIST,
+# _REDUNDANCY_LIST) appends a small join request instead (the backend keeps requests in order beside the state),
+# and every reader applies the requests pending on the state it read: the state a node decides on is
+# ``fold_joins(committed state, pending requests)``. Any write (a compare-and-set) is decided on that folded state
+# and consumes the requests it saw; a request appended after the read makes the write fail, so none is lost or
+# applied twice. Each request is admitted with exactly the join decision (``JOIN_RULES``) a node not yet listed
+# would take for itself, with the requester's own max_nodes, so every reader folds the same requests the same way.
+
+JOIN_REQUESTS: Final[frozenset[Action]] = frozenset(
+    {Action.ADD_TO_PARTICIPANTS, Action.ADD_TO_WAIT_LIST, Action.ADD_TO_REDUNDANCY_LIST}
+)
+"""The write actions a node performs by appending a join request rather than by a compare-and-set."""
+
+
+@dataclass(frozen=True, slots=True)
+class JoinRequest:
+    """A node's request to be added to the state, with the ``max_nodes`` it was configured with."""
+
+    node: NodeDesc
+    max_nodes: int
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.max_nodes) or self.max_nodes < 1:
+            raise ConfigurationError(f"JoinRequest.max_nodes={self.max_nodes!r}: must be an integer >= 1")
+
+
+def fold_joins(state: RendezvousState, requests: Iterable[JoinRequest]) -> RendezvousState:
+    """``state`` with ``requests`` applied in order, as if each requester had written its own join.
+
+    A request is admitted as :func:`decide_join` admits a node that has time left and is listed nowhere, or on the
+    wait list of a round that is over: to the participants of a gathering round (the ``max_nodes``-th completes
+    it, as :func:`apply` does), to the wait list of a complete round with room, to the redundancy list of a full
+    one. It is dropped when the node is otherwise listed, when the rendezvous is closed, or while a gathering
+    round is full; the node then decides again on what it reads. Linear in the size of the state and the number
+    of requests (moving a node off the wait list is linear in the wait list).
+    """
+    if state.closed:
+        return state
+    listed = set(state.all_nodes())
+    participants, wait_list, reserve = list(state.participants), list(state.wait_list), list(state.redundancy_list)
+    complete, rank_order = state.complete, state.rank_order
+    changed = False
+    for request in requests:
+        node = request.node
+        # Listed nodes are skipped, except one on the wait list once its round is over: it joins the next.
+        if node in listed and (complete or node not in wait_list):
+            continue
+        full = len(participants) >= request.max_nodes
+        if complete:
+            (reserve if full else wait_list).append(node)
+        elif full:
+            continue
+        else:
+            if node in listed:
+                wait_list.remove(node)
+            participants.append(node)
+            if len(participants) >= request.max_nodes:
+                done = _completed(
+                    dataclasses.replace(state, participants=tuple(participants), wait_list=tuple(wait_list))
+                )
+                participants, complete, rank_order = list(done.participants), True, done.rank_order
+        listed.add(node)
+        changed = True
+    if not changed:
+        return state
+    return dataclasses.replace(
+        state,
+        complete=complete,
+        participants=tuple(participants),
+        wait_list=tuple(wait_list),
+        redundancy_list=tuple(reserve),
+        rank_order=rank_order,
+    )
+
+
 # --- local timers -------------------------------------------------------------------------------------------------
 
 
@@ -705,3 +787,29 @@ def _decode_nodes(raw: object) -> list[NodeDesc]:
     if len(set(table)) != len(table):
         raise RendezvousStateError("rendezvous state nodes: a node is listed twice")
     return table
+
+
+def encode_join_request(request: JoinRequest) -> bytes:
+    """A join request as compact JSON: ``["addr",pid,local_id,max_nodes]`` (no newline in it)."""
+    node = request.node
+    return json.dumps([node.addr, node.pid, node.local_id, request.max_nodes], separators=(",", ":")).encode()
+
+
+def decode_join_request(data: bytes) -> JoinRequest:
+    """The request :func:`encode_join_request` encoded as ``data``.
+
+    Raises:
+        RendezvousStateError: ``data`` is not ``["addr",pid,local_id,max_nodes]``; the message shows it.
+    """
+    try:
+        doc = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RendezvousStateError(f"rendezvous join request is not JSON: {bytes(data)[:60]!r}") from exc
+    if not (isinstance(doc, list) and len(doc) == 4 and isinstance(doc[0], str) and all(map(_is_int, doc[1:]))):
+        raise RendezvousStateError(
+            f"rendezvous join request {bytes(data)[:60]!r}: not [addr, pid, local_id, max_nodes]"
+        )
+    try:
+        return JoinRequest(NodeDesc(doc[0], doc[1], doc[2]), doc[3])
+    except ConfigurationError as exc:
+        raise RendezvousStateError(f"rendezvous join request {bytes(data)[:60]!r}: {exc}") from exc

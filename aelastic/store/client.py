@@ -17,7 +17,9 @@ else interrupted mid-exchange marks its connection broken; it is closed and a ne
 
 Connecting retries refused/reset connections with jittered exponential backoff for as long as the caller's
 deadline allows; when the next attempt would not fit, :class:`~aelastic.errors.StoreConnectionError` names the
-address and the last error.
+address and the last error. The handshake (VALIDATE, the auth token CHECK of :mod:`aelastic.store.auth`, PING) is
+one write and one round trip; a store that refuses the token (or its absence) raises
+:class:`~aelastic.errors.StoreAuthError` at once, without retrying.
 """
 
 from __future__ import annotations
@@ -27,14 +29,14 @@ import os
 import random
 import socket
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import Final, TypeVar
 
 import anyio
 import anyio.abc
 
-from ..errors import QueueEmptyError, StoreConnectionError, StoreProtocolError
-from . import wire
+from ..errors import QueueEmptyError, StoreAuthError, StoreConnectionError, StoreProtocolError
+from . import auth, wire
 from .api import Store, Value, as_bytes
 
 __all__ = ["StoreClient", "open_store_client"]
@@ -43,7 +45,10 @@ logger = logging.getLogger(__name__)
 
 _KEY_PREFIX: Final = "/"  # torch's TCPStore keyPrefix_
 _RECEIVE_SIZE: Final = 65536
-_CANCEL_GRACE: Final = 5.0  # how long a cancelled wait may take to hand its connection back
+_CONNECTION_LOST: Final = (OSError, anyio.BrokenResourceError, anyio.EndOfStream)
+# How long a cancelled wait may take to hand its connection back: a live server answers CANCEL_WAIT at once; a
+# dead or silent one must not hold up the cancellation (the connection is then discarded, which is harmless).
+_CANCEL_GRACE: Final = 1.0
 _BACKOFF_INITIAL: Final = 0.02
 _BACKOFF_MAX: Final = 2.0
 _IDLE_WAIT_CONNECTIONS: Final = 4  # wait connections kept open for reuse
@@ -63,8 +68,8 @@ class _Connection:
         self.protocol = wire.ClientProtocol()
         self.broken = False
 
-    async def send(self, request: wire.Request) -> None:
-        data = self.protocol.send(request)
+    async def send(self, *requests: wire.Request) -> None:
+        data = b"".join(self.protocol.send(request) for request in requests)
         try:
             await self.stream.send(data)
         except BaseException:
@@ -105,9 +110,10 @@ class _Connection:
 class StoreClient(Store):
     """A client of one TCPStore server (aelastic's or torch's). Create it with :func:`open_store_client`."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, *, auth_token: str | None = None) -> None:
         self.host = host
         self.port = port
+        self._auth_token = None if auth_token is None else auth.check_token(auth_token)
         self._command: _Connection | None = None
         self._command_lock = anyio.Lock()
         self._idle: list[_Connection] = []
@@ -141,6 +147,9 @@ class StoreClient(Store):
                     await self._handshake(conn)
                 except (OSError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
                     await anyio.aclose_forcefully(stream)
+                    if isinstance(exc, StoreAuthError):
+                        raise  # a refusal is final
+                    # The server may be starting, stopping or full: try again.
                     error = exc if isinstance(exc, OSError) else OSError("connection closed during handshake")
                 except BaseException:
                     await anyio.aclose_forcefully(stream)
@@ -155,13 +164,29 @@ class StoreClient(Store):
             await anyio.sleep(pause)
             delay = min(delay * 1.5, _BACKOFF_MAX)
 
-    @staticmethod
-    async def _handshake(conn: _Connection) -> None:
-        await conn.send(wire.Validate())
+    async def _handshake(self, conn: _Connection) -> None:
         nonce = os.getpid() & 0xFFFFFFFF
-        reply = await conn.roundtrip(wire.Ping(nonce), wire.PingReply)
+        await conn.send(wire.Validate(), auth.token_request(self._auth_token), wire.Ping(nonce))
+        token_check = await conn.receive(wire.CheckReply)
+        try:
+            reply = await conn.receive(wire.PingReply)
+        except (OSError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
+            if token_check.response is wire.CheckResponse.NOT_READY:  # NOT_READY, then closed: refused
+                raise StoreAuthError(self._refusal()) from exc
+            raise
         if reply.nonce != nonce:
             raise StoreProtocolError(f"ping answered with nonce {reply.nonce}, expected {nonce}")
+
+    def _refusal(self) -> str:
+        if self._auth_token is None:
+            return (
+                f"the store at {self.address} requires an auth token and this client has none: set --rdzv-conf "
+                f"auth_token=... (or {auth.AUTH_TOKEN_ENV}) to the token of the node that serves it"
+            )
+        return (
+            f"the store at {self.address} refused this client's auth token: every node must use the same "
+            f"--rdzv-conf auth_token (or {auth.AUTH_TOKEN_ENV})"
+        )
 
     async def _discard(self, conn: _Connection) -> None:
         self._open -= 1
@@ -210,7 +235,9 @@ class StoreClient(Store):
             try:
                 reply = await conn.receive(wire.WaitReply)
             except anyio.get_cancelled_exc_class():
-                with anyio.move_on_after(_CANCEL_GRACE, shield=True):
+                # A connection lost meanwhile (the server shutting down in the same cancellation) is discarded
+                # below; the cancellation, not the lost connection, is what the caller must see.
+                with anyio.move_on_after(_CANCEL_GRACE, shield=True), suppress(*_CONNECTION_LOST):
                     await conn.send(wire.CancelWait())
                     await conn.receive(wire.WaitReply)  # the wait's own reply: STOP_WAITING or WAIT_CANCELED
                     await conn.receive(wire.WaitReply)  # the cancel's: WAIT_CANCELED
@@ -221,7 +248,7 @@ class StoreClient(Store):
                 raise StoreProtocolError(f"{type(request).__name__} answered with {reply.response.name}")
             await self._release(conn)
             handed_back = True
-        except (OSError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
+        except _CONNECTION_LOST as exc:
             raise self._lost(exc) from exc
         finally:
             if not handed_back:
@@ -332,14 +359,15 @@ class StoreClient(Store):
 
 
 @asynccontextmanager
-async def open_store_client(host: str, port: int) -> AsyncIterator[StoreClient]:
+async def open_store_client(host: str, port: int, *, auth_token: str | None = None) -> AsyncIterator[StoreClient]:
     """Connect to the TCPStore server at ``host:port`` (aelastic's or torch's).
 
     The first connection is opened before this yields, retrying within the caller's deadline, so an unreachable
-    address fails here with :class:`~aelastic.errors.StoreConnectionError` naming it. Every connection is closed
-    on exit.
+    address fails here with :class:`~aelastic.errors.StoreConnectionError` naming it, and a store that refuses
+    ``auth_token`` (or its absence) with :class:`~aelastic.errors.StoreAuthError`. Every connection is closed on
+    exit.
     """
-    client = StoreClient(host, port)
+    client = StoreClient(host, port, auth_token=auth_token)
     try:
         async with client._command_lock:
             client._command = await client._connect()

@@ -31,8 +31,14 @@ A protocol violation (first request not VALIDATE, unknown query, a key/value/key
 ``max_buffered_bytes`` of unparsed or unsent data, ADD on a non-numeric value) closes that one connection and is
 logged; its wait registrations are dropped and nothing else is affected.
 
-Listening: ``"::"`` (or ``""``) is one IPv6 socket with ``IPV6_V6ONLY=0`` (dual stack, so ``127.0.0.1`` and
-``::1`` both reach it); a hostname binds every address it resolves to, on one port; a literal binds just itself.
+Hardening: a connection must finish its handshake (VALIDATE, and the auth token check when ``auth_token`` is set;
+see :mod:`aelastic.store.auth`) within ``handshake_timeout`` or it is closed, so half-open connections that send
+nothing, or half a frame, do not pile up. Beyond ``max_connections`` open connections a new one is accepted and
+closed at once (a refused peer learns it immediately instead of hanging in the kernel's backlog).
+
+Listening: only where asked. ``"::"`` (or ``""``) is one IPv6 socket with ``IPV6_V6ONLY=0`` (every interface,
+dual stack, so ``127.0.0.1`` and ``::1`` both reach it), ``"0.0.0.0"`` every IPv4 interface; a hostname binds
+every address it resolves to, on one port; a literal binds just itself.
 ``SO_REUSEADDR`` is set on listeners, ``TCP_NODELAY`` on accepted sockets.
 
 Cancellation is the shutdown path: cancelling :func:`serve_store` (or leaving :func:`open_store_server`) closes
@@ -44,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import math
 import socket
 import struct
 from collections import deque
@@ -59,7 +66,7 @@ from anyio.abc import SocketAttribute
 
 from .._net import format_address
 from ..errors import StoreProtocolError
-from . import wire
+from . import auth, wire
 
 __all__ = ["ServerSettings", "ServerStatistics", "StoreServer", "open_store_server", "serve_store"]
 
@@ -95,12 +102,29 @@ class ServerSettings:
         max_buffered_bytes: the most bytes one connection may hold in the server, received but not yet a whole
             request, or replies and wake-ups not yet sent. A connection over it is closed. The default, 64 MiB,
             holds several maximal (8 MiB) values; a MULTI_SET larger than this is refused.
+        max_connections: open connections beyond which a new one is closed at once. torch's server has no such
+            cap; the default, 65536, is far above what a job needs (4096 nodes x 8 workers x 2 sockets) and
+            still bounds what a flood of connections can hold. The process's open-file limit must allow it.
+        handshake_timeout: seconds a new connection has to send VALIDATE (and the auth token, if one is set)
+            before it is closed. torch's client sends both at once; the default, 10 s, only ends connections
+            that never will.
+        auth_token: if set, clients must present this token right after VALIDATE (:mod:`aelastic.store.auth`);
+            torch's own client cannot, so leave it unset on a store that torch workers use.
     """
 
     limits: wire.Limits = field(default_factory=wire.Limits)
     max_buffered_bytes: int = 64 * 1024 * 1024
+    max_connections: int = 65536
+    handshake_timeout: float = 10.0
+    auth_token: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        if self.max_connections < 1:
+            raise ValueError(f"ServerSettings.max_connections={self.max_connections}: must be >= 1")
+        if not 0 < self.handshake_timeout < math.inf:
+            raise ValueError(f"ServerSettings.handshake_timeout={self.handshake_timeout}: must be a positive number")
+        if self.auth_token is not None:
+            auth.check_token(self.auth_token, what="ServerSettings.auth_token")
         smallest = 1 + 8 + self.limits.max_key_length + 8 + self.limits.max_value_length
         if self.max_buffered_bytes < smallest:
             raise ValueError(
@@ -116,7 +140,7 @@ class ServerStatistics:
     Attributes:
         connections: open client connections.
         keys: keys in the table (queues are not counted, as in torch's GETNUMKEYS).
-        waiters: connections with an outstanding WAIT or BARRIER.
+        waiters: connections registered as waiting for a key (an outstanding WAIT, BARRIER or blocking pop).
         ops_served: requests handled since the server started.
     """
 
@@ -126,16 +150,21 @@ class ServerStatistics:
     ops_served: int
 
 
-class _Connection:
-    """What the request handlers see of a connection: parser, outbox and wait state."""
+class _Refused(StoreProtocolError):
+    """The handshake failed: the replies so far (the auth CHECK's NOT_READY) are sent, then the connection closes."""
 
-    __slots__ = ("awaited", "outbox", "parser", "peer", "validated", "wait_keys")
+
+class _Connection:
+    """What the request handlers see of a connection: parser, outbox, handshake and wait state."""
+
+    __slots__ = ("awaited", "established", "outbox", "parser", "peer", "validated", "wait_keys")
 
     def __init__(self, limits: wire.Limits, peer: str) -> None:
         self.peer = peer
         self.parser = wire.RequestParser(limits)
         self.outbox = bytearray()
-        self.validated = False
+        self.validated = False  # VALIDATE received
+        self.established = False  # the whole handshake is done: requests are served
         self.awaited = 0  # keys this connection still waits for (torch's keysAwaited_)
         self.wait_keys: list[bytes] = []  # keys it is registered under, for unregistering
 
@@ -145,6 +174,10 @@ class _Connection:
     def backlog(self) -> int:
         """Bytes queued for the peer and not yet handed to the kernel."""
         return len(self.outbox)
+
+    def establish(self) -> None:
+        """The handshake is done: serve requests from now on, with no deadline."""
+        self.established = True
 
     def notify(self) -> None:
         """Bytes were queued in the outbox from outside this connection's own request handling."""
@@ -160,12 +193,16 @@ class _StreamConnection(_Connection):
 
     __slots__ = ("lock", "scope", "stream", "wake")
 
-    def __init__(self, stream: anyio.abc.SocketStream, limits: wire.Limits, peer: str) -> None:
-        super().__init__(limits, peer)
+    def __init__(self, stream: anyio.abc.SocketStream, settings: ServerSettings, peer: str) -> None:
+        super().__init__(settings.limits, peer)
         self.stream = stream
         self.lock = anyio.Lock(fast_acquire=True)
         self.wake = anyio.Event()
-        self.scope = anyio.CancelScope()
+        self.scope = anyio.CancelScope(deadline=anyio.current_time() + settings.handshake_timeout)
+
+    def establish(self) -> None:
+        super().establish()
+        self.scope.deadline = math.inf
 
     def notify(self) -> None:
         self.wake.set()
@@ -184,27 +221,43 @@ class _ProtocolConnection(_Connection, asyncio.Protocol):
     read its replies is backpressured exactly as on the stream path.
     """
 
-    __slots__ = ("busy", "server", "transport", "writing_paused")
+    __slots__ = ("busy", "handshake_timer", "server", "transport", "writing_paused")
 
     def __init__(self, server: StoreServer) -> None:
         super().__init__(server._settings.limits, "<connecting>")
         self.server = server
         self.transport: asyncio.Transport | None = None
+        self.handshake_timer: asyncio.TimerHandle | None = None
         self.busy = False  # inside data_received: wake-ups join the outbox in order
         self.writing_paused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # create_server gives stream transports
+        remote = transport.get_extra_info("peername")
+        self.peer = format_address(str(remote[0]), int(remote[1])) if isinstance(remote, tuple) else str(remote)
+        if not self.server._admit(self):
+            self.transport.abort()
+            return
         raw = transport.get_extra_info("socket")
         if raw is not None:
             raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        remote = transport.get_extra_info("peername")
-        self.peer = format_address(str(remote[0]), int(remote[1])) if isinstance(remote, tuple) else str(remote)
-        self.server._connections.add(self)
+        timeout = self.server._settings.handshake_timeout
+        self.handshake_timer = asyncio.get_running_loop().call_later(timeout, self._handshake_expired)
+
+    def _handshake_expired(self) -> None:
+        _log_handshake_timeout(self, self.server._settings.handshake_timeout)
+        self.abort()
+
+    def establish(self) -> None:
+        super().establish()
+        if self.handshake_timer is not None:
+            self.handshake_timer.cancel()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if exc is not None:
             logger.debug("store connection from %s broke: %r", self.peer, exc)
+        if self.handshake_timer is not None:
+            self.handshake_timer.cancel()
         self.server._unregister(self)
         self.server._connections.discard(self)
 
@@ -221,11 +274,12 @@ class _ProtocolConnection(_Connection, asyncio.Protocol):
                 if self.writing_paused:
                     return  # the rest waits in the parser for resume_writing
             self._write()
-            if self.parser.buffered > server._max_buffered:
-                raise StoreProtocolError(
-                    f"{self.parser.buffered} bytes buffered without a whole request; "
-                    f"the limit is {server._max_buffered} (ServerSettings.max_buffered_bytes)"
-                )
+            server._check_buffered(self)
+        except _Refused as exc:
+            logger.warning("refusing store connection from %s: %s", self.peer, exc)
+            self._write()
+            if self.transport is not None:
+                self.transport.close()  # after the queued replies are sent
         except StoreProtocolError as exc:
             logger.warning("closing store connection from %s: %s", self.peer, exc)
             self.abort()
@@ -266,6 +320,16 @@ class _ProtocolConnection(_Connection, asyncio.Protocol):
             self.transport.abort()
 
 
+def _log_handshake_timeout(conn: _Connection, timeout: float) -> None:
+    step = "the auth token" if conn.validated else "VALIDATE"
+    logger.warning(
+        "closing store connection from %s: no %s within %gs (ServerSettings.handshake_timeout)",
+        conn.peer,
+        step,
+        timeout,
+    )
+
+
 class StoreServer:
     """A running TCPStore server; obtain one from :func:`open_store_server` or :func:`serve_store`.
 
@@ -285,6 +349,8 @@ class StoreServer:
         self._queues: dict[bytes, deque[bytes]] = {}
         self._waiters: dict[bytes, list[_Connection]] = {}
         self._connections: set[_Connection] = set()
+        self._at_capacity = False
+        self._auth_token = None if settings.auth_token is None else settings.auth_token.encode()
         self._ops = 0
         self._handlers: dict[type[Any], Callable[[_Connection, Any], None]] = {
             wire.Validate: self._validate,
@@ -316,47 +382,72 @@ class StoreServer:
         )
 
     def statistics(self) -> ServerStatistics:
+        # Waiters are counted from the registrations themselves, so that a registration left behind by a closed
+        # connection (a leak) would show.
+        waiting = {id(conn) for registered in self._waiters.values() for conn in registered}
         return ServerStatistics(
             connections=len(self._connections),
             keys=len(self._table),
-            waiters=sum(1 for conn in self._connections if conn.awaited > 0),
+            waiters=len(waiting),
             ops_served=self._ops,
         )
 
     # --- connections ----------------------------------------------------------------------------------------
+
+    def _admit(self, conn: _Connection) -> bool:
+        """Count ``conn`` in, or refuse it (False) when ``max_connections`` are open."""
+        limit = self._settings.max_connections
+        if len(self._connections) >= limit:
+            if not self._at_capacity:  # once per episode: a flood must not flood the log too
+                logger.warning(
+                    "store server on port %d refuses connections (%s the first): %d are open, the limit "
+                    "(ServerSettings.max_connections)",
+                    self.port,
+                    conn.peer,
+                    limit,
+                )
+            self._at_capacity = True
+            return False
+        self._at_capacity = False
+        self._connections.add(conn)
+        return True
 
     async def _accept_loop(self, listener: anyio.abc.SocketListener, tg: anyio.abc.TaskGroup) -> None:
         while True:
             try:
                 stream = await listener.accept()
             except OSError as exc:  # EMFILE, ENFILE, ENOBUFS: the listener is fine, the process is not
-                logger.warning("store server on port %d cannot accept a connection: %s", self.port, exc)
+                logger.warning(
+                    "store server on port %d cannot accept a connection: %s (if the open-file limit is reached, "
+                    "raise it: ulimit -n)",
+                    self.port,
+                    exc,
+                )
                 await anyio.sleep(_ACCEPT_BACKOFF)
                 continue
-            tg.start_soon(self._serve_connection, stream)
+            conn = _StreamConnection(stream, self._settings, _peer_of(stream))
+            if self._admit(conn):
+                tg.start_soon(self._serve_connection, conn)
+            else:
+                await anyio.aclose_forcefully(stream)
 
-    async def _serve_connection(self, stream: anyio.abc.SocketStream) -> None:
-        raw = stream.extra(SocketAttribute.raw_socket, None)
+    async def _serve_connection(self, conn: _StreamConnection) -> None:
+        raw = conn.stream.extra(SocketAttribute.raw_socket, None)
         if raw is not None and raw.family in (socket.AF_INET, socket.AF_INET6):
             raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # anyio sets it too; it is load-bearing
-        try:
-            remote = stream.extra(SocketAttribute.remote_address)
-            peer = format_address(str(remote[0]), int(remote[1])) if isinstance(remote, tuple) else str(remote)
-        except (OSError, anyio.TypedAttributeLookupError):
-            peer = "<unknown peer>"
-        conn = _StreamConnection(stream, self._settings.limits, peer)
-        self._connections.add(conn)
         try:
             with conn.scope:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(self._write_loop, conn)
                     await self._read_loop(conn)
                     tg.cancel_scope.cancel()
+            if conn.scope.cancelled_caught and not conn.established:
+                _log_handshake_timeout(conn, self._settings.handshake_timeout)
         finally:
             self._unregister(conn)
             self._connections.discard(conn)
             with anyio.CancelScope(shield=True):
-                await stream.aclose()
+                await conn.stream.aclose()
 
     async def _read_loop(self, conn: _StreamConnection) -> None:
         parser = conn.parser
@@ -367,11 +458,10 @@ class StoreServer:
                     await self._flush(conn)
                 if conn.outbox:
                     await self._flush(conn)
-                if parser.buffered > self._max_buffered:
-                    raise StoreProtocolError(
-                        f"{parser.buffered} bytes buffered without a whole request; "
-                        f"the limit is {self._max_buffered} (ServerSettings.max_buffered_bytes)"
-                    )
+                self._check_buffered(conn)
+        except _Refused as exc:
+            logger.warning("refusing store connection from %s: %s", conn.peer, exc)
+            await self._flush(conn)  # the auth CHECK's NOT_READY, so that an aelastic client can say why
         except StoreProtocolError as exc:
             logger.warning("closing store connection from %s: %s", conn.peer, exc)
         except anyio.EndOfStream:
@@ -396,19 +486,48 @@ class StoreServer:
                 conn.outbox.clear()
                 await conn.stream.send(data)
 
+    def _check_buffered(self, conn: _Connection) -> None:
+        if conn.parser.buffered > self._max_buffered:
+            raise StoreProtocolError(
+                f"{conn.parser.buffered} bytes buffered without a whole request; "
+                f"the limit is {self._max_buffered} (ServerSettings.max_buffered_bytes)"
+            )
+
     def _process(self, conn: _Connection) -> bool:
         """Handle every whole buffered request; True if it stopped early so that the replies can be flushed."""
         parser = conn.parser
         handlers = self._handlers
         outbox = conn.outbox
         while (request := parser.next_request()) is not wire.NEED_DATA:
-            if not conn.validated and not isinstance(request, wire.Validate):
-                raise StoreProtocolError(f"first request is {type(request).__name__}, not VALIDATE")
             self._ops += 1
-            handlers[type(request)](conn, request)
+            if conn.established:
+                handlers[type(request)](conn, request)
+            else:
+                self._handshake(conn, request)
             if len(outbox) >= _FLUSH_AT:
                 return True
         return False
+
+    def _handshake(self, conn: _Connection, request: wire.Request) -> None:
+        """VALIDATE, then (when a token is set) the token CHECK of :mod:`aelastic.store.auth`."""
+        if not conn.validated:
+            if not isinstance(request, wire.Validate):
+                raise StoreProtocolError(f"first request is {type(request).__name__}, not VALIDATE")
+            self._validate(conn, request)
+            conn.validated = True
+            if self._auth_token is None:
+                conn.establish()
+            return
+        if not auth.is_token_request(request):
+            raise _Refused(
+                f"{type(request).__name__} where the auth token was due: this store requires one "
+                "(ServerSettings.auth_token), and torch's own client cannot send it"
+            )
+        if not auth.token_matches(cast(wire.Check, request), self._auth_token or b""):
+            conn.outbox += _NOT_READY
+            raise _Refused("wrong or missing auth token (ServerSettings.auth_token)")
+        conn.outbox += _READY
+        conn.establish()
 
     def _deliver(self, conn: _Connection, data: bytes) -> None:
         """Queue a reply caused by another request (possibly another connection's) and wake the writer."""
@@ -478,14 +597,14 @@ class StoreServer:
     def _validate(self, conn: _Connection, request: wire.Validate) -> None:
         if request.magic != wire.VALIDATION_MAGIC:
             raise StoreProtocolError(f"VALIDATE with magic {request.magic:#x}, expected {wire.VALIDATION_MAGIC:#x}")
-        conn.validated = True
 
     def _ping(self, conn: _Connection, request: wire.Ping) -> None:
         conn.outbox += _U32.pack(request.nonce)
 
     def _set(self, conn: _Connection, request: wire.Set) -> None:
         self._table[request.key] = request.value
-        self._wake_all(request.key)
+        if self._waiters:  # the common case has none: skip the call (SET is the hottest request)
+            self._wake_all(request.key)
 
     def _multi_set(self, conn: _Connection, request: wire.MultiSet) -> None:
         for key, value in request.items:
@@ -598,6 +717,14 @@ class StoreServer:
     def _queue_len(self, conn: _Connection, request: wire.QueueLen) -> None:
         queue = self._queues.get(request.key)
         conn.outbox += _I64.pack(len(queue) if queue else 0)
+
+
+def _peer_of(stream: anyio.abc.SocketStream) -> str:
+    try:
+        remote = stream.extra(SocketAttribute.remote_address)
+    except (OSError, anyio.TypedAttributeLookupError):
+        return "<unknown peer>"
+    return format_address(str(remote[0]), int(remote[1])) if isinstance(remote, tuple) else str(remote)
 
 
 # --- listening ------------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from __future__ import annotations
 import enum
 import struct
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -431,6 +432,177 @@ class _Buffer:
         self._pos = mark
 
 
+# --- the server's parser --------------------------------------------------------------------------------------
+# The server's hot path: one function per query type, found by the query byte, reads the fields straight out of
+# the receive buffer. Each takes (limits, buffer, position after the query byte) and returns the request and the
+# position after it, or raises _Incomplete when the buffer ends first (once per received chunk, not per field).
+
+
+def _string_at(data: bytearray, pos: int, limit: int, what: str) -> tuple[bytes, int]:
+    start = pos + 8
+    if start > len(data):
+        raise _Incomplete
+    (n,) = _U64.unpack_from(data, pos)
+    if n > limit:  # checked before the body arrives, so that an absurd length reserves nothing
+        raise StoreProtocolError(f"{what} of {n} bytes exceeds the limit of {limit} bytes")
+    end = start + n
+    if end > len(data):
+        raise _Incomplete
+    return bytes(data[start:end]), end
+
+
+def _int_at(data: bytearray, pos: int, fmt: struct.Struct) -> tuple[int, int]:
+    end = pos + fmt.size
+    if end > len(data):
+        raise _Incomplete
+    return int(fmt.unpack_from(data, pos)[0]), end
+
+
+def _count_at(limits: Limits, data: bytearray, pos: int, fmt: struct.Struct) -> tuple[int, int]:
+    n, pos = _int_at(data, pos, fmt)
+    if not 0 <= n <= limits.max_keys_per_request:
+        raise StoreProtocolError(f"request names {n} keys; the limit is 0..{limits.max_keys_per_request}")
+    return n, pos
+
+
+def _keys_at(limits: Limits, data: bytearray, pos: int) -> tuple[tuple[bytes, ...], int]:
+    n, pos = _count_at(limits, data, pos, _U64)
+    keys = []
+    for _ in range(n):
+        key, pos = _string_at(data, pos, limits.max_key_length, "key")
+        keys.append(key)
+    return tuple(keys), pos
+
+
+def _key_value_at(limits: Limits, data: bytearray, pos: int) -> tuple[bytes, bytes, int]:
+    key, pos = _string_at(data, pos, limits.max_key_length, "key")
+    value, pos = _string_at(data, pos, limits.max_value_length, "value")
+    return key, value, pos
+
+
+def _parse_validate(limits: Limits, data: bytearray, pos: int) -> tuple[Request, int]:
+    magic, pos = _int_at(data, pos, _U32)
+    return Validate(magic), pos
+
+
+def _parse_set(limits: Limits, data: bytearray, pos: int) -> tuple[Request, int]:
+    key, value, pos = _key_value_at(limits, data, pos)
+    return Set(key, value), pos
+
+
+def _parse_compare_set(limits: Limits, data: bytearray, pos: int) -> tuple[Request, int]:
+    key, expected, pos = _key_value_at(limits, data, pos)
+    desired, pos = _string_at(data, pos, limits.max_value_length, "value")
+    return CompareSet(key, expected, desired), pos
+
+
+def _parse_get(limits: Limits, data: bytearray, pos: int) -> tuple[Request, int]:
+    key, pos = _string_at(data, pos, limits.max_key_length, "key")
+    return Get(key), pos
+
+
+def _parse_add(limits: Limits, data: bytearray, pos: int) -> tuple[Request, int]:
+    key, pos = _string_at(data, pos, limits.max_key_length, "key")
+    delta, pos = _int_at(data, pos, _I64)
+    return Add(key, delta), pos
+
+
+def _parse_check(limits: Limits, data: bytearray, pos: int) -> tuple[Request, int]:
+    keys, pos = _keys_at(limits, data, pos)
+    return Check(keys), pos
+
+
+def _parse_wait(limits: Limits, data: bytearray, pos: int) -> tuple[Request, int]:
+    keys, pos = _keys_at(limits, data, pos)
+    return Wait(keys), pos
+
+
+def _parse_get_num_keys(limits: Limits, data: bytearray, pos: int) -> tuple[Request, int]:
+    return GetNumKeys(), pos
+
+
+def _parse_delete_key(limits: Limits, data: bytearray, pos: int) -> tuple[Request, int]:
+    key, pos = _string_at(data, pos, limits.max_key_length, "key")
+    return DeleteKey(key), pos
+
+
+def _parse_append(limits: Limits, data: bytearray, pos: int) -> tuple[Request, int]:
+    key, value, pos = _key_value_at(limits, data, pos)
+    return Append(key, value), pos
+
+
+def _parse_multi_get(limits: Limits, data: bytearray, pos: int) -> tuple[Request, int]:
+    keys, pos = _keys_at(limits, data, pos)
+    return MultiGet(keys), pos
+
+
+def _parse_multi_set(limits: Limits, data: bytearray, pos: int) -> tuple[Request, int]:
+    n, pos = _count_at(limits, data, pos, _I64)  # MULTI_SET's count is signed
+    items = []
+    for _ in range(n):
+        key, value, pos = _key_value_at(limits, data, pos)
+        items.append((key, value))
+    return MultiSet(tuple(items)), pos
+
+
+def _parse_cancel_wait(limits: Limits, data: bytearray, pos: int) -> tuple[Request, int]:
+    return CancelWait(), pos
+
+
+def _parse_ping(limits: Limits, data: bytearray, pos: int) -> tuple[Request, int]:
+    nonce, pos = _int_at(data, pos, _U32)
+    return Ping(nonce), pos
+
+
+def _parse_queue_push(limits: Limits, data: bytearray, pos: int) -> tuple[Request, int]:
+    key, value, pos = _key_value_at(limits, data, pos)
+    return QueuePush(key, value), pos
+
+
+def _parse_queue_pop(limits: Limits, data: bytearray, pos: int) -> tuple[Request, int]:
+    key, pos = _string_at(data, pos, limits.max_key_length, "key")
+    return QueuePop(key), pos
+
+
+def _parse_queue_len(limits: Limits, data: bytearray, pos: int) -> tuple[Request, int]:
+    key, pos = _string_at(data, pos, limits.max_key_length, "key")
+    return QueueLen(key), pos
+
+
+def _parse_list_keys(limits: Limits, data: bytearray, pos: int) -> tuple[Request, int]:
+    return ListKeys(), pos
+
+
+def _parse_barrier(limits: Limits, data: bytearray, pos: int) -> tuple[Request, int]:
+    key, pos = _string_at(data, pos, limits.max_key_length, "key")
+    world_size, pos = _int_at(data, pos, _I64)
+    return Barrier(key, world_size), pos
+
+
+_REQUEST_PARSERS: Final[dict[QueryType, Callable[[Limits, bytearray, int], tuple[Request, int]]]] = {
+    QueryType.VALIDATE: _parse_validate,
+    QueryType.SET: _parse_set,
+    QueryType.COMPARE_SET: _parse_compare_set,
+    QueryType.GET: _parse_get,
+    QueryType.ADD: _parse_add,
+    QueryType.CHECK: _parse_check,
+    QueryType.WAIT: _parse_wait,
+    QueryType.GETNUMKEYS: _parse_get_num_keys,
+    QueryType.DELETE_KEY: _parse_delete_key,
+    QueryType.APPEND: _parse_append,
+    QueryType.MULTI_GET: _parse_multi_get,
+    QueryType.MULTI_SET: _parse_multi_set,
+    QueryType.CANCEL_WAIT: _parse_cancel_wait,
+    QueryType.PING: _parse_ping,
+    QueryType.QUEUE_PUSH: _parse_queue_push,
+    QueryType.QUEUE_POP: _parse_queue_pop,
+    QueryType.QUEUE_LEN: _parse_queue_len,
+    QueryType.LIST_KEYS: _parse_list_keys,
+    QueryType.BARRIER: _parse_barrier,
+}
+_PARSER_BY_CODE: Final = tuple(_REQUEST_PARSERS[query] for query in sorted(QueryType))  # indexed by the byte
+
+
 class RequestParser:
     """Server side: bytes in, typed requests out.
 
@@ -439,101 +611,39 @@ class RequestParser:
     then be closed (the stream cannot be resynchronised).
     """
 
+    __slots__ = ("_data", "_pos", "limits")
+
     def __init__(self, limits: Limits | None = None) -> None:
         self.limits = limits or Limits()
-        self._buffer = _Buffer()
+        self._data = bytearray()
+        self._pos = 0  # start of the first request not yet returned
 
     def __repr__(self) -> str:
-        return f"<RequestParser buffered={len(self._buffer)}>"
+        return f"<RequestParser buffered={self.buffered}>"
 
     @property
     def buffered(self) -> int:
         """Bytes received but not yet consumed as a whole request."""
-        return len(self._buffer)
+        return len(self._data) - self._pos
 
     def receive_data(self, data: bytes) -> None:
-        self._buffer.feed(data)
+        if self._pos:
+            del self._data[: self._pos]
+            self._pos = 0
+        self._data += data
 
     def next_request(self) -> Request | NeedData:
-        buf = self._buffer
-        mark = buf.mark()
-        try:
-            return self._parse(buf)
-        except _Incomplete:
-            buf.rewind(mark)
+        data, pos = self._data, self._pos
+        if pos >= len(data):
             return NEED_DATA
-
-    def _key(self, buf: _Buffer) -> bytes:
-        n = buf.unpack(_U64)
-        if n > self.limits.max_key_length:
-            raise StoreProtocolError(f"key of {n} bytes exceeds the limit of {self.limits.max_key_length} bytes")
-        return buf.take(n)
-
-    def _value(self, buf: _Buffer) -> bytes:
-        n = buf.unpack(_U64)
-        if n > self.limits.max_value_length:
-            raise StoreProtocolError(
-                f"value of {n} bytes exceeds the limit of {self.limits.max_value_length} bytes"
-            )
-        return buf.take(n)
-
-    def _count(self, buf: _Buffer, fmt: struct.Struct) -> int:
-        n = buf.unpack(fmt)
-        if not 0 <= n <= self.limits.max_keys_per_request:
-            raise StoreProtocolError(
-                f"request names {n} keys; the limit is 0..{self.limits.max_keys_per_request}"
-            )
-        return n
-
-    def _keys(self, buf: _Buffer) -> tuple[bytes, ...]:
-        return tuple(self._key(buf) for _ in range(self._count(buf, _U64)))
-
-    def _parse(self, buf: _Buffer) -> Request:
-        code = buf.unpack(_U8)
+        code = data[pos]
+        if code >= len(_PARSER_BY_CODE):
+            raise StoreProtocolError(f"unknown query type {code}")
         try:
-            query = QueryType(code)
-        except ValueError:
-            raise StoreProtocolError(f"unknown query type {code}") from None
-        match query:
-            case QueryType.VALIDATE:
-                return Validate(buf.unpack(_U32))
-            case QueryType.SET:
-                return Set(self._key(buf), self._value(buf))
-            case QueryType.COMPARE_SET:
-                return CompareSet(self._key(buf), self._value(buf), self._value(buf))
-            case QueryType.GET:
-                return Get(self._key(buf))
-            case QueryType.ADD:
-                return Add(self._key(buf), buf.unpack(_I64))
-            case QueryType.CHECK:
-                return Check(self._keys(buf))
-            case QueryType.WAIT:
-                return Wait(self._keys(buf))
-            case QueryType.GETNUMKEYS:
-                return GetNumKeys()
-            case QueryType.DELETE_KEY:
-                return DeleteKey(self._key(buf))
-            case QueryType.APPEND:
-                return Append(self._key(buf), self._value(buf))
-            case QueryType.MULTI_GET:
-                return MultiGet(self._keys(buf))
-            case QueryType.MULTI_SET:
-                count = self._count(buf, _I64)
-                return MultiSet(tuple((self._key(buf), self._value(buf)) for _ in range(count)))
-            case QueryType.CANCEL_WAIT:
-                return CancelWait()
-            case QueryType.PING:
-                return Ping(buf.unpack(_U32))
-            case QueryType.QUEUE_PUSH:
-                return QueuePush(self._key(buf), self._value(buf))
-            case QueryType.QUEUE_POP:
-                return QueuePop(self._key(buf))
-            case QueryType.QUEUE_LEN:
-                return QueueLen(self._key(buf))
-            case QueryType.LIST_KEYS:
-                return ListKeys()
-            case QueryType.BARRIER:
-                return Barrier(self._key(buf), buf.unpack(_I64))
+            request, self._pos = _PARSER_BY_CODE[code](self.limits, data, pos + 1)
+        except _Incomplete:
+            return NEED_DATA  # nothing consumed: parsed again from its first byte once more bytes arrive
+        return request
 
 
 class _Shape(enum.Enum):

@@ -1,7 +1,9 @@
 """The fault suite's window into a c10d rendezvous store, run inside a host's namespace.
 
     probe.py watch ENDPOINT RUN_ID    one JSON line per state change: version, round, complete, participants...
-    probe.py count ENDPOINT KEY       one line: the counter at KEY (a barrier's arrivals), 0 if unset
+    probe.py arrived ENDPOINT KEY N   one line: how many of ranks 0..N-1 arrived at the agent barrier KEY
+
+``arrived`` only reads (CHECK): writing a key that the barrier's nodes wait on would disturb what it observes.
 
 ``watch`` waits on the backend's change notifications (the same keys the handlers wait on) and, since join
 requests appended to the state key notify nobody, re-reads at least every 0.1 s; it runs until killed.
@@ -45,12 +47,13 @@ async def watch(endpoint: str, run_id: str) -> None:
                 await backend.wait_for_change(seen)
 
 
-async def count(endpoint: str, key: str) -> None:
+async def arrived(endpoint: str, key: str, world_size: str) -> None:
     host, port = parse_endpoint(endpoint, None)
-    async with open_store_client(host, port) as client:
-        print(await client.add(key, 0), flush=True)
+    with anyio.fail_after(30):  # the store may be gone: fail, do not retry forever
+        async with open_store_client(host, port) as client:
+            print(sum([await client.check([f"{key}/{rank}"]) for rank in range(int(world_size))]), flush=True)
 
 
 if __name__ == "__main__":
     command, *args = sys.argv[1:]
-    anyio.run({"watch": watch, "count": count}[command], *args)
+    anyio.run({"watch": watch, "arrived": arrived}[command], *args)

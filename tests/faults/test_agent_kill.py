@@ -89,9 +89,9 @@ def test_agent_killed_during_the_exit_barrier(cluster: Cluster, victim: str) -> 
     barrier = "torch.rendezvous.faults.0/torchelastic/agent/terminal_state"
 
     def arrivals() -> int:
-        count = cluster.spawn(h0, sys.executable, PROBE, "count", f"{h0.addr}:{C10D_PORT}", barrier, log="count")
-        count.wait()
-        return int(count.output.split()[-1])
+        probe = cluster.spawn(h0, sys.executable, PROBE, "arrived", f"{h0.addr}:{C10D_PORT}", barrier, "3", log="count")
+        probe.wait()
+        return int(probe.output.split()[-1])
 
     cluster.wait_for("h0 and h1 in the exit barrier", lambda: arrivals() == 2)
     killed = time.time()

@@ -22,17 +22,12 @@ STORE_LOST = 10.0  # read_timeout: how long a node may go without reaching the s
 VERDICT = 30.0
 
 
-def crash_or_silent(xfail_silent: str | None = None) -> pytest.MarkDecorator:
-    silent = pytest.param(True, id="power-off")
-    if xfail_silent is not None:
-        silent = pytest.param(True, id="power-off", marks=pytest.mark.xfail(strict=True, reason=xfail_silent))
-    return pytest.mark.parametrize("silent", [pytest.param(False, id="crash"), silent])
-
-
-@crash_or_silent(
-    "open bug: after the c10d store host dies silently, survivors only log failed heartbeats and wait forever "
-    "(their workers sit in gloo): no error naming the store"
+crash_or_silent = pytest.mark.parametrize(
+    "silent", [pytest.param(False, id="crash"), pytest.param(True, id="power-off")]
 )
+
+
+@crash_or_silent
 def test_c10d_store_host_death_fails_the_job_naming_the_store(cluster: Cluster, silent: bool) -> None:
     h0 = cluster.hosts[0]
     rdzv = cluster.c10d(f"{FAST_CONF},read_timeout={STORE_LOST:g}")
@@ -71,7 +66,7 @@ def start_etcd(cluster: Cluster) -> str:
     return ",".join(f"{h.addr}:{ETCD_CLIENT_PORT}" for h in cluster.hosts)
 
 
-@crash_or_silent()
+@crash_or_silent
 def test_etcd_member_host_death_is_survived(cluster: Cluster, silent: bool) -> None:
     h0, h1, h2 = cluster.hosts
     endpoint = start_etcd(cluster)

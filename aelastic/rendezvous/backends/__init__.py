@@ -1,9 +1,10 @@
-"""The built-in rendezvous backends, registered by name: ``c10d`` and ``static``.
+"""The built-in rendezvous backends, registered by name: ``c10d``, ``static`` and ``etcd`` (imported on first use).
 
 ``c10d``: the dynamic rendezvous over aelastic's store. The node whose address matches the endpoint (or that has
-``is_host=true``) serves the store in its own loop; if the port is taken (another agent on this machine already
-serves it) it connects as a client instead, as torch does. ``localhost:0`` serves on a kernel-chosen port
-(``--standalone``).
+``is_host=true``) serves the store in its own loop, bound to the endpoint's host only (every interface only for
+``::`` or ``0.0.0.0``); if the port is taken (another agent on this machine already serves it) it connects as a
+client instead, as torch does. ``localhost:0`` serves on a kernel-chosen port (``--standalone``). ``auth_token``
+(or ``$AELASTIC_AUTH_TOKEN``) makes that store refuse clients without the token (:mod:`aelastic.store.auth`).
 
 ``static``: torch's fixed-world rendezvous: ``rank`` is given, the world is ``max_nodes`` nodes, rank 0 serves the
 store at the endpoint; each round is a barrier.
@@ -14,16 +15,17 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 import anyio
 import anyio.abc
 
 from ..._net import format_address, is_local_host, parse_endpoint
-from ...errors import ConfigurationError, RendezvousConnectionError, StoreConnectionError
+from ...errors import ConfigurationError, RendezvousConnectionError, StoreAuthError, StoreConnectionError
+from ...store.auth import resolve_auth_token
 from ...store.client import StoreClient, open_store_client
-from ...store.server import open_store_server
+from ...store.server import ServerSettings, open_store_server
 from ..api import (
     RendezvousHandler,
     RendezvousInfo,
@@ -52,6 +54,7 @@ _C10D_KEYS: Final = frozenset(
         "is_host",
         "read_timeout",
         "timeout",  # torchrun always passes it (900); only static uses it
+        "auth_token",
     }
 )
 _STATIC_KEYS: Final = frozenset({"rank", "timeout", "read_timeout"})
@@ -67,6 +70,7 @@ class C10dSettings:
     is_host: bool | None
     read_timeout: float
     heartbeat_timeout: float
+    auth_token: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_parameters(cls, params: RendezvousParameters) -> C10dSettings:
@@ -88,15 +92,17 @@ class C10dSettings:
             is_host=is_host,
             read_timeout=conf_float(params, "read_timeout", 60.0),
             heartbeat_timeout=conf_float(params, "heartbeat_timeout", 5.0),
+            auth_token=resolve_auth_token(None if (raw := params.config.get("auth_token")) is None else str(raw)),
         )
 
 
 async def _serve_or_connect(
-    stack: AsyncExitStack, host: str, port: int, is_host: bool, read_timeout: float
+    stack: AsyncExitStack, host: str, port: int, is_host: bool, read_timeout: float, auth_token: str | None = None
 ) -> StoreClient:
     if is_host:
         try:
-            server = await stack.enter_async_context(open_store_server(host, port))
+            settings = ServerSettings(auth_token=auth_token)
+            server = await stack.enter_async_context(open_store_server(host, port, settings))
         except OSError:
             if port == 0:
                 raise
@@ -105,7 +111,9 @@ async def _serve_or_connect(
             port = server.port
     try:
         with anyio.fail_after(read_timeout):
-            return await stack.enter_async_context(open_store_client(host, port))
+            return await stack.enter_async_context(open_store_client(host, port, auth_token=auth_token))
+    except StoreAuthError as exc:
+        raise RendezvousConnectionError(str(exc)) from exc
     except (StoreConnectionError, TimeoutError) as exc:
         raise RendezvousConnectionError(
             f"could not reach the rendezvous store at {format_address(host, port)} within "
@@ -121,22 +129,27 @@ async def _local_address(client: StoreClient, local_addr: str | None) -> str:
     return await client.local_address()
 
 
+def _c10d_setup(params: RendezvousParameters) -> tuple[C10dSettings, str, int]:
+    """The c10d backend's settings and store address, validated without I/O."""
+    settings = C10dSettings.from_parameters(params)
+    return (settings, *parse_endpoint(params.endpoint or "localhost:0", C10D_DEFAULT_PORT))
+
+
 @asynccontextmanager
 async def open_c10d_rendezvous(params: RendezvousParameters) -> AsyncIterator[RendezvousHandler]:
-    settings = C10dSettings.from_parameters(params)
-    host, port = parse_endpoint(params.endpoint or "localhost:0", C10D_DEFAULT_PORT)
+    settings, host, port = _c10d_setup(params)
     is_host = settings.is_host if settings.is_host is not None else is_local_host(host)
     if port == 0 and not is_host:
         raise ConfigurationError(f"--rdzv-endpoint {params.endpoint!r}: port 0 only works on the hosting node")
     async with AsyncExitStack() as stack:
-        client = await _serve_or_connect(stack, host, port, is_host, settings.read_timeout)
+        client = await _serve_or_connect(stack, host, port, is_host, settings.read_timeout, settings.auth_token)
         addr = await _local_address(client, params.local_addr)
-        backend = StoreBackend(client, params.run_id)
+        backend = StoreBackend(client, params.run_id, location=f"the rendezvous store at {client.address}")
         await backend.initialize()
         node = NodeDesc(addr, os.getpid(), next(_local_ids))
         async with open_dynamic_rendezvous(
             node, settings.rendezvous, backend, backend_name="c10d", bootstrap_host=addr,
-            heartbeat_timeout=settings.heartbeat_timeout,
+            heartbeat_timeout=settings.heartbeat_timeout, read_timeout=settings.read_timeout,
         ) as handler:  # fmt: skip
             yield handler
 
@@ -179,6 +192,12 @@ class StaticRendezvousHandler(RendezvousHandler):
         await anyio.sleep_forever()
         raise AssertionError("unreachable")
 
+    async def wait_for_member_ranks(self, known: frozenset[int]) -> frozenset[int]:
+        everyone = frozenset(range(self._params.max_nodes))  # a static world never changes
+        if known == everyone:
+            await anyio.sleep_forever()
+        return everyone
+
     async def is_closed(self) -> bool:
         return False
 
@@ -189,8 +208,8 @@ class StaticRendezvousHandler(RendezvousHandler):
         return True
 
 
-@asynccontextmanager
-async def open_static_rendezvous(params: RendezvousParameters) -> AsyncIterator[RendezvousHandler]:
+def _static_setup(params: RendezvousParameters) -> tuple[int, str, int, float]:
+    """The static backend's rank, store address and read timeout, validated without I/O."""
     params.pop_unknown(set(_STATIC_KEYS))
     if "rank" not in params.config:
         raise ConfigurationError("static rendezvous needs --rdzv-conf rank=N (torchrun passes --node-rank)")
@@ -202,7 +221,12 @@ async def open_static_rendezvous(params: RendezvousParameters) -> AsyncIterator[
             f"static rendezvous nodes '{params.min_nodes}:{params.max_nodes}': a static world has min == max"
         )
     host, port = parse_endpoint(params.endpoint, None)
-    read_timeout = conf_float(params, "timeout", 900.0)
+    return rank, host, port, conf_float(params, "timeout", 900.0)
+
+
+@asynccontextmanager
+async def open_static_rendezvous(params: RendezvousParameters) -> AsyncIterator[RendezvousHandler]:
+    rank, host, port, read_timeout = _static_setup(params)
     # The stack (store server, client) closes before the task group that runs the bootstrap stores.
     async with anyio.create_task_group() as tg, AsyncExitStack() as stack:
         client = await _serve_or_connect(stack, host, port, rank == 0, read_timeout)
@@ -211,10 +235,32 @@ async def open_static_rendezvous(params: RendezvousParameters) -> AsyncIterator[
         tg.cancel_scope.cancel()
 
 
-register_backend("c10d", open_c10d_rendezvous)
-register_backend("static", open_static_rendezvous)
+# The etcd backend is imported on first use: its driver pulls in httpx, which a c10d or static node never needs.
 
-from .etcd import open_etcd_rendezvous, open_etcd_v2_rendezvous  # noqa: E402  (it reads C10dSettings above)
 
-register_backend("etcd", open_etcd_rendezvous)
-register_backend("etcd-v2", open_etcd_v2_rendezvous)
+def _etcd_setup(params: RendezvousParameters) -> object:
+    from .etcd import etcd_setup
+
+    return etcd_setup(params)
+
+
+@asynccontextmanager
+async def _open_etcd(params: RendezvousParameters) -> AsyncIterator[RendezvousHandler]:
+    from .etcd import open_etcd_rendezvous
+
+    async with open_etcd_rendezvous(params) as handler:
+        yield handler
+
+
+@asynccontextmanager
+async def _open_etcd_v2(params: RendezvousParameters) -> AsyncIterator[RendezvousHandler]:
+    from .etcd import open_etcd_v2_rendezvous
+
+    async with open_etcd_v2_rendezvous(params) as handler:
+        yield handler
+
+
+register_backend("c10d", open_c10d_rendezvous, check=_c10d_setup)
+register_backend("static", open_static_rendezvous, check=_static_setup)
+register_backend("etcd", _open_etcd, check=_etcd_setup)
+register_backend("etcd-v2", _open_etcd_v2, check=_etcd_setup)

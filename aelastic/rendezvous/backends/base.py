@@ -4,6 +4,11 @@ Three things, and nothing about rendezvous semantics (those live in ``rendezvous
 
 * **versioned state**: read the encoded state with its version; compare-and-set it against the version read;
   wait until the version moves past one already seen (event driven: a server-side WAIT, an etcd watch);
+* **join requests**: append a small request beside the state (``request_join``). A read returns the requests
+  pending since the last write, in order; a compare-and-set succeeds only if no request was appended since the
+  read it was decided on, and then consumes them (the handler folds them into the state it writes). Appending
+  does not count as a change for ``wait_for_change``: N joins cost O(N) small writes, not O(N) wake-ups of
+  every waiter (``rendezvous/state.py`` says why, ``fold_joins`` how);
 * **liveness**: a node proves it is alive with one small write per interval (``keep_alive``), and the backend
   judges who stopped (``find_dead``) without comparing clocks of different hosts: the store driver watches
   each node's heartbeat counter on the observer's own monotonic clock; etcd lets the server expire leases;
@@ -28,9 +33,11 @@ class Versioned:
     version: int
     data: bytes | None
     token: object = None  # what the backend needs to compare-and-set against this version
+    pending: tuple[bytes, ...] = ()  # join requests appended since this version was written, oldest first
 
     def __repr__(self) -> str:
-        return f"Versioned(version={self.version}, {0 if self.data is None else len(self.data)} bytes)"
+        size = 0 if self.data is None else len(self.data)
+        return f"Versioned(version={self.version}, {size} bytes, {len(self.pending)} pending join request(s))"
 
 
 class RendezvousBackend(abc.ABC):
@@ -38,6 +45,7 @@ class RendezvousBackend(abc.ABC):
 
     name: str
     store: Store
+    location: str  # where the shared state lives, for messages: "the rendezvous store at 10.0.0.1:29400"
 
     @abc.abstractmethod
     async def get_state(self) -> Versioned:
@@ -45,14 +53,20 @@ class RendezvousBackend(abc.ABC):
 
     @abc.abstractmethod
     async def set_state(self, data: bytes, expected: Versioned) -> tuple[Versioned, bool]:
-        """Write ``data`` as the next version if the state is still at ``expected``.
+        """Write ``data`` as the next version if the state is still at ``expected`` and no join request was
+        appended since it was read; the write consumes ``expected.pending``.
 
         Returns the state now current and whether this write is it.
         """
 
     @abc.abstractmethod
+    async def request_join(self, request: bytes) -> None:
+        """Append a join request (one line: no ``\n``); the next read returns it among ``pending``."""
+
+    @abc.abstractmethod
     async def wait_for_change(self, seen: Versioned) -> None:
-        """Return once the state has moved past ``seen`` (at once if it already has)."""
+        """Return once the state has moved past ``seen``'s version (at once if it already has); join requests
+        appended meanwhile do not count."""
 
     @abc.abstractmethod
     async def keep_alive(self, node_key: str) -> None:

@@ -4,8 +4,12 @@ Keys, under ``<key_prefix>/<run_id>/`` (``key_prefix`` defaults to ``/aelastic/r
 
 ``state``
     ``b"<version>\\n<encoded state>"``. The version is the integer the handler sees; the fencing token is the
-    key's ``mod_revision``: a write is a txn that puts only if ``mod_revision`` is still the one read (0 for a
-    key never written), and whose failure branch reads the winner's state back.
+    key's ``mod_revision`` and the revision of the read: a write is a txn that puts only if ``mod_revision`` is
+    still the one read (0 for a key never written) and no join request is newer than the read, deletes the join
+    requests (the writer folded them into the state), and whose failure branch reads the winner's state back.
+``joins/<random>``
+    one pending join request each (see ``RendezvousBackend.request_join``), read with the state in one txn and
+    ordered by create revision.
 ``alive/<node_key>``
     attached to the node's own lease (TTL = the liveness grace); each beat renews the lease. A node that stops
     beating loses the key when etcd expires its lease: the server is the only clock, no other node writes.
@@ -22,6 +26,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import secrets
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -35,22 +40,45 @@ from ...errors import (
     EtcdConnectionError,
     EtcdError,
     EtcdLeaseExpiredError,
+    EtcdRequestError,
     RendezvousConnectionError,
     RendezvousStateError,
 )
-from ...etcd.client import Compare, EtcdClient, EtcdConfig, PutOp, RangeOp, open_etcd_client, parse_endpoints
+from ...etcd.client import (
+    Compare,
+    CompareResult,
+    CompareTarget,
+    DeleteOp,
+    EtcdClient,
+    EtcdConfig,
+    PutOp,
+    RangeOp,
+    SortOrder,
+    SortTarget,
+    TxnResponse,
+    open_etcd_client,
+    parse_endpoints,
+    prefix_range_end,
+)
 from ...etcd.store import EtcdStore
 from ..api import RendezvousHandler, RendezvousParameters, conf_float
 from ..dynamic import open_dynamic_rendezvous
 from ..state import NodeDesc
-from . import C10dSettings  # the timing keys' one definition (that package imports this module last)
+from . import C10dSettings  # the timing keys' one definition (that package imports this module on first use)
 from .base import RendezvousBackend, Versioned
 
-__all__ = ["EtcdBackend", "EtcdRendezvousSettings", "open_etcd_rendezvous", "open_etcd_v2_rendezvous"]
+__all__ = [
+    "EtcdBackend",
+    "EtcdRendezvousSettings",
+    "etcd_setup",
+    "open_etcd_rendezvous",
+    "open_etcd_v2_rendezvous",
+]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_KEY_PREFIX: Final = "/aelastic/rendezvous"
+_UNAVAILABLE: Final = 14  # gRPC status of "no leader" / "leader changed"
 # The c10d backend's timing keys, validated by C10dSettings (one definition of their defaults and rules).
 _TIMING_KEYS: Final = frozenset(
     {
@@ -83,6 +111,14 @@ _ALIASES: Final = {"ca_cert": "cacert", "ssl_cert": "cert", "ssl_cert_key": "key
 _local_ids = iter(range(1 << 62))
 
 
+@dataclass(frozen=True, slots=True)
+class _Token:
+    """What a write compares against: the state's ``mod_revision`` and the store revision of the read."""
+
+    mod_revision: int
+    read_revision: int
+
+
 class EtcdBackend(RendezvousBackend):
     """The rendezvous driver over etcd for one run id; see the module docstring.
 
@@ -93,11 +129,18 @@ class EtcdBackend(RendezvousBackend):
         if lease_ttl < 1:
             raise ConfigurationError(f"etcd lease TTL {lease_ttl}: must be >= 1 s")
         self.name = name
+        self.location = f"etcd at {','.join(client.config.endpoints)}"
         self.client = client
         self.root = f"{key_prefix.rstrip('/')}/{run_id}"
         self.store = EtcdStore(client, f"{self.root}/store")
         self.lease_ttl = lease_ttl
         self._state_key = f"{self.root}/state".encode()
+        self._joins = f"{self.root}/joins/".encode()
+        self._read_ops = [
+            RangeOp(self._state_key),
+            RangeOp(self._joins, prefix_range_end(self._joins), sort_target=SortTarget.CREATE,
+                    sort_order=SortOrder.ASCEND),
+        ]  # fmt: skip
         self._leases: dict[str, int] = {}
 
     def __repr__(self) -> str:
@@ -106,43 +149,69 @@ class EtcdBackend(RendezvousBackend):
     def _alive_key(self, node_key: str) -> bytes:
         return f"{self.root}/alive/{node_key}".encode()
 
-    def _parse(self, raw: bytes, mod_revision: int) -> Versioned:
+    def _versioned(self, response: TxnResponse) -> Versioned:
+        """The state and its pending join requests from a txn whose first two ops are ``self._read_ops``."""
+        read_revision = response.revision
+        pending = tuple(kv.value for kv in response.range(1).kvs)
+        kvs = response.range(0).kvs
+        if not kvs:
+            return Versioned(0, None, _Token(0, read_revision), pending)
+        raw = kvs[0].value
         head, sep, body = raw.partition(b"\n")
         if not sep or not head.isdigit():
             raise RendezvousStateError(
                 f"etcd key {self._state_key.decode()!r} holds {raw[:40]!r}: not '<version>\\n<state>'"
             )
-        return Versioned(int(head), body, mod_revision)
+        return Versioned(int(head), body, _Token(kvs[0].mod_revision, read_revision), pending)
 
     async def get_state(self) -> Versioned:
-        kv, _ = await self.client.get(self._state_key)
-        if kv is None:
-            return Versioned(0, None, 0)
-        return self._parse(kv.value, kv.mod_revision)
+        """The state and the join requests pending on it, read at one revision (a txn of two ranges)."""
+        return self._versioned(await self.client.txn([], self._read_ops))
 
     async def set_state(self, data: bytes, expected: Versioned) -> tuple[Versioned, bool]:
-        if not isinstance(expected.token, int):
+        """A txn: if the state is unchanged and no join request is newer than the read, write the state and delete
+        the requests (the writer folded them); else read both back."""
+        token = expected.token
+        if not isinstance(token, _Token):
             raise RendezvousStateError(f"{expected!r} was not read from this backend")
         version = expected.version + 1
         desired = b"%d\n%b" % (version, data)
-        key = self._state_key
-        response = await self.client.txn(
-            [Compare.mod_revision(key, expected.token)], [PutOp(key, desired)], [RangeOp(key)]
-        )
+        key, joins, joins_end = self._state_key, self._joins, prefix_range_end(self._joins)
+        unchanged = [
+            Compare.mod_revision(key, token.mod_revision),
+            Compare(joins, CompareTarget.MOD, token.read_revision + 1, CompareResult.LESS, joins_end),
+        ]
+        try:
+            response = await self.client.txn(
+                unchanged, [PutOp(key, desired), DeleteOp(joins, joins_end)], self._read_ops
+            )
+        except (EtcdConnectionError, EtcdRequestError) as exc:
+            if isinstance(exc, EtcdRequestError) and exc.code != _UNAVAILABLE:
+                raise
+            # The member went away (or lost its leader) with the txn in flight: it may or may not have applied.
+            # The state says which; a version past ours holding our bytes is our write (or one identical to it).
+            logger.warning("etcd rendezvous %s: %s; reading the state back", self.root, exc)
+            current = await self.get_state()
+            return current, (current.version, current.data) == (version, data)
         if response.succeeded:
-            return Versioned(version, data, response.revision), True
-        kvs = response.range(0).kvs
-        if not kvs:  # deleted by hand since it was read: start over from nothing
-            return Versioned(0, None, 0), False
-        return self._parse(kvs[0].value, kvs[0].mod_revision), False
+            return Versioned(version, data, _Token(response.revision, response.revision)), True
+        return self._versioned(response), False
+
+    async def request_join(self, request: bytes) -> None:
+        """A key of its own under ``joins/``; the create revision orders the requests."""
+        await self.client.put(self._joins + secrets.token_hex(8).encode(), request)
 
     async def wait_for_change(self, seen: Versioned) -> None:
-        """A watch of the state key from the revision after ``seen``'s; returns at its first event."""
-        if not isinstance(seen.token, int):
+        """A watch of the state key from the revision after ``seen`` was read; returns at its first event.
+
+        Join requests are other keys: they wake no one. Watching from the read's revision (not the state's older
+        ``mod_revision``) starts the watch at the head of history, where etcd delivers events at once.
+        """
+        if not isinstance(seen.token, _Token):
             await anyio.lowlevel.checkpoint()
             return
         try:
-            async with self.client.watch(self._state_key, start_revision=seen.token + 1) as events:
+            async with self.client.watch(self._state_key, start_revision=seen.token.read_revision + 1) as events:
                 async for _ in events:
                     return
         except EtcdCompactedError:
@@ -227,6 +296,12 @@ def _timing_parameters(params: RendezvousParameters) -> RendezvousParameters:
     )  # fmt: skip
 
 
+def etcd_setup(params: RendezvousParameters) -> tuple[C10dSettings, EtcdRendezvousSettings]:
+    """The etcd backend's timing and connection settings, validated without I/O."""
+    params.pop_unknown(set(_TIMING_KEYS | _ETCD_KEYS))
+    return C10dSettings.from_parameters(_timing_parameters(params)), EtcdRendezvousSettings.from_parameters(params)
+
+
 @asynccontextmanager
 async def open_etcd_rendezvous(params: RendezvousParameters) -> AsyncIterator[RendezvousHandler]:
     """The dynamic rendezvous over the etcd cluster at ``params.endpoint`` (``h1:2379,h2:2379``).
@@ -234,9 +309,7 @@ async def open_etcd_rendezvous(params: RendezvousParameters) -> AsyncIterator[Re
     Connecting (and the first round trip) must finish within ``read_timeout`` (60 s), else
     :class:`~aelastic.errors.RendezvousConnectionError` names the endpoints. On exit the node's lease is revoked.
     """
-    params.pop_unknown(set(_TIMING_KEYS | _ETCD_KEYS))
-    timing = C10dSettings.from_parameters(_timing_parameters(params))
-    settings = EtcdRendezvousSettings.from_parameters(params)
+    timing, settings = etcd_setup(params)
     rendezvous = timing.rendezvous
     grace = rendezvous.keep_alive_interval * rendezvous.keep_alive_max_attempt
     async with AsyncExitStack() as stack:
@@ -254,7 +327,7 @@ async def open_etcd_rendezvous(params: RendezvousParameters) -> AsyncIterator[Re
         node = NodeDesc(addr, os.getpid(), next(_local_ids))
         async with open_dynamic_rendezvous(
             node, rendezvous, backend, backend_name=params.backend, bootstrap_host=addr,
-            heartbeat_timeout=timing.heartbeat_timeout,
+            heartbeat_timeout=timing.heartbeat_timeout, read_timeout=settings.read_timeout,
         ) as handler:  # fmt: skip
             yield handler
 

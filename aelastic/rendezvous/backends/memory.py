@@ -7,6 +7,7 @@ not beaten for ``grace`` seconds of this loop's clock. Round stores are cut from
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 from collections.abc import AsyncIterator, Sequence
@@ -39,6 +40,7 @@ class MemoryRendezvous:
 class MemoryBackend(RendezvousBackend):
     def __init__(self, shared: MemoryRendezvous, store: Store) -> None:
         self.name = "memory"
+        self.location = "the in-memory rendezvous"
         self.store = store
         self._shared = shared
 
@@ -52,12 +54,18 @@ class MemoryBackend(RendezvousBackend):
     async def set_state(self, data: bytes, expected: Versioned) -> tuple[Versioned, bool]:
         await anyio.lowlevel.checkpoint()
         shared = self._shared
-        if shared.current.version != expected.version:
+        # Requests are only ever appended between writes: the same version and count means the same requests.
+        if (shared.current.version, len(shared.current.pending)) != (expected.version, len(expected.pending)):
             return shared.current, False
         shared.current = Versioned(expected.version + 1, data)
         shared.changed.set()
         shared.changed = anyio.Event()
         return shared.current, True
+
+    async def request_join(self, request: bytes) -> None:
+        await anyio.lowlevel.checkpoint()
+        current = self._shared.current
+        self._shared.current = dataclasses.replace(current, pending=(*current.pending, request))
 
     async def wait_for_change(self, seen: Versioned) -> None:
         while self._shared.current.version <= seen.version:
@@ -84,6 +92,6 @@ async def open_memory_rendezvous(
     node = NodeDesc(params.local_addr or "127.0.0.1", os.getpid(), next(shared.local_ids))
     async with open_dynamic_rendezvous(
         node, settings.rendezvous, MemoryBackend(shared, store), backend_name="memory",
-        bootstrap_host=node.addr, heartbeat_timeout=settings.heartbeat_timeout,
+        bootstrap_host=node.addr, heartbeat_timeout=settings.heartbeat_timeout, read_timeout=settings.read_timeout,
     ) as handler:  # fmt: skip
         yield handler

@@ -4,8 +4,10 @@ Keys, under ``aelastic.rendezvous/<run_id>/``:
 
 ``state``
     ``b"<version>\\n<encoded state>"``; created empty (version 0) when the driver opens, so reading never blocks.
-    Writes are COMPARE_SET against the exact bytes read; the version inside makes every value unique, so a CAS
-    cannot succeed against a look-alike older value (no ABA).
+    Join requests are APPENDed to it, each as ``b"\\n<request>"``: one read returns the state and its pending
+    requests together. Writes are COMPARE_SET against the exact bytes read, so a request appended since makes the
+    write fail (and the failed write returns it); the version inside makes every value unique, so a CAS cannot
+    succeed against a look-alike older value (no ABA).
 ``changed/<version>``
     set by the writer right after its CAS wins. Waiting for a change is a server-side WAIT on the next version's
     key, so one write wakes every waiter at once. A writer that dies between its CAS and this SET delays waiters
@@ -29,9 +31,10 @@ __all__ = ["StoreBackend"]
 
 
 class StoreBackend(RendezvousBackend):
-    def __init__(self, store: Store, run_id: str, name: str = "c10d") -> None:
+    def __init__(self, store: Store, run_id: str, name: str = "c10d", *, location: str | None = None) -> None:
         self.name = name
         self.store = store
+        self.location = location or f"the rendezvous store {store!r}"
         self._keys = store.prefixed(f"aelastic.rendezvous/{run_id}")
         self._heartbeats: dict[str, tuple[bytes, float]] = {}
 
@@ -43,14 +46,22 @@ class StoreBackend(RendezvousBackend):
 
     @staticmethod
     def _parse(raw: bytes) -> Versioned:
-        head, sep, body = raw.partition(b"\n")
+        head, sep, rest = raw.partition(b"\n")
         if not sep or not head.isdigit():
             raise RendezvousStateError(f"rendezvous state key holds {raw[:40]!r}: not '<version>\\n<state>'")
         version = int(head)
-        return Versioned(version, body if version else None, raw)
+        body, *pending = rest.split(b"\n")
+        return Versioned(version, body if version else None, raw, tuple(pending))
 
     async def get_state(self) -> Versioned:
         return self._parse(await self._keys.get("state"))
+
+    async def read_state(self) -> Versioned:
+        """The current state for an observer (``aelastic status``): never creates the key, never blocks on it;
+        version 0 while no node has opened this run."""
+        if not await self._keys.check(["state"]):
+            return Versioned(0, None)
+        return await self.get_state()
 
     async def set_state(self, data: bytes, expected: Versioned) -> tuple[Versioned, bool]:
         if not isinstance(expected.token, bytes):
@@ -62,6 +73,9 @@ class StoreBackend(RendezvousBackend):
             return self._parse(current), False
         await self._keys.set(f"changed/{version}", b"")
         return Versioned(version, data, desired), True
+
+    async def request_join(self, request: bytes) -> None:
+        await self._keys.append("state", b"\n" + request)
 
     async def wait_for_change(self, seen: Versioned) -> None:
         await self._keys.wait([f"changed/{seen.version + 1}"])

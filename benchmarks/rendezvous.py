@@ -1,0 +1,416 @@
+"""Rendezvous of N nodes on loopback: torch's DynamicRendezvousHandler (c10d over torch's TCPStore) beside aelastic's
+(c10d over aelastic's store, and etcd), in one run.
+
+    python -m benchmarks.rendezvous [--quick] [--repeats N] [--json PATH]
+
+Nodes run spread over a few worker processes (torch's handlers, which are blocking, as threads; aelastic's as tasks
+of one event loop per process), all with ``min_nodes = max_nodes = N`` so a round completes when the N-th node
+joins. Each worker opens its handlers first; timing starts when the harness says "go" and every node calls
+``next_rendezvous``. Two scenarios per N:
+
+* **release**: N-1 nodes join and wait (the harness watches the shared state until all N-1 are listed); then the
+  last node joins. Measured: from the last node's ``next_rendezvous`` call to the moment the last node of all
+  returns from its own (what torch's one-second polling floors at about 1 s).
+* **total**: all N nodes join at once. Measured: from "go" to the last node released.
+
+Times are ``time.monotonic()`` (CLOCK_MONOTONIC, one clock for every process of the machine). Systems alternate
+within each repetition. A third scenario, **heartbeat**, counts the requests per second that N completed nodes
+send to the store while they only keep alive (torch's and aelastic's nodes both against aelastic's store server,
+which counts requests; torch's keep-alive rewrites the whole state, aelastic's adds to a counter of its own).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import anyio.abc
+
+TORCH_SERVER = """
+import sys
+from datetime import timedelta
+import torch.distributed as dist
+s = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=300))
+print(s.port, flush=True)
+sys.stdin.read()
+"""
+PROCESSES = 4  # worker processes per measurement (fewer when N is smaller)
+SETTLE_POLL = 0.005  # how often the harness reads the shared state while N-1 nodes settle
+KEEP_ALIVE = 5  # torch's default keep-alive interval (s): a loaded machine must not make live nodes look dead
+HEARTBEAT_INTERVAL = 1  # the keep-alive interval in the heartbeat scenario, so a short window sees many beats
+JOIN_TIMEOUT = 300.0
+
+
+# --- worker processes ---------------------------------------------------------------------------------------------
+
+
+def _report(starts: list[float], ends: list[float], errors: list[str]) -> None:
+    print(json.dumps({"starts": starts, "ends": ends, "errors": errors}), flush=True)
+
+
+def _conf(spec: dict[str, Any]) -> dict[str, Any]:
+    conf: dict[str, Any] = {
+        "join_timeout": JOIN_TIMEOUT, "last_call_timeout": 30, "keep_alive_interval": spec["keep_alive"]
+    }  # fmt: skip
+    if spec["system"] == "aelastic-etcd":
+        conf["key_prefix"] = "/bench"
+    else:
+        conf["is_host"] = False
+    return conf
+
+
+def torch_worker(spec: dict[str, Any]) -> None:
+    """``spec["count"]`` torch handlers as threads; each calls next_rendezvous on "go"."""
+    from datetime import timedelta
+
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, RendezvousTimeout
+
+    handlers = []
+    for _ in range(spec["count"]):
+        params = RendezvousParameters("c10d", spec["endpoint"], spec["run_id"], spec["n"], spec["n"], **_conf(spec))
+        backend, store = create_backend(params)
+        handlers.append(
+            DynamicRendezvousHandler.from_backend(
+                spec["run_id"],
+                store,
+                backend,
+                spec["n"],
+                spec["n"],
+                "127.0.0.1",
+                RendezvousTimeout(join=timedelta(seconds=JOIN_TIMEOUT), last_call=timedelta(seconds=30)),
+                keep_alive_interval=spec["keep_alive"],
+            )
+        )
+    print("ready", flush=True)
+    sys.stdin.readline()
+    starts, ends, errors = [0.0] * len(handlers), [0.0] * len(handlers), []
+
+    def node(i: int) -> None:
+        starts[i] = time.monotonic()
+        try:
+            handlers[i].next_rendezvous()
+        except Exception as exc:  # reported to the harness, which fails the measurement
+            errors.append(repr(exc))
+        ends[i] = time.monotonic()
+
+    threads = [threading.Thread(target=node, args=(i,), daemon=True) for i in range(len(handlers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    _report(starts, ends, errors)
+    sys.stdin.readline()  # stay alive (keeping alive) until the harness is done with this round
+    os._exit(0)
+
+
+def aelastic_worker(spec: dict[str, Any]) -> None:
+    """``spec["count"]`` aelastic handlers as tasks of one event loop; each calls next_rendezvous on "go"."""
+    from aelastic.rendezvous.api import RendezvousParameters, open_rendezvous
+
+    backend = "etcd" if spec["system"] == "aelastic-etcd" else "c10d"
+
+    async def main() -> None:
+        count = spec["count"]
+        opened, go, done = anyio.Event(), anyio.Event(), anyio.Event()
+        starts, ends, errors = [0.0] * count, [0.0] * count, []
+        ready = finished = 0
+
+        async def node(i: int) -> None:
+            # Each node opens its handler in a task of its own: handlers opened one inside the other (an exit
+            # stack) would nest a thousand cancel scopes, which anyio walks at every checkpoint.
+            nonlocal ready, finished
+            params = RendezvousParameters(
+                backend, spec["endpoint"], spec["run_id"], spec["n"], spec["n"], "127.0.0.1", **_conf(spec)
+            )
+            async with open_rendezvous(params) as handler:
+                ready += 1
+                if ready == count:
+                    opened.set()
+                await go.wait()
+                starts[i] = time.monotonic()
+                try:
+                    await handler.next_rendezvous()
+                except Exception as exc:  # reported to the harness, which fails the measurement
+                    errors.append(repr(exc))
+                ends[i] = time.monotonic()
+                finished += 1
+                if finished == count:
+                    done.set()
+                await anyio.sleep_forever()  # keep alive until the harness is done with this round
+
+        async with anyio.create_task_group() as tg:
+            for i in range(count):
+                tg.start_soon(node, i)
+            await opened.wait()
+            print("ready", flush=True)
+            await anyio.to_thread.run_sync(sys.stdin.readline)
+            go.set()
+            await done.wait()
+            _report(starts, ends, errors)
+            await anyio.to_thread.run_sync(sys.stdin.readline)
+            os._exit(0)  # 1000 handlers need not say goodbye one by one
+
+    anyio.run(main)
+
+
+# --- the harness --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Worker:
+    process: anyio.abc.Process
+    buffer: bytes = b""
+
+    async def line(self) -> str:
+        assert self.process.stdout is not None
+        while b"\n" not in self.buffer:
+            chunk = await self.process.stdout.receive()
+            self.buffer += chunk
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        return line.decode()
+
+    async def send(self, text: str) -> None:
+        assert self.process.stdin is not None
+        await self.process.stdin.send(text.encode())
+
+
+@dataclass
+class System:
+    name: str  # torch | aelastic | aelastic-etcd
+    endpoint: str
+    count_listed: Callable[[str], Any]  # run_id -> awaitable participant count
+    runs: int = 0
+    ops: Callable[[], int] | None = None
+
+
+@asynccontextmanager
+async def spawn_workers(
+    system: str, endpoint: str, run_id: str, n: int, counts: list[int], keep_alive: int = KEEP_ALIVE
+) -> AsyncIterator[list[Worker]]:
+    workers: list[Worker] = []
+    try:
+        for count in counts:
+            spec = {"system": system, "endpoint": endpoint, "run_id": run_id, "n": n, "count": count,
+                    "keep_alive": keep_alive}  # fmt: skip
+            cmd = [sys.executable, "-m", "benchmarks.rendezvous", "--worker", json.dumps(spec)]
+            process = await anyio.open_process(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None)
+            workers.append(Worker(process))
+        for w in workers:
+            ready = await w.line()
+            if ready != "ready":
+                raise RuntimeError(f"{system} worker: {ready!r}")
+        yield workers
+    finally:
+        with anyio.CancelScope(shield=True):
+            for w in workers:
+                if w.process.returncode is None:
+                    w.process.kill()
+                await w.process.wait()
+
+
+def split(n: int, parts: int) -> list[int]:
+    parts = max(1, min(parts, n))
+    return [n // parts + (i < n % parts) for i in range(parts)]
+
+
+async def results(workers: list[Worker]) -> tuple[list[float], list[float]]:
+    starts, ends = [], []
+    for w in workers:
+        doc = json.loads(await w.line())
+        if doc["errors"]:
+            raise RuntimeError(f"rendezvous failed: {doc['errors'][:3]}")
+        starts += doc["starts"]
+        ends += doc["ends"]
+    return starts, ends
+
+
+async def measure_total(system: System, n: int) -> float:
+    system.runs += 1
+    run_id = f"total-{n}-{system.runs}"
+    async with spawn_workers(system.name, system.endpoint, run_id, n, split(n, PROCESSES)) as workers:
+        go = time.monotonic()
+        for w in workers:
+            await w.send("go\n")
+        _, ends = await results(workers)
+        return max(ends) - go
+
+
+async def measure_release(system: System, n: int) -> float:
+    system.runs += 1
+    run_id = f"release-{n}-{system.runs}"
+    async with (
+        spawn_workers(system.name, system.endpoint, run_id, n, split(n - 1, PROCESSES)) as early,
+        spawn_workers(system.name, system.endpoint, run_id, n, [1]) as (last,),
+    ):
+        for w in early:
+            await w.send("go\n")
+        # The harness samples the state (torch's offers no notification); the nodes under test never poll.
+        while await system.count_listed(run_id) < n - 1:  # noqa: ASYNC110
+            await anyio.sleep(SETTLE_POLL)
+        await last.send("go\n")
+        starts, ends = await results([last])
+        _, early_ends = await results(early)
+        return max(ends + early_ends) - starts[0]
+
+
+async def measure_heartbeat(system: System, n: int, window: float) -> float:
+    """Requests per second the store serves while n completed nodes only keep alive."""
+    assert system.ops is not None
+    system.runs += 1
+    run_id, counts = f"beat-{n}-{system.runs}", split(n, PROCESSES)
+    async with spawn_workers(system.name, system.endpoint, run_id, n, counts, HEARTBEAT_INTERVAL) as ws:
+        for w in ws:
+            await w.send("go\n")
+        await results(ws)
+        await anyio.sleep(HEARTBEAT_INTERVAL)  # let the joins' writes drain
+        before, t0 = system.ops(), time.monotonic()
+        await anyio.sleep(window)
+        return (system.ops() - before) / (time.monotonic() - t0)
+
+
+# --- systems ------------------------------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def torch_system() -> AsyncIterator[System]:
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+    server = await anyio.open_process(
+        [sys.executable, "-c", TORCH_SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        port = int((await Worker(server).line()).strip())
+        store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60))
+
+        async def count_listed(run_id: str) -> int:
+            import pickle
+
+            got = C10dRendezvousBackend(store, run_id).get_state()
+            return 0 if got is None else len(pickle.loads(got[0]).participants)
+
+        yield System("torch", f"127.0.0.1:{port}", count_listed)
+    finally:
+        server.kill()
+        await server.wait()
+
+
+@asynccontextmanager
+async def aelastic_system(server_ops: bool = False) -> AsyncIterator[System]:
+    from aelastic.rendezvous.backends.store import StoreBackend
+    from aelastic.rendezvous.dynamic import state_of
+    from aelastic.store.client import open_store_client
+    from aelastic.store.server import open_store_server
+
+    # The store serves in the harness's loop (the harness only waits), so its request counter can be read.
+    async with open_store_server("127.0.0.1", 0) as server, open_store_client("127.0.0.1", server.port) as client:
+
+        async def count_listed(run_id: str) -> int:
+            return len(state_of(await StoreBackend(client, run_id).get_state()).participants)
+
+        yield System("aelastic", f"127.0.0.1:{server.port}", count_listed, ops=lambda: server.statistics().ops_served)
+
+
+@asynccontextmanager
+async def etcd_system() -> AsyncIterator[System]:
+    from aelastic.etcd import EtcdConfig, open_etcd_client, open_local_etcd, parse_endpoints
+    from aelastic.rendezvous.backends.etcd import EtcdBackend
+    from aelastic.rendezvous.dynamic import state_of
+
+    async with open_local_etcd() as etcd, open_etcd_client(EtcdConfig(parse_endpoints(etcd.endpoint))) as client:
+
+        async def count_listed(run_id: str) -> int:
+            backend = EtcdBackend(client, "/bench", run_id, lease_ttl=1)
+            return len(state_of(await backend.get_state()).participants)
+
+        yield System("aelastic-etcd", etcd.endpoint, count_listed)
+
+
+# --- main ---------------------------------------------------------------------------------------------------------
+
+
+async def run(quick: bool, repeats: int) -> list[dict[str, Any]]:
+    plan = {
+        "torch": [2, 8] if quick else [2, 8, 32],
+        "aelastic": [2, 8, 256] if quick else [2, 8, 32, 256, 1024],
+        "aelastic-etcd": [8] if quick else [8, 64, 256],
+    }
+    heartbeat = {"torch": [8] if quick else [8, 32], "aelastic": [8] if quick else [8, 32, 256]}
+    window = 2.0 if quick else 5.0
+    samples: dict[tuple[str, str, int], list[float]] = {}
+    async with torch_system() as torch, aelastic_system() as ours, etcd_system() as etcd:
+        systems = [torch, ours, etcd]
+        for rep in range(repeats):
+            for system in systems if rep % 2 == 0 else systems[::-1]:
+                for n in plan[system.name]:
+                    for scenario, measure in (("release", measure_release), ("total", measure_total)):
+                        value = await measure(system, n)
+                        samples.setdefault((scenario, system.name, n), []).append(value)
+                        print(f"  {system.name:<14} {scenario:<8} N={n:<5} {value * 1000:9.1f} ms", flush=True)
+        # Heartbeats: torch's nodes against aelastic's counting server (the protocol is torch's TCPStore's).
+        counted = System("torch", ours.endpoint, ours.count_listed, ops=ours.ops)
+        for rep in range(repeats):
+            for system in (counted, ours) if rep % 2 == 0 else (ours, counted):
+                for n in heartbeat[system.name]:
+                    value = await measure_heartbeat(system, n, window)
+                    samples.setdefault(("heartbeat", system.name, n), []).append(value)
+                    print(f"  {system.name:<14} heartbeat N={n:<5} {value:9.1f} req/s", flush=True)
+    records = []
+    for (scenario, system_name, n), values in samples.items():
+        if scenario == "heartbeat":
+            records.append(_record("heartbeat store requests per second (keep-alive only)", system_name, n, "ops/s",
+                                   values, "lower"))  # fmt: skip
+        elif scenario == "release":
+            records.append(_record("release: last join to last node released", system_name, n, "ms",
+                                   [v * 1000 for v in values], "lower"))  # fmt: skip
+        else:
+            records.append(_record("total: all N join at once, until the last is released", system_name, n, "s",
+                                   values, "lower"))  # fmt: skip
+    return records
+
+
+def _record(scenario: str, system: str, n: int, unit: str, values: list[float], better: str) -> dict[str, Any]:
+    return {"scenario": scenario, "system": system, "param": n, "unit": unit, "samples": values, "better": better}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small N, one repetition (about 30 s)")
+    parser.add_argument("--repeats", type=int, default=None, help="repetitions (default 3; --quick: 1)")
+    parser.add_argument("--json", default=None, help="write the records here")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker is not None:
+        spec = json.loads(args.worker)
+        (torch_worker if spec["system"] == "torch" else aelastic_worker)(spec)
+        return
+    repeats = args.repeats or (1 if args.quick else 3)
+    records = anyio.run(run, args.quick, repeats)
+    print(f"\nrendezvous, min = max = N, {os.cpu_count()} CPUs, {repeats} repetition(s); medians (p50) and max")
+    print(f"{'scenario':<58}{'system':<15}{'N':>6}{'p50':>12}{'max':>12}")
+    for r in records:
+        s = r["samples"]
+        print(f"{r['scenario']:<58}{r['system']:<15}{r['param']:>6}{statistics.median(s):>10.1f} {r['unit']:<4}"
+              f"{max(s):>8.1f} {r['unit']}")  # fmt: skip
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"benchmark": "rendezvous", "records": records}, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""The backend protocol's join requests, on every backend (memory, the c10d store driver, etcd), asyncio and trio.
+
+A request is returned by every later read, in order; a compare-and-set decided on a read that missed a request
+fails and hands the request back; one that saw it consumes it. Appending wakes no waiter of the state.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+
+import anyio
+import pytest
+
+from aelastic.etcd import EtcdConfig, open_etcd_client, parse_endpoints
+from aelastic.rendezvous.backends.base import RendezvousBackend
+from aelastic.rendezvous.backends.etcd import EtcdBackend
+from aelastic.rendezvous.backends.memory import MemoryBackend, MemoryRendezvous
+from aelastic.rendezvous.backends.store import StoreBackend
+from aelastic.store.client import open_store_client
+from aelastic.store.server import open_store_server
+
+pytestmark = pytest.mark.anyio
+
+_runs = itertools.count()
+
+
+@pytest.fixture(params=["memory", "c10d", "etcd"])
+async def pair(request: pytest.FixtureRequest) -> AsyncIterator[tuple[RendezvousBackend, RendezvousBackend]]:
+    """Two backends of one fresh run id, each on its own connection."""
+    run_id = f"protocol{next(_runs)}"
+    async with AsyncExitStack() as stack:
+        if request.param == "etcd":
+            config = EtcdConfig(parse_endpoints(request.getfixturevalue("etcd_endpoint")))
+            a, b = [
+                EtcdBackend(await stack.enter_async_context(open_etcd_client(config)), "/protocol", run_id, lease_ttl=5)
+                for _ in range(2)
+            ]
+            yield a, b
+            return
+        server = await stack.enter_async_context(open_store_server("127.0.0.1", 0))
+        clients = [await stack.enter_async_context(open_store_client("127.0.0.1", server.port)) for _ in range(2)]
+        if request.param == "memory":
+            shared = MemoryRendezvous()
+            yield MemoryBackend(shared, clients[0]), MemoryBackend(shared, clients[1])
+            return
+        stores = [StoreBackend(client, run_id) for client in clients]
+        for s in stores:
+            await s.initialize()
+        yield stores[0], stores[1]
+
+
+async def test_join_requests_are_read_in_order_and_consumed_by_a_write(
+    pair: tuple[RendezvousBackend, RendezvousBackend],
+) -> None:
+    a, b = pair
+    start = await a.get_state()
+    assert start.pending == ()
+    await a.request_join(b"first")
+    await b.request_join(b"second")
+    seen = await b.get_state()
+    assert seen.pending == (b"first", b"second")
+    assert seen.version == start.version  # a request is not a new version
+
+    # A write decided on the read that missed both requests fails, and hands them back.
+    stale, won = await a.set_state(b"stale", start)
+    assert not won
+    assert (stale.version, stale.pending) == (start.version, (b"first", b"second"))
+
+    # A request appended after a read makes the write decided on that read fail too.
+    await a.request_join(b"third")
+    late, won = await b.set_state(b"missed the third", seen)
+    assert not won
+    assert late.pending == (b"first", b"second", b"third")
+
+    # A write that saw every request consumes them.
+    written, won = await b.set_state(b"folded", late)
+    assert won
+    assert (written.version, written.data, written.pending) == (start.version + 1, b"folded", ())
+    current = await a.get_state()
+    assert (current.version, current.data, current.pending) == (start.version + 1, b"folded", ())
+
+
+async def test_a_join_request_wakes_no_waiter_but_a_write_does(
+    pair: tuple[RendezvousBackend, RendezvousBackend],
+) -> None:
+    a, b = pair
+    seen = await a.get_state()
+    with anyio.move_on_after(0.5) as idle:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(a.wait_for_change, seen)
+            await b.request_join(b"quiet")
+    assert idle.cancelled_caught, "a join request must not wake waiters"
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(a.wait_for_change, seen)
+            await b.set_state(b"loud", await b.get_state())
