@@ -17,6 +17,12 @@ Scenarios:
   and joining the gloo group, the same under either launcher.
 * ``agent RSS``: the agent process's peak resident set (``VmHWM``) over the recovery run; for torchrun its agent
   process. ``aelastic+reaper`` adds aelastic's reaper sidecar, a second small process.
+* ``c10d launch`` (N = 2, 4): N agents on loopback, ``--nnodes N --rdzv-backend c10d``, one no-op worker each,
+  all started at once; wall time until the last agent exits.
+* ``scale-up``: one agent (``--nnodes 1:2``) runs a worker that waits in a world of 1; a second agent starts.
+  Measured from the second agent's start to the last worker of the world of 2 past ``init_process_group``: the
+  waiting node's detection, the restart of the running node's worker, the new round and the workers' start.
+  Both launchers get ``last_call_timeout=1`` (torch's default 30 s would dominate the first round of one node).
 
 Targets (issue 4): aelastic ≤ 0.3× torchrun for ``launch`` and ``recovery``; aelastic's agent under 60 MiB.
 """
@@ -26,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -56,6 +63,22 @@ if attempt == "0":
     time.sleep(600)  # the agent stops this survivor when its peer crashes
 with open(os.path.join(sys.argv[1], f"init-{attempt}-{rank}"), "w") as f:
     f.write(f"{started!r} {past_init!r}")
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+# A world of 1 waits (its agent stops it when the second node arrives); a world of 2 reports and ends the job.
+SCALE_UP = """\
+import os, sys, time
+import torch.distributed as dist
+dist.init_process_group("gloo", init_method="env://")
+past_init = time.time()
+world = dist.get_world_size()
+if world == 1:
+    open(os.path.join(sys.argv[1], "running-1"), "w").close()
+    time.sleep(600)
+with open(os.path.join(sys.argv[1], f"init-{world}-{os.environ['RANK']}"), "w") as f:
+    f.write(repr(past_init))
 dist.barrier()
 dist.destroy_process_group()
 """
@@ -153,15 +176,82 @@ def recovery_once(system: str, script: Path) -> Recovery:
         return Recovery(max(past_init) - crash, max(started) - crash, agent_mib, reaper_mib)
 
 
+def free_port() -> int:
+    """A port for the c10d store that N agents share (the first to bind it serves it; the others connect)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def c10d_flags(nnodes: str, run_id: str, port: int, *conf: str) -> list[str]:
+    flags = ["--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-backend", "c10d"]
+    flags += ["--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id]
+    return flags + (["--rdzv-conf", ",".join(conf)] if conf else [])
+
+
+def finish(system: str, procs: list[subprocess.Popen[bytes]], what: str) -> None:
+    """Wait for every agent (killing them all if one takes too long) and fail on any non-zero exit."""
+    deadline = time.monotonic() + 180
+    errors = []
+    for proc in procs:
+        try:
+            _, stderr = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            _, stderr = proc.communicate()
+        if proc.returncode != 0:
+            errors.append(f"exit {proc.returncode}: {stderr.decode(errors='replace')[-1500:]}")
+    if errors:
+        raise RuntimeError(f"{system} {what} failed: " + "\n".join(errors))
+
+
+def c10d_launch_once(system: str, script: Path, nodes: int) -> float:
+    port, run_id = free_port(), f"bench{time.monotonic_ns()}"
+    argv = launcher(system, *c10d_flags(str(nodes), run_id, port), script)
+    started = time.perf_counter()
+    procs = [
+        subprocess.Popen(argv, env=environment(system), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        for _ in range(nodes)
+    ]
+    finish(system, procs, f"c10d launch of {nodes} agents")
+    return time.perf_counter() - started
+
+
+def scale_up_once(system: str, script: Path) -> float:
+    port, run_id = free_port(), f"bench{time.monotonic_ns()}"
+    argv = launcher(system, *c10d_flags("1:2", run_id, port, "last_call_timeout=1"), script)
+    with scratch() as out:
+        env = environment(system)
+        first = subprocess.Popen([*argv, out], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 120
+        while not (out / "running-1").exists():  # the world of 1 is past init_process_group (a file, no event)
+            if first.poll() is not None or time.monotonic() > deadline:
+                first.kill()
+                finish(system, [first], "scale-up (first node)")
+                raise RuntimeError(f"{system} scale-up: the first node's worker never started")
+            time.sleep(0.02)
+        joined = time.time()
+        second = subprocess.Popen([*argv, out], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        finish(system, [first, second], "scale-up")
+        inits = sorted(out.glob("init-2-*"))
+        if len(inits) != 2:
+            raise RuntimeError(f"{system} scale-up: {len(inits)} workers of the world of 2 reported, expected 2")
+        return max(float(p.read_text()) for p in inits) - joined
+
+
 @dataclass
 class Samples:
-    values: dict[tuple[str, str], list[float]] = field(default_factory=dict)
+    values: dict[tuple[str, str, int | None], list[float]] = field(default_factory=dict)
 
     def add(self, scenario: str, system: str, value: float) -> None:
-        self.values.setdefault((scenario, system), []).append(value)
+        self.add_param(scenario, system, None, value)
+
+    def add_param(self, scenario: str, system: str, param: int | None, value: float) -> None:
+        self.values.setdefault((scenario, system, param), []).append(value)
 
 
-UNITS = {"launch": "s", "recovery": "s", "respawn": "s", "agent RSS": "MiB"}
+UNITS = {"launch": "s", "recovery": "s", "respawn": "s", "agent RSS": "MiB", "c10d launch": "s", "scale-up": "s"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,13 +264,20 @@ def main(argv: list[str] | None = None) -> int:
     launches = 3 * recoveries if not args.quick else 3
 
     samples = Samples()
+    agents = (2,) if args.quick else (2, 4)
     with scratch() as tmp:
-        noop, crash_once = tmp / "noop.py", tmp / "crash_once.py"
+        noop, crash_once, scale_up = tmp / "noop.py", tmp / "crash_once.py", tmp / "scale_up.py"
         noop.write_text(NOOP)
         crash_once.write_text(CRASH_ONCE)
+        scale_up.write_text(SCALE_UP)
         for rep in range(launches):
             for system in SYSTEMS if rep % 2 == 0 else SYSTEMS[::-1]:
                 samples.add("launch", system, launch_once(system, noop))
+        for rep in range(recoveries):
+            for system in SYSTEMS if rep % 2 == 0 else SYSTEMS[::-1]:
+                for nodes in agents:
+                    samples.add_param("c10d launch", system, nodes, c10d_launch_once(system, noop, nodes))
+                samples.add("scale-up", system, scale_up_once(system, scale_up))
         for rep in range(recoveries):
             for system in SYSTEMS if rep % 2 == 0 else SYSTEMS[::-1]:
                 result = recovery_once(system, crash_once)
@@ -191,18 +288,18 @@ def main(argv: list[str] | None = None) -> int:
                     samples.add("agent RSS", "aelastic+reaper", result.agent_mib + result.reaper_mib)
 
     records = [
-        {"scenario": scenario, "system": system, "param": None, "unit": UNITS[scenario], "samples": values,
+        {"scenario": scenario, "system": system, "param": param, "unit": UNITS[scenario], "samples": values,
          "better": "lower"}
-        for (scenario, system), values in samples.values.items()
+        for (scenario, system, param), values in samples.values.items()
     ]  # fmt: skip
-    print(f"agent benchmark: {launches} launches, {recoveries} recoveries per system (medians, min-max)")
-    print(f"{'scenario':<10} {'system':<16} {'median':>12} {'min':>12} {'max':>12}  aelastic/torch")
+    print(f"agent benchmark: {launches} launches, {recoveries} of each other scenario per system (medians, min-max)")
+    print(f"{'scenario':<14} {'N':>2} {'system':<16} {'median':>12} {'min':>12} {'max':>12}  aelastic/torch")
     for r in records:
         values = r["samples"]
-        torch = samples.values[(str(r["scenario"]), "torch")]
+        torch = samples.values[(str(r["scenario"]), "torch", r["param"])]
         ratio = "" if r["system"] == "torch" else f"{statistics.median(values) / statistics.median(torch):.2f}x"
         cells = " ".join(f"{v:>8.3f} {r['unit']:<3}" for v in (statistics.median(values), min(values), max(values)))
-        print(f"{r['scenario']:<10} {r['system']:<16} {cells}  {ratio}")
+        print(f"{r['scenario']:<14} {r['param'] or '':>2} {r['system']:<16} {cells}  {ratio}")
     if args.json is not None:
         args.json.write_text(json.dumps({"benchmark": "agent", "records": records}, indent=1))
     return 0

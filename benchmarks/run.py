@@ -76,6 +76,24 @@ def run_module(name: str, quick: bool, repeats: int | None) -> list[Record]:
     return records
 
 
+def recorded(name: str) -> list[Record]:
+    """The records another run left in ``out/<name>.json`` (the fault suite, the soak), or none."""
+    path = OUT / f"{name}.json"
+    if not path.exists():
+        return []
+    records: list[Record] = json.loads(path.read_text())["records"]
+    for r in records:
+        r["benchmark"] = name
+    return records
+
+
+# Sections from other runs: (file in out/, heading, what produced it).
+RECORDED = (
+    ("faults", "Fault scenarios", "the fault suite, `pytest tests/faults` (samples accumulate over runs)"),
+    ("soak", "Soak", "`python -m benchmarks.soak --minutes 10 --json benchmarks/out/soak.json` (not in CI)"),
+)
+
+
 def fmt(value: float, unit: str) -> str:
     if unit == "s":
         return f"{value:.3f} s" if value < 10 else f"{value:.1f} s"
@@ -201,11 +219,11 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if failed:
         report += [f"Failed to produce results: {', '.join(failed)}.", ""]
-    faults = OUT / "faults.json"
-    if faults.exists():
-        report += ["## Fault scenarios", "", "From the fault suite (`pytest tests/faults`):", "", "```"]
-        report += [json.dumps(entry) for entry in json.loads(faults.read_text())]
-        report += ["```", ""]
+    for name, heading, source in RECORDED:
+        extra = recorded(name)
+        if extra:
+            report += [f"## {heading}", "", f"From {source}:", "", *table(extra), ""]
+            report += [f"- {r['scenario']}: {r['what']}" for r in extra if r.get("what")] + [""]
     paths = plot(records) if records else []
     report += [f"![{p.stem}](plots/{p.name})" for p in paths]
     args.results.write_text("\n".join(report) + "\n")

@@ -13,6 +13,7 @@ import anyio
 import anyio.from_thread
 import pytest
 from etcd3 import Client as Etcd3Client  # type: ignore[import-untyped]
+from silent_relay import open_relay
 
 from aelastic.errors import ConfigurationError, EtcdConnectionError, EtcdLeaseExpiredError
 from aelastic.etcd import (
@@ -171,3 +172,23 @@ async def test_failover_when_a_member_dies() -> None:
                 event = await events.__anext__()  # ... and the watch resumes on a live member
                 assert event.kv.value == b"2"
             assert reader(cluster.members[1].client_url).range(b"/f/k").kvs[0].value == b"2"
+
+
+async def test_a_member_that_swallows_a_request_is_passed_over_after_the_callers_deadline(etcd: str) -> None:
+    """A silent member (its host lost power) holds a request until the caller gives up; the next call goes to the
+    next member, so the caller's deadline drives failover. The "members" here are a silent relay to the session's
+    etcd, listed first, and the etcd itself."""
+    direct = parse_endpoints(etcd)[0]
+    async with open_relay(int(urlsplit(direct).port or 0)) as relay:
+        endpoints = (f"http://127.0.0.1:{relay.port}", direct)
+        async with open_etcd_client(EtcdConfig(endpoints)) as client:
+            await client.put(b"/swallow/k", b"1")
+            assert client.endpoint == endpoints[0]
+            relay.silence()
+            with pytest.raises(TimeoutError), anyio.fail_after(0.5):
+                await client.put(b"/swallow/k", b"2")
+            assert client.endpoint == endpoints[1]
+            with anyio.fail_after(5):  # no connect timeout, no retry of the silent member
+                kv, _ = await client.get(b"/swallow/k")
+            assert kv is not None
+            assert kv.value in (b"1", b"2")  # the swallowed put may yet arrive: its outcome is unknown

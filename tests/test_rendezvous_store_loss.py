@@ -3,8 +3,7 @@ it): nothing tells the node, its reads would hang for TCP's retransmission timeo
 ``read_timeout`` without a heartbeat reaching the store, with an error naming the store, and tolerates a shorter
 silence.
 
-A relay between the node and the store plays the network: while silent it keeps every connection open, accepts
-new ones, and forwards nothing in either direction.
+A relay between the node and the store plays the network (``silent_relay.py``).
 """
 
 from __future__ import annotations
@@ -13,8 +12,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio
-import anyio.abc
 import pytest
+from silent_relay import Relay, open_relay
 
 from aelastic.errors import RendezvousConnectionError
 from aelastic.rendezvous.api import RendezvousParameters, open_rendezvous
@@ -25,44 +24,10 @@ pytestmark = pytest.mark.anyio
 FAST = {"keep_alive_interval": 0.1, "keep_alive_max_attempt": 3, "heartbeat_timeout": 0.3, "is_host": False}
 
 
-class Relay:
-    def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self.port = 0
-        self.audible = anyio.Event()
-        self.audible.set()
-
-    def silence(self) -> None:
-        self.audible = anyio.Event()
-
-    def restore(self) -> None:
-        self.audible.set()
-
-    async def _pipe(self, source: anyio.abc.ByteStream, sink: anyio.abc.ByteStream) -> None:
-        try:
-            async for chunk in source:
-                await self.audible.wait()  # silent: the bytes go nowhere until (unless) the network is back
-                await sink.send(chunk)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass
-
-    async def _serve(self, client: anyio.abc.SocketStream) -> None:
-        server = await anyio.connect_tcp("127.0.0.1", self.target_port)
-        async with client, server, anyio.create_task_group() as tg:
-            tg.start_soon(self._pipe, client, server)
-            await self._pipe(server, client)
-            tg.cancel_scope.cancel()
-
-
 @asynccontextmanager
 async def open_relayed_store() -> AsyncIterator[Relay]:
-    async with open_store_server("127.0.0.1", 0) as server, anyio.create_task_group() as tg:
-        relay = Relay(server.port)
-        listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
-        relay.port = listener.extra(anyio.abc.SocketAttribute.local_port)
-        tg.start_soon(listener.serve, relay._serve)
+    async with open_store_server("127.0.0.1", 0) as server, open_relay(server.port) as relay:
         yield relay
-        tg.cancel_scope.cancel()
 
 
 def _params(relay: Relay, run_id: str, read_timeout: float) -> RendezvousParameters:

@@ -23,7 +23,9 @@ the last event it delivered: no event is lost or repeated.
 
 No call carries a timeout of its own: bound it with ``anyio.fail_after``. The only duration here is the per-member
 *connect* timeout (``EtcdConfig.connect_timeout``), which exists so that a member that swallows packets fails over
-instead of holding the request.
+instead of holding the request. A member that swallows a request already sent on an open connection (its host lost
+power) holds it until the caller's deadline cancels the call; the next call then starts on the next member, so
+the caller's own deadlines (a heartbeat's, say) drive failover.
 """
 
 from __future__ import annotations
@@ -145,7 +147,9 @@ class EtcdConfig:
     key: str | None = None
     username: str | None = None
     password: str | None = None
-    connect_timeout: float = 5.0  # per member, so an unreachable member fails over
+    # Per member, so that a member that swallows packets fails over: a connect on a LAN takes well under a
+    # millisecond, and 2 s still survives one lost SYN (Linux resends it after 1 s).
+    connect_timeout: float = 2.0
 
     def __post_init__(self) -> None:
         if not self.endpoints:
@@ -537,6 +541,16 @@ class EtcdClient:
             self._failovers += 1
             self._current = index
 
+    def _move_past(self, index: int) -> None:
+        """The caller gave up while member ``index`` held its request: start the next call on the next member."""
+        n = len(self.config.endpoints)
+        if index == self._current and n > 1:
+            self._current = (index + 1) % n
+            logger.info(
+                "etcd: %s did not answer before the caller's deadline; the next request goes to %s",
+                self.config.endpoints[index], self.config.endpoints[self._current],
+            )  # fmt: skip
+
     async def _authenticate(self, endpoint: str) -> None:
         if self.config.username is None:
             return
@@ -602,6 +616,17 @@ class EtcdClient:
         raise error
 
     async def _call_endpoint(self, endpoint: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return await self._post(endpoint, path, body)
+        except (_EndpointFailed, EtcdRequestError, httpx.TransportError):
+            raise  # the member answered, or failed in a way _call_once handles
+        except BaseException:
+            # Cancelled (the caller's deadline) while the member held the request. Caught this wide because
+            # httpcore's connect on trio raises the cancellation inside an exception group.
+            self._move_past(self.config.endpoints.index(endpoint))
+            raise
+
+    async def _post(self, endpoint: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
         for attempt in range(2):
             if self._token is None:
                 await self._authenticate(endpoint)
@@ -657,15 +682,17 @@ class EtcdClient:
     async def txn(self, compare: Sequence[Compare], success: Sequence[Op], failure: Sequence[Op] = ()) -> TxnResponse:
         """If every ``compare`` holds, apply ``success``, else ``failure``; atomically, at one revision.
 
-        Never repeated on another member after the request went out: a broken connection then raises
-        :class:`~aelastic.errors.EtcdConnectionError` (outcome unknown).
+        A txn that writes is never repeated on another member after the request went out: a broken connection
+        then raises :class:`~aelastic.errors.EtcdConnectionError` (outcome unknown). A txn of reads only (every
+        op a :class:`RangeOp`) is repeated like any read.
         """
         body = {
             "compare": [c.to_json() for c in compare],
             "success": [_op_json(op) for op in success],
             "failure": [_op_json(op) for op in failure],
         }
-        return TxnResponse.from_json(await self._call("/v3/kv/txn", body, idempotent=False))
+        reads_only = all(isinstance(op, RangeOp) for op in (*success, *failure))
+        return TxnResponse.from_json(await self._call("/v3/kv/txn", body, idempotent=reads_only))
 
     # --- leases -----------------------------------------------------------------------------------------------
 
