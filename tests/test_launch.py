@@ -17,6 +17,7 @@ import pytest
 
 import aelastic
 from aelastic import ChildFailedError, LaunchConfig
+from aelastic.agent.logs import Std
 
 pytestmark = pytest.mark.anyio
 
@@ -180,3 +181,36 @@ def test_importing_aelastic_does_not_import_the_launcher() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert proc.stdout == "[]\n"
+
+
+ENDS_ATTEMPT_ZERO = """
+import os, signal, sys
+for i in range(2000):
+    print("out", i)
+    print("err", i, file=sys.stderr)
+sys.stdout.write("partial out")
+sys.stderr.write("partial err")
+if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+    if sys.argv[1] == "crash":
+        sys.exit(3)
+    os.kill(os.getpid(), getattr(signal, sys.argv[1]))
+"""
+
+
+@pytest.mark.parametrize("end", ["crash", "SIGKILL", "SIGTERM"])
+async def test_log_files_are_complete_after_each_kind_of_stop_and_the_restart(tmp_path: Path, end: str) -> None:
+    """Attempt 0 writes 2000 lines and an unterminated one to each stream and then ends by ``end``; attempt 1
+    writes the same and succeeds. Unbuffered (``-u``, as torchrun runs scripts), every byte is in the pipe before
+    the signal, and both attempts' files hold every byte."""
+    script = tmp_path / "ends.py"
+    script.write_text(ENDS_ATTEMPT_ZERO)
+    logs = tmp_path / "logs"
+    config = LaunchConfig(nproc_per_node=1, max_restarts=1, log_dir=logs, redirects=Std.ALL)
+    with anyio.fail_after(DEADLINE):
+        assert await aelastic.launch(config, sys.executable, "-u", str(script), end) == {0: None}
+    (run_dir,) = logs.iterdir()
+    for attempt in (0, 1):
+        rank_dir = run_dir / f"attempt_{attempt}" / "0"
+        stdout, stderr = (rank_dir / "stdout.log").read_text(), (rank_dir / "stderr.log").read_text()
+        assert stdout == "".join(f"out {i}\n" for i in range(2000)) + "partial out"
+        assert stderr == "".join(f"err {i}\n" for i in range(2000)) + "partial err"
