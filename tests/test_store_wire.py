@@ -76,6 +76,22 @@ def test_all_requests_back_to_back_one_byte_at_a_time() -> None:
     assert parse_requests(data, 1) == REQUESTS
 
 
+@pytest.mark.parametrize("chunk", [1, 7, 1440, 4097, 1 << 20])
+def test_large_requests_between_small_ones_any_chunking(chunk: int) -> None:
+    """The parser buffers the received bytes objects and switches to a growing bytearray for a partial request
+    over 4 KiB, and back: every chunking gives the same requests."""
+    big = bytes(range(256)) * 800  # 200 KiB
+    requests: list[wire.Request] = [
+        wire.Set(b"/a", b"1"),
+        wire.Set(b"/big", big),
+        wire.Get(b"/a"),
+        wire.MultiSet(((b"/x", big[:5000]), (b"/y", b""))),
+        wire.Ping(3),
+    ]
+    data = b"".join(map(wire.encode_request, requests))
+    assert parse_requests(data, chunk) == requests
+
+
 def test_request_not_consumed_until_complete() -> None:
     data = wire.encode_request(wire.Set(b"/key", b"value"))
     parser = wire.RequestParser()

@@ -132,105 +132,107 @@ class Limits:
 
 
 # --- requests -------------------------------------------------------------------------------------------------
+# Requests are slotted but not frozen: a frozen dataclass sets each field through object.__setattr__, which on the
+# server's hot path (one request object per SET) cost as much as parsing the request. Treat them as immutable.
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Validate:
     magic: int = VALIDATION_MAGIC
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Set:
     key: bytes
     value: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CompareSet:
     key: bytes
     expected: bytes
     desired: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Get:
     key: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Add:
     key: bytes
     delta: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Check:
     keys: tuple[bytes, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Wait:
     keys: tuple[bytes, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class GetNumKeys:
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class DeleteKey:
     key: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Append:
     key: bytes
     value: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class MultiGet:
     keys: tuple[bytes, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class MultiSet:
     items: tuple[tuple[bytes, bytes], ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CancelWait:
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Ping:
     nonce: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class QueuePush:
     key: bytes
     value: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class QueuePop:
     key: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class QueueLen:
     key: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ListKeys:
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Barrier:
     key: bytes
     world_size: int
@@ -433,12 +435,14 @@ class _Buffer:
 
 
 # --- the server's parser --------------------------------------------------------------------------------------
+_Bytes = bytes | bytearray  # what RequestParser buffers: see receive_data
+_JOIN_LIMIT: Final = 4096  # a partial request larger than this grows a bytearray instead
 # The server's hot path: one function per query type, found by the query byte, reads the fields straight out of
 # the receive buffer. Each takes (limits, buffer, position after the query byte) and returns the request and the
 # position after it, or raises _Incomplete when the buffer ends first (once per received chunk, not per field).
 
 
-def _string_at(data: bytearray, pos: int, limit: int, what: str) -> tuple[bytes, int]:
+def _string_at(data: _Bytes, pos: int, limit: int, what: str) -> tuple[bytes, int]:
     start = pos + 8
     if start > len(data):
         raise _Incomplete
@@ -451,21 +455,21 @@ def _string_at(data: bytearray, pos: int, limit: int, what: str) -> tuple[bytes,
     return bytes(data[start:end]), end
 
 
-def _int_at(data: bytearray, pos: int, fmt: struct.Struct) -> tuple[int, int]:
+def _int_at(data: _Bytes, pos: int, fmt: struct.Struct) -> tuple[int, int]:
     end = pos + fmt.size
     if end > len(data):
         raise _Incomplete
     return int(fmt.unpack_from(data, pos)[0]), end
 
 
-def _count_at(limits: Limits, data: bytearray, pos: int, fmt: struct.Struct) -> tuple[int, int]:
+def _count_at(limits: Limits, data: _Bytes, pos: int, fmt: struct.Struct) -> tuple[int, int]:
     n, pos = _int_at(data, pos, fmt)
     if not 0 <= n <= limits.max_keys_per_request:
         raise StoreProtocolError(f"request names {n} keys; the limit is 0..{limits.max_keys_per_request}")
     return n, pos
 
 
-def _keys_at(limits: Limits, data: bytearray, pos: int) -> tuple[tuple[bytes, ...], int]:
+def _keys_at(limits: Limits, data: _Bytes, pos: int) -> tuple[tuple[bytes, ...], int]:
     n, pos = _count_at(limits, data, pos, _U64)
     keys = []
     for _ in range(n):
@@ -474,69 +478,83 @@ def _keys_at(limits: Limits, data: bytearray, pos: int) -> tuple[tuple[bytes, ..
     return tuple(keys), pos
 
 
-def _key_value_at(limits: Limits, data: bytearray, pos: int) -> tuple[bytes, bytes, int]:
-    key, pos = _string_at(data, pos, limits.max_key_length, "key")
-    value, pos = _string_at(data, pos, limits.max_value_length, "value")
-    return key, value, pos
+def _key_value_at(limits: Limits, data: _Bytes, pos: int) -> tuple[bytes, bytes, int]:
+    # Two _string_at calls, inlined: SET is the hottest request, and a call costs as much as the rest of it.
+    size = len(data)
+    if pos + 8 > size:
+        raise _Incomplete
+    (n,) = _U64.unpack_from(data, pos)
+    if n > limits.max_key_length:
+        raise StoreProtocolError(f"key of {n} bytes exceeds the limit of {limits.max_key_length} bytes")
+    key_end = pos + 8 + n
+    if key_end + 8 > size:
+        raise _Incomplete
+    (m,) = _U64.unpack_from(data, key_end)
+    if m > limits.max_value_length:
+        raise StoreProtocolError(f"value of {m} bytes exceeds the limit of {limits.max_value_length} bytes")
+    end = key_end + 8 + m
+    if end > size:
+        raise _Incomplete
+    return bytes(data[pos + 8 : key_end]), bytes(data[key_end + 8 : end]), end
 
 
-def _parse_validate(limits: Limits, data: bytearray, pos: int) -> tuple[Request, int]:
+def _parse_validate(limits: Limits, data: _Bytes, pos: int) -> tuple[Request, int]:
     magic, pos = _int_at(data, pos, _U32)
     return Validate(magic), pos
 
 
-def _parse_set(limits: Limits, data: bytearray, pos: int) -> tuple[Request, int]:
+def _parse_set(limits: Limits, data: _Bytes, pos: int) -> tuple[Request, int]:
     key, value, pos = _key_value_at(limits, data, pos)
     return Set(key, value), pos
 
 
-def _parse_compare_set(limits: Limits, data: bytearray, pos: int) -> tuple[Request, int]:
+def _parse_compare_set(limits: Limits, data: _Bytes, pos: int) -> tuple[Request, int]:
     key, expected, pos = _key_value_at(limits, data, pos)
     desired, pos = _string_at(data, pos, limits.max_value_length, "value")
     return CompareSet(key, expected, desired), pos
 
 
-def _parse_get(limits: Limits, data: bytearray, pos: int) -> tuple[Request, int]:
+def _parse_get(limits: Limits, data: _Bytes, pos: int) -> tuple[Request, int]:
     key, pos = _string_at(data, pos, limits.max_key_length, "key")
     return Get(key), pos
 
 
-def _parse_add(limits: Limits, data: bytearray, pos: int) -> tuple[Request, int]:
+def _parse_add(limits: Limits, data: _Bytes, pos: int) -> tuple[Request, int]:
     key, pos = _string_at(data, pos, limits.max_key_length, "key")
     delta, pos = _int_at(data, pos, _I64)
     return Add(key, delta), pos
 
 
-def _parse_check(limits: Limits, data: bytearray, pos: int) -> tuple[Request, int]:
+def _parse_check(limits: Limits, data: _Bytes, pos: int) -> tuple[Request, int]:
     keys, pos = _keys_at(limits, data, pos)
     return Check(keys), pos
 
 
-def _parse_wait(limits: Limits, data: bytearray, pos: int) -> tuple[Request, int]:
+def _parse_wait(limits: Limits, data: _Bytes, pos: int) -> tuple[Request, int]:
     keys, pos = _keys_at(limits, data, pos)
     return Wait(keys), pos
 
 
-def _parse_get_num_keys(limits: Limits, data: bytearray, pos: int) -> tuple[Request, int]:
+def _parse_get_num_keys(limits: Limits, data: _Bytes, pos: int) -> tuple[Request, int]:
     return GetNumKeys(), pos
 
 
-def _parse_delete_key(limits: Limits, data: bytearray, pos: int) -> tuple[Request, int]:
+def _parse_delete_key(limits: Limits, data: _Bytes, pos: int) -> tuple[Request, int]:
     key, pos = _string_at(data, pos, limits.max_key_length, "key")
     return DeleteKey(key), pos
 
 
-def _parse_append(limits: Limits, data: bytearray, pos: int) -> tuple[Request, int]:
+def _parse_append(limits: Limits, data: _Bytes, pos: int) -> tuple[Request, int]:
     key, value, pos = _key_value_at(limits, data, pos)
     return Append(key, value), pos
 
 
-def _parse_multi_get(limits: Limits, data: bytearray, pos: int) -> tuple[Request, int]:
+def _parse_multi_get(limits: Limits, data: _Bytes, pos: int) -> tuple[Request, int]:
     keys, pos = _keys_at(limits, data, pos)
     return MultiGet(keys), pos
 
 
-def _parse_multi_set(limits: Limits, data: bytearray, pos: int) -> tuple[Request, int]:
+def _parse_multi_set(limits: Limits, data: _Bytes, pos: int) -> tuple[Request, int]:
     n, pos = _count_at(limits, data, pos, _I64)  # MULTI_SET's count is signed
     items = []
     for _ in range(n):
@@ -545,41 +563,41 @@ def _parse_multi_set(limits: Limits, data: bytearray, pos: int) -> tuple[Request
     return MultiSet(tuple(items)), pos
 
 
-def _parse_cancel_wait(limits: Limits, data: bytearray, pos: int) -> tuple[Request, int]:
+def _parse_cancel_wait(limits: Limits, data: _Bytes, pos: int) -> tuple[Request, int]:
     return CancelWait(), pos
 
 
-def _parse_ping(limits: Limits, data: bytearray, pos: int) -> tuple[Request, int]:
+def _parse_ping(limits: Limits, data: _Bytes, pos: int) -> tuple[Request, int]:
     nonce, pos = _int_at(data, pos, _U32)
     return Ping(nonce), pos
 
 
-def _parse_queue_push(limits: Limits, data: bytearray, pos: int) -> tuple[Request, int]:
+def _parse_queue_push(limits: Limits, data: _Bytes, pos: int) -> tuple[Request, int]:
     key, value, pos = _key_value_at(limits, data, pos)
     return QueuePush(key, value), pos
 
 
-def _parse_queue_pop(limits: Limits, data: bytearray, pos: int) -> tuple[Request, int]:
+def _parse_queue_pop(limits: Limits, data: _Bytes, pos: int) -> tuple[Request, int]:
     key, pos = _string_at(data, pos, limits.max_key_length, "key")
     return QueuePop(key), pos
 
 
-def _parse_queue_len(limits: Limits, data: bytearray, pos: int) -> tuple[Request, int]:
+def _parse_queue_len(limits: Limits, data: _Bytes, pos: int) -> tuple[Request, int]:
     key, pos = _string_at(data, pos, limits.max_key_length, "key")
     return QueueLen(key), pos
 
 
-def _parse_list_keys(limits: Limits, data: bytearray, pos: int) -> tuple[Request, int]:
+def _parse_list_keys(limits: Limits, data: _Bytes, pos: int) -> tuple[Request, int]:
     return ListKeys(), pos
 
 
-def _parse_barrier(limits: Limits, data: bytearray, pos: int) -> tuple[Request, int]:
+def _parse_barrier(limits: Limits, data: _Bytes, pos: int) -> tuple[Request, int]:
     key, pos = _string_at(data, pos, limits.max_key_length, "key")
     world_size, pos = _int_at(data, pos, _I64)
     return Barrier(key, world_size), pos
 
 
-_REQUEST_PARSERS: Final[dict[QueryType, Callable[[Limits, bytearray, int], tuple[Request, int]]]] = {
+_REQUEST_PARSERS: Final[dict[QueryType, Callable[[Limits, _Bytes, int], tuple[Request, int]]]] = {
     QueryType.VALIDATE: _parse_validate,
     QueryType.SET: _parse_set,
     QueryType.COMPARE_SET: _parse_compare_set,
@@ -615,7 +633,7 @@ class RequestParser:
 
     def __init__(self, limits: Limits | None = None) -> None:
         self.limits = limits or Limits()
-        self._data = bytearray()
+        self._data: _Bytes = b""
         self._pos = 0  # start of the first request not yet returned
 
     def __repr__(self) -> str:
@@ -627,10 +645,23 @@ class RequestParser:
         return len(self._data) - self._pos
 
     def receive_data(self, data: bytes) -> None:
-        if self._pos:
+        # The buffer is the received bytes object itself where possible, so that a key or value is one slice of it
+        # (slicing a bytearray and converting costs twice as much, on the server's hottest path). Only while a
+        # large request arrives in pieces does it grow a bytearray: joining bytes would copy the part already
+        # received again for every piece.
+        rest = len(self._data) - self._pos
+        if not rest:
+            self._data = data
+        elif isinstance(self._data, bytearray):
             del self._data[: self._pos]
-            self._pos = 0
-        self._data += data
+            self._data += data
+        elif rest <= _JOIN_LIMIT:
+            self._data = self._data[self._pos :] + data
+        else:
+            grown = bytearray(self._data[self._pos :])
+            grown += data
+            self._data = grown
+        self._pos = 0
 
     def next_request(self) -> Request | NeedData:
         data, pos = self._data, self._pos
