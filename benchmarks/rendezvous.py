@@ -14,9 +14,10 @@ joins. Each worker opens its handlers first; timing starts when the harness says
 * **total**: all N nodes join at once. Measured: from "go" to the last node released.
 
 Times are ``time.monotonic()`` (CLOCK_MONOTONIC, one clock for every process of the machine). Systems alternate
-within each repetition. A third scenario, **heartbeat**, counts the requests per second that N completed nodes
-send to the store while they only keep alive (torch's and aelastic's nodes both against aelastic's store server,
-which counts requests; torch's keep-alive rewrites the whole state, aelastic's adds to a counter of its own).
+within each repetition. A third scenario, **heartbeat**, counts the requests and the bytes per second that N
+completed nodes send to the store while they only keep alive (torch's and aelastic's nodes both against aelastic's
+store server, which counts both; torch's keep-alive rewrites the whole state, O(N) bytes per beat, aelastic's adds
+to a counter of its own).
 """
 
 from __future__ import annotations
@@ -193,7 +194,7 @@ class System:
     endpoint: str
     count_listed: Callable[[str], Any]  # run_id -> awaitable participant count
     runs: int = 0
-    ops: Callable[[], int] | None = None
+    ops: Callable[[], tuple[int, int]] | None = None  # the store's (requests, bytes received) so far
 
 
 @asynccontextmanager
@@ -266,8 +267,8 @@ async def measure_release(system: System, n: int) -> float:
         return max(ends + early_ends) - starts[0]
 
 
-async def measure_heartbeat(system: System, n: int, window: float) -> float:
-    """Requests per second the store serves while n completed nodes only keep alive."""
+async def measure_heartbeat(system: System, n: int, window: float) -> tuple[float, float]:
+    """Requests and bytes per second the store receives while n completed nodes only keep alive."""
     assert system.ops is not None
     system.runs += 1
     run_id, counts = f"beat-{n}-{system.runs}", split(n, PROCESSES)
@@ -276,9 +277,10 @@ async def measure_heartbeat(system: System, n: int, window: float) -> float:
             await w.send("go\n")
         await results(ws)
         await anyio.sleep(HEARTBEAT_INTERVAL)  # let the joins' writes drain
-        before, t0 = system.ops(), time.monotonic()
+        (ops, received), t0 = system.ops(), time.monotonic()
         await anyio.sleep(window)
-        return (system.ops() - before) / (time.monotonic() - t0)
+        (ops_after, received_after), took = system.ops(), time.monotonic() - t0
+        return (ops_after - ops) / took, (received_after - received) / took
 
 
 # --- systems ------------------------------------------------------------------------------------------------------
@@ -323,7 +325,11 @@ async def aelastic_system(server_ops: bool = False) -> AsyncIterator[System]:
         async def count_listed(run_id: str) -> int:
             return len(state_of(await StoreBackend(client, run_id).get_state()).participants)
 
-        yield System("aelastic", f"127.0.0.1:{server.port}", count_listed, ops=lambda: server.statistics().ops_served)
+        def ops() -> tuple[int, int]:
+            stats = server.statistics()
+            return stats.ops_served, stats.bytes_received
+
+        yield System("aelastic", f"127.0.0.1:{server.port}", count_listed, ops=ops)
 
 
 @asynccontextmanager
@@ -367,14 +373,19 @@ async def run(quick: bool, repeats: int) -> list[dict[str, Any]]:
         for rep in range(repeats):
             for system in (counted, ours) if rep % 2 == 0 else (ours, counted):
                 for n in heartbeat[system.name]:
-                    value = await measure_heartbeat(system, n, window)
-                    samples.setdefault(("heartbeat", system.name, n), []).append(value)
-                    print(f"  {system.name:<14} heartbeat N={n:<5} {value:9.1f} req/s", flush=True)
+                    requests, received = await measure_heartbeat(system, n, window)
+                    samples.setdefault(("heartbeat", system.name, n), []).append(requests)
+                    samples.setdefault(("heartbeat bytes", system.name, n), []).append(received)
+                    line = f"  {system.name:<14} heartbeat N={n:<5} {requests:9.1f} req/s {received:11.0f} B/s"
+                    print(line, flush=True)
     records = []
     for (scenario, system_name, n), values in samples.items():
         if scenario == "heartbeat":
             records.append(_record("heartbeat store requests per second (keep-alive only)", system_name, n, "ops/s",
                                    values, "lower"))  # fmt: skip
+        elif scenario == "heartbeat bytes":
+            records.append(_record("heartbeat bytes per second to the store (keep-alive only)", system_name, n,
+                                   "B/s", values, "lower"))  # fmt: skip
         elif scenario == "release":
             records.append(_record("release: last join to last node released", system_name, n, "ms",
                                    [v * 1000 for v in values], "lower"))  # fmt: skip

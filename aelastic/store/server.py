@@ -142,12 +142,14 @@ class ServerStatistics:
         keys: keys in the table (queues are not counted, as in torch's GETNUMKEYS).
         waiters: connections registered as waiting for a key (an outstanding WAIT, BARRIER or blocking pop).
         ops_served: requests handled since the server started.
+        bytes_received: bytes received from clients since the server started.
     """
 
     connections: int
     keys: int
     waiters: int
     ops_served: int
+    bytes_received: int
 
 
 class _Refused(StoreProtocolError):
@@ -262,7 +264,7 @@ class _ProtocolConnection(_Connection, asyncio.Protocol):
         self.server._connections.discard(self)
 
     def data_received(self, data: bytes) -> None:
-        self.parser.receive_data(data)
+        self.server._receive(self, data)
         self._run()
 
     def _run(self) -> None:
@@ -352,6 +354,7 @@ class StoreServer:
         self._at_capacity = False
         self._auth_token = None if settings.auth_token is None else settings.auth_token.encode()
         self._ops = 0
+        self._bytes_received = 0
         self._handlers: dict[type[Any], Callable[[_Connection, Any], None]] = {
             wire.Validate: self._validate,
             wire.Set: self._set,
@@ -390,6 +393,7 @@ class StoreServer:
             keys=len(self._table),
             waiters=len(waiting),
             ops_served=self._ops,
+            bytes_received=self._bytes_received,
         )
 
     # --- connections ----------------------------------------------------------------------------------------
@@ -450,10 +454,9 @@ class StoreServer:
                 await conn.stream.aclose()
 
     async def _read_loop(self, conn: _StreamConnection) -> None:
-        parser = conn.parser
         try:
             while True:
-                parser.receive_data(await conn.stream.receive(_RECEIVE_SIZE))
+                self._receive(conn, await conn.stream.receive(_RECEIVE_SIZE))
                 while self._process(conn):
                     await self._flush(conn)
                 if conn.outbox:
@@ -492,6 +495,10 @@ class StoreServer:
                 f"{conn.parser.buffered} bytes buffered without a whole request; "
                 f"the limit is {self._max_buffered} (ServerSettings.max_buffered_bytes)"
             )
+
+    def _receive(self, conn: _Connection, data: bytes) -> None:
+        self._bytes_received += len(data)
+        conn.parser.receive_data(data)
 
     def _process(self, conn: _Connection) -> bool:
         """Handle every whole buffered request; True if it stopped early so that the replies can be flushed."""
