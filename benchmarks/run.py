@@ -114,7 +114,8 @@ def ratio(ours: list[float], theirs: list[float], better: str) -> str:
 def table(records: list[Record]) -> list[str]:
     groups: dict[tuple[str, str], list[Record]] = defaultdict(list)
     for r in records:
-        groups[(r["benchmark"], r["scenario"])].append(r)
+        if r["samples"]:  # a run with nothing to time (a fault scenario that never recovered) has an outcome
+            groups[(r["benchmark"], r["scenario"])].append(r)
     lines = [
         "| benchmark | scenario | N | system | median | min – max | runs | aelastic / torch |",
         "|---|---|---|---|---|---|---|---|",
@@ -223,7 +224,11 @@ def main(argv: list[str] | None = None) -> int:
         extra = recorded(name)
         if extra:
             report += [f"## {heading}", "", f"From {source}:", "", *table(extra), ""]
-            report += [f"- {r['scenario']}: {r['what']}" for r in extra if r.get("what")] + [""]
+            report += [f"- {r['scenario']}: {r['what']}" for r in extra if r.get("what") and r["samples"]] + [""]
+            outcomes = [r for r in extra if r.get("outcome")]
+            if outcomes:
+                report += ["What happened, per system:", ""]
+                report += [f"- **{r['system']}**, {r['scenario']}: {r['outcome']}" for r in outcomes] + [""]
     paths = plot(records) if records else []
     report += [f"![{p.stem}](plots/{p.name})" for p in paths]
     args.results.write_text("\n".join(report) + "\n")

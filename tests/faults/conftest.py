@@ -65,19 +65,28 @@ def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=30)
 
 
-def report_time(scenario: str, seconds: float, what: str) -> None:
-    """Print a scenario's measured time and append it to ``benchmarks/out/faults.json`` (benchmark format)."""
-    print(f"[faults] {scenario}: {what} in {seconds:.2f} s")
+def report_time(
+    scenario: str, seconds: float | None, what: str, *, system: str = "aelastic", outcome: str | None = None
+) -> None:
+    """Print a scenario's measured time and append it to ``benchmarks/out/faults.json`` (benchmark format).
+
+    ``seconds`` None: nothing recovered to time; ``outcome`` says what happened instead (kept, latest first).
+    """
+    print(f"[faults] {system}: {scenario}: {what} in {seconds:.2f} s" if seconds is not None else
+          f"[faults] {system}: {scenario}: {outcome}")  # fmt: skip
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     data: dict[str, Any] = {"benchmark": "faults", "records": []}
     with suppress(FileNotFoundError, ValueError):
         data = json.loads(RESULTS.read_text())
-    record = next((r for r in data["records"] if r["scenario"] == scenario), None)
+    record = next((r for r in data["records"] if (r["scenario"], r["system"]) == (scenario, system)), None)
     if record is None:
-        record = {"scenario": scenario, "system": "aelastic", "param": None, "unit": "s", "samples": [],
+        record = {"scenario": scenario, "system": system, "param": None, "unit": "s", "samples": [],
                   "better": "lower", "what": what}  # fmt: skip
         data["records"].append(record)
-    record["samples"].append(round(seconds, 3))
+    if seconds is not None:
+        record["samples"].append(round(seconds, 3))
+    if outcome is not None:
+        record["outcome"] = outcome
     RESULTS.write_text(json.dumps(data, indent=1))
 
 
@@ -225,11 +234,18 @@ class Cluster:
     def agent(
         self, host: Host, *, nnodes: str, rdzv: Sequence[str], backend: str = "asyncio", max_restarts: int = 0,
         env: dict[str, str] | None = None, time_offset: int = 0, log: str = "agent", log_level: str = "INFO",
+        launcher: str = "aelastic",
     ) -> Proc:  # fmt: skip
-        """``aelastic run`` of the trainer on ``host``: one worker, this host's address, logs under its dir."""
+        """``aelastic run`` (or, with ``launcher="torchrun"``, torch's own launcher with the same torchrun flags)
+        of the trainer on ``host``: one worker, this host's address, logs under its dir."""
+        if launcher == "torchrun":
+            command = [sys.executable, "-m", "torch.distributed.run"]
+            env = {"LOGLEVEL": log_level, **(env or {})}
+        else:
+            command = [sys.executable, "-m", "aelastic", "--async-backend", backend, "--log-level", log_level, "run"]
         return self.spawn(
             host,
-            sys.executable, "-m", "aelastic", "--async-backend", backend, "--log-level", log_level, "run",
+            *command,
             "--nnodes", nnodes, "--nproc-per-node", "1", "--max-restarts", str(max_restarts),
             "--shutdown-timeout", "2", "--local-addr", host.addr, "--log-dir", host.dir / "logs", *rdzv,
             TRAINER, self.out,

@@ -27,11 +27,12 @@ STEP_PAUSE = float(os.environ["FAULTS_STEP_PAUSE"])
 
 
 def report(event: str, **fields: object) -> None:
+    membership = int(os.environ.get("AELASTIC_MEMBERSHIP_RESTARTS", "0"))  # torchrun (comparison runs) has none
     record = {
         "event": event,
         "host": os.environ["FAULTS_HOST"],
         "pid": os.getpid(),
-        "round": [int(os.environ["TORCHELASTIC_RESTART_COUNT"]), int(os.environ["AELASTIC_MEMBERSHIP_RESTARTS"])],
+        "round": [int(os.environ["TORCHELASTIC_RESTART_COUNT"]), membership],
         "time": time.time(),
         **fields,
     }
