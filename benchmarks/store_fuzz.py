@@ -84,7 +84,7 @@ def _payload(rng: random.Random, validate: bytes, requests: list[bytes]) -> byte
         for _ in range(rng.randrange(1, 4)):
             frame[rng.randrange(len(frame))] = rng.randrange(256)
     elif kind == 3:  # cut short
-        frame = frame[: rng.randrange(1, len(frame))]
+        frame = frame[: rng.randrange(len(frame))]
     elif kind == 4 and len(frame) >= 9:  # an absurd length prefix where the first string starts
         frame[1:9] = struct.pack("<Q", rng.choice([2**63 - 1, 2**40, 8 * 2**20 + 1]))
     else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import sys
 from collections.abc import AsyncIterator
 
 import anyio
@@ -166,6 +167,37 @@ async def test_connections_beyond_the_cap_are_closed_at_once(caplog: pytest.LogC
         for stream in held:
             await stream.aclose()
         await wait_for_connections(server, 0)
+
+
+LIMITED_STORE = """
+import resource, sys
+_, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))
+from aelastic.cli import main
+sys.exit(main(["store", "--host", "127.0.0.1", "--port", "0"]))
+"""
+
+
+async def test_default_cap_is_half_the_open_file_limit() -> None:
+    """A store whose process may open 128 files admits 64 connections and refuses the rest at once, instead of
+    running out of file descriptors (which an agent also needs for its workers)."""
+    async with await anyio.open_process([sys.executable, "-c", LIMITED_STORE]) as store:
+        assert store.stdout is not None
+        with anyio.fail_after(30):
+            line = (await store.stdout.receive()).decode()
+        port = int(line.strip().rsplit(":", 1)[1])  # "aelastic store listening on 127.0.0.1:PORT"
+        streams = [await anyio.connect_tcp("127.0.0.1", port) for _ in range(80)]
+        try:
+            for stream in streams:  # in order: the first 64 are admitted, the rest closed as they arrive
+                await stream.send(VALIDATE)
+            admitted = [stream for stream in streams[:64] if await ping(stream, 1) == wire.PingReply(1)]
+            assert len(admitted) == 64
+            assert all([await closed_by_server(stream, within=5) for stream in streams[64:]])
+        finally:
+            for stream in streams:
+                await stream.aclose()
+            store.terminate()
+        assert await store.wait() == 0
 
 
 # --- settings -----------------------------------------------------------------------------------------------------

@@ -51,6 +51,7 @@ import asyncio
 import errno
 import logging
 import math
+import resource
 import socket
 import struct
 from collections import deque
@@ -103,8 +104,10 @@ class ServerSettings:
             request, or replies and wake-ups not yet sent. A connection over it is closed. The default, 64 MiB,
             holds several maximal (8 MiB) values; a MULTI_SET larger than this is refused.
         max_connections: open connections beyond which a new one is closed at once. torch's server has no such
-            cap; the default, 65536, is far above what a job needs (4096 nodes x 8 workers x 2 sockets) and
-            still bounds what a flood of connections can hold. The process's open-file limit must allow it.
+            cap. The default (None) is half the process's open-file limit at the server's start, at most 65536:
+            a flood of connections is refused before it exhausts the process's file descriptors, which the
+            agent also needs for its workers' pipes and log files. A job of N nodes needs about 5 N connections
+            on its rendezvous store; raise the open-file limit (``ulimit -n``) for large jobs.
         handshake_timeout: seconds a new connection has to send VALIDATE (and the auth token, if one is set)
             before it is closed. torch's client sends both at once; the default, 10 s, only ends connections
             that never will.
@@ -114,12 +117,12 @@ class ServerSettings:
 
     limits: wire.Limits = field(default_factory=wire.Limits)
     max_buffered_bytes: int = 64 * 1024 * 1024
-    max_connections: int = 65536
+    max_connections: int | None = None
     handshake_timeout: float = 10.0
     auth_token: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        if self.max_connections < 1:
+        if self.max_connections is not None and self.max_connections < 1:
             raise ValueError(f"ServerSettings.max_connections={self.max_connections}: must be >= 1")
         if not 0 < self.handshake_timeout < math.inf:
             raise ValueError(f"ServerSettings.handshake_timeout={self.handshake_timeout}: must be a positive number")
@@ -322,6 +325,14 @@ class _ProtocolConnection(_Connection, asyncio.Protocol):
             self.transport.abort()
 
 
+def _default_max_connections() -> int:
+    """Half the process's open-file limit, at most 65536 (see ``ServerSettings.max_connections``)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 65536
+    return max(1, min(65536, soft // 2))
+
+
 def _log_handshake_timeout(conn: _Connection, timeout: float) -> None:
     step = "the auth token" if conn.validated else "VALIDATE"
     logger.warning(
@@ -352,6 +363,7 @@ class StoreServer:
         self._waiters: dict[bytes, list[_Connection]] = {}
         self._connections: set[_Connection] = set()
         self._at_capacity = False
+        self._max_connections = settings.max_connections or _default_max_connections()
         self._auth_token = None if settings.auth_token is None else settings.auth_token.encode()
         self._ops = 0
         self._bytes_received = 0
@@ -400,12 +412,12 @@ class StoreServer:
 
     def _admit(self, conn: _Connection) -> bool:
         """Count ``conn`` in, or refuse it (False) when ``max_connections`` are open."""
-        limit = self._settings.max_connections
+        limit = self._max_connections
         if len(self._connections) >= limit:
             if not self._at_capacity:  # once per episode: a flood must not flood the log too
                 logger.warning(
                     "store server on port %d refuses connections (%s the first): %d are open, the limit "
-                    "(ServerSettings.max_connections)",
+                    "(ServerSettings.max_connections; by default half the open-file limit, ulimit -n)",
                     self.port,
                     conn.peer,
                     limit,
