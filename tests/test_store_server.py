@@ -328,16 +328,18 @@ def test_settings_validate() -> None:
 
 
 async def test_statistics_and_repr(server: StoreServer) -> None:
-    assert server.statistics() == ServerStatistics(connections=0, keys=0, waiters=0, ops_served=0, bytes_received=0)
+    assert server.statistics() == ServerStatistics(
+        connections=0, keys=0, queued=0, waiters=0, ops_served=0, bytes_received=0
+    )
     client = await RawClient.connect(server.port)
-    requests = (wire.Set(b"a", b"1"), wire.Set(b"b", b"2"), wire.Wait((b"c",)))
+    requests = (wire.Set(b"a", b"1"), wire.Set(b"b", b"2"), wire.QueuePush(b"q", b"x"), wire.Wait((b"c",)))
     await client.send(*requests)
     await wait_until(lambda: server.statistics().waiters == 1, "the WAIT")
     sent = len(wire.encode_request(wire.Validate())) + sum(len(wire.encode_request(r)) for r in requests)
     assert server.statistics() == ServerStatistics(
-        connections=1, keys=2, waiters=1, ops_served=4, bytes_received=sent
+        connections=1, keys=2, queued=1, waiters=1, ops_served=5, bytes_received=sent
     )
-    assert repr(server) == (f"<StoreServer [::]:{server.port} connections=1 keys=2 waiters=1 ops_served=4>")
+    assert repr(server) == (f"<StoreServer [::]:{server.port} connections=1 keys=2 waiters=1 ops_served=5>")
     await client.aclose()
     await wait_until(lambda: server.statistics().connections == 0, "the close")
     assert server.statistics().waiters == 0

@@ -143,6 +143,7 @@ class ServerStatistics:
     Attributes:
         connections: open client connections.
         keys: keys in the table (queues are not counted, as in torch's GETNUMKEYS).
+        queued: values in queues (QUEUE_PUSH), all queues together.
         waiters: connections registered as waiting for a key (an outstanding WAIT, BARRIER or blocking pop).
         ops_served: requests handled since the server started.
         bytes_received: bytes received from clients since the server started.
@@ -150,6 +151,7 @@ class ServerStatistics:
 
     connections: int
     keys: int
+    queued: int
     waiters: int
     ops_served: int
     bytes_received: int
@@ -403,6 +405,7 @@ class StoreServer:
         return ServerStatistics(
             connections=len(self._connections),
             keys=len(self._table),
+            queued=sum(map(len, self._queues.values())),
             waiters=len(waiting),
             ops_served=self._ops,
             bytes_received=self._bytes_received,
