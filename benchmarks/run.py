@@ -1,13 +1,14 @@
 """Run every benchmark (torch beside aelastic, same machine, same run) and write ``benchmarks/RESULTS.md``.
 
-    python -m benchmarks [--quick] [--only agent,store_ops] [--repeats N]
+    python -m benchmarks [--quick] [--only agent,store_ops] [--repeats N] [--report-only]
 
 Each module ``benchmarks/<name>.py`` runs as a subprocess with ``--json``, so one crashing benchmark cannot take
 the others down and every module starts from a fresh interpreter. The report has, per scenario, the median and
 min–max of every system and the ratio aelastic/torch; a PNG per scenario goes to ``benchmarks/plots/``.
 
 ``--quick`` is the CI smoke run: a few repetitions, small sizes, and a failing exit status if aelastic's
-standalone launch is slower than torchrun's.
+standalone launch is slower than torchrun's. ``--report-only`` writes the report again from the results the last
+run left in ``benchmarks/out/`` (with that run's date and duration), running nothing.
 """
 
 from __future__ import annotations
@@ -89,17 +90,19 @@ def recorded(name: str) -> list[Record]:
 
 # Sections from other runs: (file in out/, heading, what produced it).
 RECORDED = (
-    ("faults", "Fault scenarios", "the fault suite, `pytest tests/faults` (samples accumulate over runs)"),
+    ("faults", "Fault scenarios", "the fault suite, `pytest tests/faults` and `pytest -m torchrun_compare "
+     "tests/faults` (samples accumulate over runs)"),
     ("soak", "Soak", "`python -m benchmarks.soak --minutes 10 --json benchmarks/out/soak.json` (not in CI)"),
-)
+    ("store_fuzz", "Store fuzz campaign", "`python -m benchmarks.store_fuzz --minutes 10 --json "
+     "benchmarks/out/store_fuzz.json` (not in CI)"),
+)  # fmt: skip
 
 
 def fmt(value: float, unit: str) -> str:
     if unit == "s":
         return f"{value:.3f} s" if value < 10 else f"{value:.1f} s"
-    if unit == "ops/s":
-        return f"{value:,.0f} ops/s"
-    return f"{value:.3g} {unit}"
+    number = f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+    return f"{number} {unit}".rstrip()
 
 
 def ratio(ours: list[float], theirs: list[float], better: str) -> str:
@@ -108,7 +111,7 @@ def ratio(ours: list[float], theirs: list[float], better: str) -> str:
         return ""
     r = statistics.median(ours) / statistics.median(theirs)
     good = r <= 1 if better == "lower" else r >= 1
-    return f"{r:.2f}× ({'better' if good else 'worse'})"
+    return f"{r:.2f}× ({'better' if good else 'worse'})" if r >= 0.1 else f"{r:.2g}× ({'better' if good else 'worse'})"
 
 
 def table(records: list[Record]) -> list[str]:
@@ -124,7 +127,7 @@ def table(records: list[Record]) -> list[str]:
         by_param: dict[Any, dict[str, Record]] = defaultdict(dict)
         for r in rs:
             by_param[r["param"]][r["system"]] = r
-        for param, systems in by_param.items():
+        for param, systems in sorted(by_param.items(), key=lambda item: (item[0] is not None, item[0] or 0)):
             torch = next((r for s, r in systems.items() if s.startswith("torch")), None)
             for system, r in systems.items():
                 s = r["samples"]
@@ -162,6 +165,9 @@ def plot(records: list[Record]) -> list[Path]:
                 ax.plot(xs, [statistics.median(r["samples"]) for r in srs], marker="o", label=system)
                 ax.fill_between(xs, [min(r["samples"]) for r in srs], [max(r["samples"]) for r in srs], alpha=0.2)
             ax.set_xscale("log", base=2)
+            medians = [statistics.median(r["samples"]) for r in rs]
+            if min(medians) > 0 and max(medians) / min(medians) > 50:  # systems decades apart: show both
+                ax.set_yscale("log")
             ax.set_xlabel("N")
             ax.legend()
         else:
@@ -195,23 +201,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=",".join(MODULES), help="comma list of benchmarks (default: all)")
     parser.add_argument("--repeats", type=int, default=None, help="repetitions per scenario (default: each one's)")
     parser.add_argument("--results", type=Path, default=HERE / "RESULTS.md", help="where to write the report")
+    parser.add_argument("--report-only", action="store_true", help="report the last run's results; run nothing")
     args = parser.parse_args(argv)
     names = [n for n in args.only.split(",") if n]
     unknown = sorted(set(names) - set(MODULES))
     if unknown:
         parser.error(f"--only {args.only!r}: unknown benchmark(s) {unknown}; choose from {', '.join(MODULES)}")
 
-    started = datetime.datetime.now(datetime.timezone.utc)
-    records = [r for name in names for r in run_module(name, args.quick, args.repeats)]
-    took = datetime.datetime.now(datetime.timezone.utc) - started
+    if args.report_only:
+        run = json.loads((OUT / "run.json").read_text())
+        names = run["names"]
+        records = [r for name in names for r in recorded(name)]
+    else:
+        started = datetime.datetime.now(datetime.timezone.utc)
+        records = [r for name in names for r in run_module(name, args.quick, args.repeats)]
+        took = datetime.datetime.now(datetime.timezone.utc) - started
+        run = {"started": f"{started:%Y-%m-%d %H:%M}", "took_s": took.seconds, "quick": args.quick, "names": names,
+               "machine": machine()}  # fmt: skip
+        (OUT / "run.json").write_text(json.dumps(run, indent=1))
     failed = [n for n in names if not any(r["benchmark"] == n for r in records)]
 
+    quick = " --quick" if run["quick"] else ""
     report = [
         "# aelastic benchmarks",
         "",
-        f"Run {started:%Y-%m-%d %H:%M} UTC{' (quick)' if args.quick else ''}, took {took.seconds // 60} min "
-        f"{took.seconds % 60} s: `python -m benchmarks{' --quick' if args.quick else ''}`.",
-        f"Machine: {machine()}.",
+        f"Run {run['started']} UTC{' (quick)' if run['quick'] else ''}, took {run['took_s'] // 60} min "
+        f"{run['took_s'] % 60} s: `python -m benchmarks{quick}`.",
+        f"Machine: {run['machine']}.",
         "",
         "Medians of the repetitions; systems alternate within each repetition. Ratios are aelastic / torch.",
         "",
@@ -238,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     if failed:
         print(f"benchmarks failed: {', '.join(failed)}", file=sys.stderr)
         return 1
-    problem = gate(records) if args.quick and "agent" in names else None
+    problem = gate(records) if run["quick"] and "agent" in names else None
     if problem:
         print(problem, file=sys.stderr)
         return 1
