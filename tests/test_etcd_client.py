@@ -192,3 +192,22 @@ async def test_a_member_that_swallows_a_request_is_passed_over_after_the_callers
                 kv, _ = await client.get(b"/swallow/k")
             assert kv is not None
             assert kv.value in (b"1", b"2")  # the swallowed put may yet arrive: its outcome is unknown
+
+
+async def test_a_request_a_silent_member_holds_fails_over_after_request_timeout(etcd: str) -> None:
+    """With no deadline of the caller's, a unary request that a silent member holds fails over after the member's
+    request timeout: a read is answered by the next member; a write's outcome is unknown, and says so."""
+    direct = parse_endpoints(etcd)[0]
+    async with open_relay(int(urlsplit(direct).port or 0)) as relay:
+        config = EtcdConfig((f"http://127.0.0.1:{relay.port}", direct), request_timeout=0.5)
+        async with open_etcd_client(config) as reads, open_etcd_client(config) as writes:
+            await reads.put(b"/held/k", b"1")
+            assert (reads.endpoint, writes.endpoint) == (config.endpoints[0], config.endpoints[0])
+            relay.silence()
+            with anyio.fail_after(10):  # a safety net: request_timeout is what ends the wait
+                kv, _ = await reads.get(b"/held/k")
+            assert kv is not None
+            assert kv.value == b"1"
+            assert reads.endpoint == config.endpoints[1]
+            with anyio.fail_after(10), pytest.raises(EtcdConnectionError, match=r"request_timeout=0\.5s.*unknown"):
+                await writes.txn([], [PutOp(b"/held/k", b"2")])

@@ -21,11 +21,12 @@ stream (and waits for the acknowledgement) on entry and closes it on exit, so ca
 closes the stream. If the member serving a watch dies, the watch reopens on the next member from the revision after
 the last event it delivered: no event is lost or repeated.
 
-No call carries a timeout of its own: bound it with ``anyio.fail_after``. The only duration here is the per-member
-*connect* timeout (``EtcdConfig.connect_timeout``), which exists so that a member that swallows packets fails over
-instead of holding the request. A member that swallows a request already sent on an open connection (its host lost
-power) holds it until the caller's deadline cancels the call; the next call then starts on the next member, so
-the caller's own deadlines (a heartbeat's, say) drive failover.
+No call carries a timeout of its own: bound it with ``anyio.fail_after``. The durations here are per member, so
+that a member that swallows packets (its host lost power) fails over instead of holding a request forever: the
+*connect* timeout (``EtcdConfig.connect_timeout``) and, for unary calls, the *request* timeout
+(``EtcdConfig.request_timeout``: no answer that long is a failure of that member; watch streams have none, their
+events may be minutes apart). A call its caller's deadline cancels while a member holds it also moves the next
+call to the next member, so tighter deadlines (a heartbeat's, say) fail over sooner.
 """
 
 from __future__ import annotations
@@ -150,6 +151,9 @@ class EtcdConfig:
     # Per member, so that a member that swallows packets fails over: a connect on a LAN takes well under a
     # millisecond, and 2 s still survives one lost SYN (Linux resends it after 1 s).
     connect_timeout: float = 2.0
+    # Per member and unary call: etcd answers in milliseconds, or within about 5 s with an error of its own (no
+    # leader, request timed out); a member silent for longer is failed over (a write: its outcome is unknown).
+    request_timeout: float = 5.0
 
     def __post_init__(self) -> None:
         if not self.endpoints:
@@ -161,8 +165,9 @@ class EtcdConfig:
             raise ConfigurationError("etcd TLS client certificate: give both cert and key, or neither")
         if (self.username is None) != (self.password is None):
             raise ConfigurationError("etcd authentication: give both username and password, or neither")
-        if not self.connect_timeout > 0:
-            raise ConfigurationError(f"etcd connect_timeout={self.connect_timeout!r}: must be > 0")
+        for name in ("connect_timeout", "request_timeout"):
+            if not getattr(self, name) > 0:
+                raise ConfigurationError(f"etcd {name}={getattr(self, name)!r}: must be > 0")
 
     def __repr__(self) -> str:  # never print the password
         return f"EtcdConfig({','.join(self.endpoints)!r}, tls={self.ca_cert is not None}, user={self.username!r})"
@@ -431,10 +436,12 @@ def _chain(exc: BaseException) -> list[BaseException]:
     return seen
 
 
-def _describe(exc: httpx.TransportError, connect_timeout: float, endpoint: str) -> str:
+def _describe(exc: httpx.TransportError, config: EtcdConfig, endpoint: str) -> str:
     """One short reason for a transport failure, for a message that already names the endpoint."""
     if isinstance(exc, httpx.ConnectTimeout):
-        return f"no connection within connect_timeout={connect_timeout:g}s"
+        return f"no connection within connect_timeout={config.connect_timeout:g}s"
+    if isinstance(exc, httpx.ReadTimeout):
+        return f"no answer within request_timeout={config.request_timeout:g}s"
     links = _chain(exc)
     if (
         endpoint.startswith("https://")
@@ -510,6 +517,7 @@ class EtcdClient:
     def __init__(self, config: EtcdConfig, http: httpx.AsyncClient) -> None:
         self.config = config
         self._http = http
+        self._unary_timeout = httpx.Timeout(None, connect=config.connect_timeout, read=config.request_timeout)
         self._current = 0
         self._token: str | None = None
         self._local_address: str | None = None
@@ -555,7 +563,7 @@ class EtcdClient:
         if self.config.username is None:
             return
         body = {"name": self.config.username, "password": self.config.password}
-        response = await self._http.post(f"{endpoint}/v3/auth/authenticate", json=body)
+        response = await self._http.post(f"{endpoint}/v3/auth/authenticate", json=body, timeout=self._unary_timeout)
         content = await response.aread()
         if response.status_code != 200:
             error = _http_error(endpoint, "/v3/auth/authenticate", response, content)
@@ -600,7 +608,7 @@ class EtcdClient:
                 failures.append((endpoint, str(exc).rpartition(": ")[2]))  # e.g. a member cut off from its quorum
                 continue
             except httpx.TransportError as exc:
-                reason = _describe(exc, self.config.connect_timeout, endpoint)
+                reason = _describe(exc, self.config, endpoint)
                 if _was_sent(exc) and not idempotent:
                     raise EtcdConnectionError(
                         f"etcd at {endpoint}: {reason} during {path}; its outcome is unknown"
@@ -631,7 +639,9 @@ class EtcdClient:
             if self._token is None:
                 await self._authenticate(endpoint)
             self._requests += 1
-            response = await self._http.post(f"{endpoint}{path}", json=body, headers=self._headers())
+            response = await self._http.post(
+                f"{endpoint}{path}", json=body, headers=self._headers(), timeout=self._unary_timeout
+            )
             content = await response.aread()
             self._note_local_address(response)
             if response.status_code == 200:
@@ -789,7 +799,7 @@ class Watch:
                 continue
             except httpx.TransportError as exc:
                 await self._aclose_stack(stack)
-                failures.append((endpoint, _describe(exc, client.config.connect_timeout, endpoint)))
+                failures.append((endpoint, _describe(exc, client.config, endpoint)))
                 continue
             except BaseException:
                 await self._aclose_stack(stack)
@@ -867,7 +877,7 @@ class Watch:
             result = await self._read_line()
         except (httpx.TransportError, _EndpointFailed) as exc:
             # The member went away: resume on the next one from the revision after the last delivered event.
-            reason = exc.reason if isinstance(exc, _EndpointFailed) else _describe(exc, 0, self._endpoint)
+            reason = exc.reason if isinstance(exc, _EndpointFailed) else _describe(exc, self._client.config, self._endpoint)
             logger.warning("etcd watch at %s: %s; reopening from revision %d", self._endpoint, reason, self._next)
             await self._close()
             self._client._adopt((self._client._current + 1) % len(self._client.config.endpoints))
