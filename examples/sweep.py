@@ -9,6 +9,7 @@ so the workers need not find this file on their ``sys.path``.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import socket
@@ -51,6 +52,10 @@ def train(lr: float, steps: int, step_time: float, progress_port: int) -> float:
             time.sleep(step_time)
             line = {"lr": lr, "rank": rank, "pid": os.getpid(), "step": step, "steps": steps, "loss": loss.item()}
             progress.sendall(json.dumps(line).encode() + b"\n")
+    # DDP's reference cycles would keep the process group, and gloo's threads, alive into interpreter shutdown,
+    # where they can abort the worker (see elastic_ddp/train.py): free it before destroying the group.
+    del model
+    gc.collect()
     dist.destroy_process_group()
     return loss.item()
 
