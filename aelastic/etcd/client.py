@@ -877,7 +877,10 @@ class Watch:
             result = await self._read_line()
         except (httpx.TransportError, _EndpointFailed) as exc:
             # The member went away: resume on the next one from the revision after the last delivered event.
-            reason = exc.reason if isinstance(exc, _EndpointFailed) else _describe(exc, self._client.config, self._endpoint)
+            if isinstance(exc, _EndpointFailed):
+                reason = exc.reason
+            else:
+                reason = _describe(exc, self._client.config, self._endpoint)
             logger.warning("etcd watch at %s: %s; reopening from revision %d", self._endpoint, reason, self._next)
             await self._close()
             self._client._adopt((self._client._current + 1) % len(self._client.config.endpoints))
