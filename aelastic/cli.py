@@ -14,7 +14,8 @@ import shutil
 import signal
 import sys
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AsyncExitStack, contextmanager
 from functools import partial
 from typing import Any, NoReturn, TextIO
 
@@ -31,7 +32,16 @@ from .errors import AelasticError, ConfigurationError, RendezvousConnectionError
 from .launcher import rendezvous_parameters
 from .rendezvous.api import RendezvousParameters, check_parameters
 from .rendezvous.state import Action, NodeDesc, NodeTimers, RendezvousSettings, RendezvousState
-from .status import check_readable, describe, read_rendezvous, rendezvous_settings, waiting_reason
+from .status import (
+    Watch,
+    check_readable,
+    describe,
+    open_reader,
+    read_rendezvous,
+    rendezvous_settings,
+    state_or_none,
+    waiting_reason,
+)
 from .store.server import serve_store
 
 __all__ = ["main"]
@@ -531,7 +541,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Read a c10d or etcd rendezvous without joining it and show its round, whether it is complete "
         "or closed, the participants (with ranks once complete) and their addresses, the nodes waiting and in "
         "reserve, and one line saying why it has not completed yet. Give the job's own flags (or run it where the "
-        "job's PET_* variables are set).",
+        "job's PET_* variables are set). --watch follows it, with the time left in the last call and in each join "
+        "it sees begin.",
     )
     _add(status, "--rdzv-backend", dest="rdzv_backend", default="c10d",
          help="c10d or etcd (default: %(default)s)")  # fmt: skip
@@ -542,8 +553,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add(status, "--nnodes", dest="nnodes", default=None,
          help="the job's N or MIN:MAX, to say what the round waits for (default: unknown)")  # fmt: skip
     status.add_argument("--json", action="store_true", help="print JSON for machines (default: text)")
+    status.add_argument("--watch", action="store_true",
+                        help="follow the rendezvous until it closes (Ctrl-C to stop): redraw on a terminal, else "
+                        "print each change (with --json, one object per line) (default: one read)")  # fmt: skip
     status.add_argument("--timeout", type=float, default=10.0,
-                        help="seconds to connect and read (default: %(default)s)")  # fmt: skip
+                        help="seconds to connect and for each read (default: %(default)s)")  # fmt: skip
     status.set_defaults(entry=_entry_status)
     return parser
 
@@ -553,19 +567,58 @@ def _entry_run(args: argparse.Namespace) -> Callable[[], Any]:
     return partial(_run_job, config, entrypoint, script_args)
 
 
-async def _show_status(params: RendezvousParameters, known_counts: bool, as_json: bool, read_seconds: float) -> int:
+@contextmanager
+def _answer_within(params: RendezvousParameters, seconds: float) -> Iterator[None]:
     try:
-        with anyio.fail_after(read_seconds):
-            state = await read_rendezvous(params)
+        with anyio.fail_after(seconds):
+            yield
     except TimeoutError:
         raise RendezvousConnectionError(
             f"rendezvous {params.run_id!r}: the {params.backend} backend at {params.endpoint!r} did not answer "
-            f"within --timeout {read_seconds:g}s"
+            f"within --timeout {seconds:g}s"
         ) from None
-    settings = rendezvous_settings(params) if known_counts else None
+
+
+async def _show_status(
+    params: RendezvousParameters, settings: RendezvousSettings | None, as_json: bool, read_seconds: float
+) -> int:
+    with _answer_within(params, read_seconds):
+        state = await read_rendezvous(params)
     view = describe(state, settings, run_id=params.run_id, backend=params.backend, endpoint=params.endpoint)
     print(json.dumps(view.to_json(), indent=2) if as_json else view.render(), flush=True)
     return 0
+
+
+async def _watch_status(
+    params: RendezvousParameters, settings: RendezvousSettings | None, as_json: bool, read_seconds: float
+) -> int:
+    """Follow the rendezvous until it closes: woken by each change, and each second (a join request wakes no one,
+    and a countdown moves) to read it again. A terminal is redrawn at every read; other output gets the view at
+    each change."""
+    watch = Watch(settings)
+    terminal = sys.stdout.isatty()
+    shown: object = ()  # the state last printed; () matches no state, so the first read prints
+    async with AsyncExitStack() as stack:
+        with _answer_within(params, read_seconds):
+            reader = await stack.enter_async_context(open_reader(params))
+        while True:
+            with _answer_within(params, read_seconds):
+                seen = await reader.read()
+            state, now = state_or_none(seen), anyio.current_time()
+            watch.observe(state, now)
+            if terminal or state != shown:
+                view = describe(state, settings, run_id=params.run_id, backend=params.backend,
+                                endpoint=params.endpoint, watch=watch, now=now)  # fmt: skip
+                if as_json:
+                    text = json.dumps(view.to_json())
+                else:
+                    text = ("\x1b[H\x1b[2J" if terminal else "") + view.render() + ("" if terminal else "\n")
+                print(text, flush=True)
+                shown = state
+            if state is not None and state.closed:
+                return 0
+            with anyio.move_on_after(1.0):
+                await reader.wait_for_change(seen)
 
 
 def _entry_status(args: argparse.Namespace) -> Callable[[], Any]:
@@ -577,7 +630,8 @@ def _entry_status(args: argparse.Namespace) -> Callable[[], Any]:
     conf = parse_rdzv_conf(args.rdzv_conf)
     params = RendezvousParameters(args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id, low, high, **conf)
     check_readable(params)
-    return partial(_show_status, params, args.nnodes is not None, args.json, args.timeout)
+    settings = rendezvous_settings(params) if args.nnodes is not None else None
+    return partial(_watch_status if args.watch else _show_status, params, settings, args.json, args.timeout)
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:

@@ -1,18 +1,22 @@
 """A rendezvous as a person wants to see it: who joined, who waits, and why the round has not completed yet.
 
-Two halves. :func:`describe` is pure: (state, settings, and, inside a node, that node's timers and clock) to a
-:class:`RendezvousView` that renders as text or JSON; its :attr:`~RendezvousView.reason` is the one line
-``aelastic run`` shows live on a terminal while it waits. :func:`read_rendezvous` reads the state through the
-backend without joining, writing or creating anything (``aelastic status``).
+Two halves. :func:`describe` is pure: (state, settings, and either a node's own timers or a :class:`Watch`, with
+a clock) to a :class:`RendezvousView` that renders as text or JSON; its :attr:`~RendezvousView.reason` is the one
+line ``aelastic run`` shows live on a terminal while it waits. :func:`open_reader` reads the state through the
+backend, and waits for its changes, without joining, writing or creating anything (``aelastic status``).
 
 Time left: the shared state holds no clock (nothing compares clocks of different hosts), so the last-call and
-join deadlines exist only as each node's own monotonic timers. Inside a node (``aelastic run``) they are shown;
-from outside (``aelastic status``) the view says so and gives the configured windows instead.
+join deadlines exist only as each node's own monotonic timers. Inside a node (``aelastic run``) they are shown.
+From outside, one read cannot know them (when did the last call open?), so a single ``aelastic status`` gives
+the configured windows; ``aelastic status --watch`` follows the changes and times what it sees begin, on its own
+clock, with the nodes' own rules (:class:`Watch`).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
@@ -20,27 +24,37 @@ from ._net import format_address, parse_endpoint
 from .errors import ConfigurationError, RendezvousConnectionError, StoreConnectionError
 from .rendezvous.api import RendezvousParameters, check_parameters
 from .rendezvous.backends import C10D_DEFAULT_PORT, C10dSettings
-from .rendezvous.backends.base import Versioned
+from .rendezvous.backends.base import RendezvousBackend, Versioned
 from .rendezvous.backends.store import StoreBackend
 from .rendezvous.dynamic import state_of
-from .rendezvous.state import NodeDesc, NodeTimers, RendezvousSettings, RendezvousState
+from .rendezvous.state import NodeDesc, NodeTimers, RendezvousSettings, RendezvousState, update_timers
 from .store.client import open_store_client
 
 __all__ = [
     "NodeView",
+    "RendezvousReader",
     "RendezvousView",
+    "Watch",
     "check_readable",
     "describe",
+    "open_reader",
     "read_rendezvous",
     "rendezvous_settings",
+    "state_or_none",
     "waiting_reason",
 ]
 
 _OUTSIDE_TIMING: Final = (
     "time left not shown: deadlines are each node's own monotonic timers and the shared state holds no clock "
-    "(nothing compares clocks across hosts); `aelastic run` shows its countdown on a terminal"
+    "(nothing compares clocks across hosts); --watch times what it sees begin"
 )
 _INSIDE_TIMING: Final = "this node's own deadlines, on its monotonic clock"
+_WATCH_TIMING: Final = (
+    "watching: time left is measured on this viewer's clock from the changes it saw, so it is at most the time "
+    "that actually remains (late by the time a change took to arrive); a last call or a join that began before "
+    "the watch is not timed"
+)
+_WATCH_NO_COUNTS: Final = "watching: give --nnodes MIN:MAX to time the last call and the joins"
 
 
 def _nodes(count: int, more: str = "") -> str:
@@ -82,7 +96,9 @@ def waiting_reason(
     if left is None:
         window = f"last_call_timeout={settings.last_call_timeout:g}s"
         return f"last call: completes up to {window} after min_nodes joined {counts}"
-    return f"last call: completes in {math.ceil(left)}s unless {_nodes(high - have, 'more ')} join first {counts}"
+    more = high - have
+    join = "joins" if more == 1 else "join"
+    return f"last call: completes in {math.ceil(left)}s unless {_nodes(more, 'more ')} {join} first {counts}"
 
 
 def _last_call_left(state: RendezvousState, timers: NodeTimers | None, now: float | None) -> float | None:
@@ -100,6 +116,7 @@ class NodeView:
     addr: str
     pid: int
     rank: int | None = None
+    join_seconds_left: float | None = None  # --watch: for a join it saw begin
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +136,8 @@ class RendezvousView:
     waiting: tuple[NodeView, ...]
     reserve: tuple[NodeView, ...]
     last_call_seconds_left: float | None
-    join_seconds_left: float | None
+    join_seconds_left: float | None  # inside a node: its own join; --watch gives each node's in its NodeView
+    clock: str | None  # whose clock timed the seconds left: "node" (its own), "viewer" (--watch), None
     timing: str
     reason: str
 
@@ -131,7 +149,8 @@ class RendezvousView:
             lines = [f"  {title} ({len(nodes)}):" + ("" if nodes else " none")]
             for n in nodes:
                 rank = "" if n.rank is None else f"rank {n.rank:<4} "
-                lines.append(f"    {rank}{n.addr:<24} pid {n.pid:<8} {n.id}")
+                join = "" if n.join_seconds_left is None else f"  join: at most {n.join_seconds_left:.0f}s left"
+                lines.append(f"    {rank}{n.addr:<24} pid {n.pid:<8} {n.id}{join}")
             return lines
 
         counts = "unknown (give --nnodes)" if self.min_nodes is None else f"min {self.min_nodes}, max {self.max_nodes}"
@@ -151,7 +170,8 @@ class RendezvousView:
             *listing("reserve (beyond max_nodes)", self.reserve),
         ]
         if self.last_call_seconds_left is not None:
-            lines.append(f"  last call: {self.last_call_seconds_left:.1f}s left")
+            at_most = "at most " if self.clock == "viewer" else ""
+            lines.append(f"  last call: {at_most}{self.last_call_seconds_left:.1f}s left")
         if self.join_seconds_left is not None:
             lines.append(f"  join timeout: {self.join_seconds_left:.1f}s left")
         lines.append(f"  time: {self.timing}")
@@ -167,6 +187,58 @@ def _windows(settings: RendezvousSettings | None) -> str:
     )
 
 
+class Watch:
+    """Time left as a viewer outside the nodes can know it: measured on the viewer's own monotonic clock from the
+    changes it saw, with the nodes' own timer rules (:func:`~aelastic.rendezvous.state.update_timers`).
+
+    A node opens its last call when it sees the round reach ``min_nodes``, and starts its join timer when it
+    begins to join; the viewer sees either only after it happened, so each time it gives is at most the time
+    left (late by the time the change took to reach it; a join request shows at the viewer's next read). What
+    began before the first observation (a last call already open, a node already listed) has an unknown start
+    and is not timed; a node's next join, after its round completed or it left, is.
+    """
+
+    def __init__(self, settings: RendezvousSettings | None) -> None:
+        self.settings = settings  # None: the node counts are unknown, so nothing can be timed
+        self._round: NodeTimers | None = None  # the last call, kept as update_timers keeps it (no node)
+        self._round_seen_open = False  # the current last call opened before the first observation
+        self._joins: dict[NodeDesc, NodeTimers] = {}
+        self._untimed: set[NodeDesc] | None = None  # listed, joining since before they could be seen
+
+    def observe(self, state: RendezvousState | None, now: float) -> None:
+        """Fold one read of the state (None: no node opened the run) taken at ``now`` (the viewer's clock)."""
+        settings = self.settings
+        if settings is None:
+            return
+        state = state or RendezvousState()
+        first = self._untimed is None
+        self._round = update_timers(self._round or NodeTimers(math.inf), state, settings, now)
+        if self._round.last_call_deadline is None:
+            self._round_seen_open = False
+        elif first:
+            self._round_seen_open = True
+        finished = set(state.participants) if state.complete else set()
+        joining = set(state.all_nodes()) - finished
+        if self._untimed is None:
+            self._untimed = joining
+        self._untimed &= joining  # a node that finished or left is timed from its next join on
+        for node in list(self._joins):
+            if node not in joining:
+                del self._joins[node]
+        for node in joining - self._untimed:
+            timers = self._joins.get(node) or NodeTimers(now + settings.join_timeout)
+            self._joins[node] = update_timers(timers, state, settings, now, node=node)
+
+    @property
+    def round_timers(self) -> NodeTimers | None:
+        """The last call as the viewer timed it; None when it opened before the watch (or nothing was read)."""
+        return None if self._round_seen_open else self._round
+
+    def join_seconds_left(self, node: NodeDesc, now: float) -> float | None:
+        timers = self._joins.get(node)
+        return None if timers is None else max(0.0, timers.join_deadline - now)
+
+
 def describe(
     state: RendezvousState | None,
     settings: RendezvousSettings | None,
@@ -175,17 +247,29 @@ def describe(
     backend: str,
     endpoint: str,
     timers: NodeTimers | None = None,
+    watch: Watch | None = None,
     now: float | None = None,
 ) -> RendezvousView:
-    """The view of ``state`` (None: no node opened the run yet). ``timers`` and ``now`` are a node's own (its
-    monotonic clock); without them no time left is shown, and ``timing`` says why."""
+    """The view of ``state`` (None: no node opened the run yet) at ``now``, with time left from ``timers`` (a
+    node's own, on its monotonic clock) or from ``watch`` (a viewer's, on its clock); with neither, or without
+    ``now``, no time left is shown, and ``timing`` says why."""
     exists = state is not None
     state = state or RendezvousState()
+    if now is None:
+        timers = watch = None
+    if watch is not None:
+        timers = watch.round_timers
+        clock = "viewer" if watch.settings is not None else None
+        timing = _WATCH_TIMING if watch.settings is not None else _WATCH_NO_COUNTS
+    else:
+        clock = "node" if timers is not None else None
+        timing = _INSIDE_TIMING if timers is not None else _OUTSIDE_TIMING
 
     def view(node: NodeDesc) -> NodeView:
-        return NodeView(node.id, node.addr, node.pid, state.rank_of(node))
+        join = None if watch is None or now is None else watch.join_seconds_left(node, now)
+        return NodeView(node.id, node.addr, node.pid, state.rank_of(node), join)
 
-    inside = timers is not None and now is not None
+    own = timers if watch is None and not state.complete else None  # a node's own join, while it lasts
     return RendezvousView(
         run_id=run_id,
         backend=backend,
@@ -200,18 +284,15 @@ def describe(
         waiting=tuple(view(n) for n in state.wait_list),
         reserve=tuple(view(n) for n in state.redundancy_list),
         last_call_seconds_left=_last_call_left(state, timers, now),
-        join_seconds_left=(
-            max(0.0, timers.join_deadline - now)
-            if timers is not None and now is not None and not state.complete
-            else None
-        ),
-        timing=(_INSIDE_TIMING if inside else _OUTSIDE_TIMING) + _windows(settings),
+        join_seconds_left=None if own is None or now is None else max(0.0, own.join_deadline - now),
+        clock=clock,
+        timing=timing + _windows(settings),
         reason=waiting_reason(state if exists else None, settings, timers, now),
     )
 
 
 def check_readable(params: RendezvousParameters) -> None:
-    """Refuse, without I/O, what :func:`read_rendezvous` cannot read: a backend without shared state, bad keys."""
+    """Refuse, without I/O, what :func:`open_reader` cannot read: a backend without shared state, bad keys."""
     if params.backend not in ("c10d", "etcd", "etcd-v2"):
         raise ConfigurationError(
             f"--rdzv-backend {params.backend!r}: keeps no shared rendezvous state to show; "
@@ -230,19 +311,37 @@ def rendezvous_settings(params: RendezvousParameters) -> RendezvousSettings:
     return etcd_setup(params)[0].rendezvous
 
 
-async def read_rendezvous(params: RendezvousParameters) -> RendezvousState | None:
-    """The rendezvous state of ``params`` as its backend holds it now, or None if no node opened the run yet.
+@dataclass(frozen=True, slots=True)
+class RendezvousReader:
+    """Reads one run's rendezvous state through its backend, and waits for it to change; never writes."""
 
-    Reads only: it joins nothing, writes nothing, creates no key. Bound it with ``anyio.fail_after``; on
-    cancellation the connection is closed.
+    backend: RendezvousBackend
+
+    async def read(self) -> Versioned:
+        """The state now; version 0 while no node has opened the run (the store driver's reader never blocks
+        on, or creates, a key no node made)."""
+        backend = self.backend
+        return await (backend.read_state() if isinstance(backend, StoreBackend) else backend.get_state())
+
+    async def wait_for_change(self, seen: Versioned) -> None:
+        """Return once the state moved past ``seen`` (a server-side wait or a watch). Join requests appended
+        meanwhile wake no one: only a later read shows them."""
+        await self.backend.wait_for_change(seen)
+
+
+@asynccontextmanager
+async def open_reader(params: RendezvousParameters) -> AsyncIterator[RendezvousReader]:
+    """A reader of the rendezvous of ``params``: it joins nothing, writes nothing, creates no key. Bound its
+    calls with ``anyio.fail_after``; the connection closes on exit.
 
     Raises:
         ConfigurationError: bad parameters, or a backend that keeps no shared state (static).
-        RendezvousConnectionError: the backend refused the connection or broke it.
+        RendezvousConnectionError: the backend refused the connection or broke it (on opening or in use).
     """
     check_readable(params)
     try:
-        return await (_read_store(params) if params.backend == "c10d" else _read_etcd(params))
+        async with _open_backend(params) as backend:
+            yield RendezvousReader(backend)
     except StoreConnectionError as exc:
         raise RendezvousConnectionError(
             f"could not read rendezvous {params.run_id!r} from the {params.backend} backend at "
@@ -250,24 +349,31 @@ async def read_rendezvous(params: RendezvousParameters) -> RendezvousState | Non
         ) from exc
 
 
-def _state(seen: Versioned) -> RendezvousState | None:
+async def read_rendezvous(params: RendezvousParameters) -> RendezvousState | None:
+    """The rendezvous state of ``params`` as its backend holds it now, or None if no node opened the run yet
+    (one read through :func:`open_reader`, which says what it raises)."""
+    async with open_reader(params) as reader:
+        return state_or_none(await reader.read())
+
+
+def state_or_none(seen: Versioned) -> RendezvousState | None:
     """What every node decides on (the written state with the pending join requests folded in); None while no
     node has opened the run."""
     return None if seen.data is None and not seen.pending else state_of(seen)
 
 
-async def _read_store(params: RendezvousParameters) -> RendezvousState | None:
-    host, port = parse_endpoint(params.endpoint, C10D_DEFAULT_PORT)
-    if port == 0:
-        raise ConfigurationError(
-            f"--rdzv-endpoint {format_address(host, port)!r}: port 0 is chosen by the hosting node; give the real port"
-        )
-    async with open_store_client(host, port) as client:
-        seen = await StoreBackend(client, params.run_id).read_state()
-    return _state(seen)
-
-
-async def _read_etcd(params: RendezvousParameters) -> RendezvousState | None:
+@asynccontextmanager
+async def _open_backend(params: RendezvousParameters) -> AsyncIterator[RendezvousBackend]:
+    if params.backend == "c10d":
+        host, port = parse_endpoint(params.endpoint, C10D_DEFAULT_PORT)
+        if port == 0:
+            raise ConfigurationError(
+                f"--rdzv-endpoint {format_address(host, port)!r}: port 0 is chosen by the hosting node; "
+                "give the real port"
+            )
+        async with open_store_client(host, port) as client:
+            yield StoreBackend(client, params.run_id)
+        return
     # Imported here: the etcd driver pulls in httpx, which only an etcd rendezvous needs.
     from .etcd.client import open_etcd_client
     from .rendezvous.backends.etcd import EtcdBackend, etcd_setup
@@ -275,5 +381,4 @@ async def _read_etcd(params: RendezvousParameters) -> RendezvousState | None:
     _, settings = etcd_setup(params)
     async with open_etcd_client(settings.etcd) as client:
         # lease_ttl is never used: this reader grants no lease and writes nothing.
-        seen = await EtcdBackend(client, settings.key_prefix, params.run_id, lease_ttl=1).get_state()
-    return _state(seen)
+        yield EtcdBackend(client, settings.key_prefix, params.run_id, lease_ttl=1)

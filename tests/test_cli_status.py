@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import signal
 import subprocess
 import sys
@@ -18,17 +19,19 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.abc
 import pytest
+from anyio.streams.text import TextReceiveStream
 
 from aelastic.rendezvous.api import RendezvousParameters, open_rendezvous
 from aelastic.rendezvous.backends.base import RendezvousBackend
 from aelastic.rendezvous.backends.store import StoreBackend
 from aelastic.rendezvous.dynamic import DynamicRendezvousHandler, state_of
 from aelastic.rendezvous.state import NodeDesc, NodeTimers, RendezvousSettings, RendezvousState
-from aelastic.status import describe, waiting_reason
+from aelastic.status import Watch, describe, waiting_reason
 from aelastic.store.client import open_store_client
 from aelastic.store.server import open_store_server
 
@@ -97,7 +100,13 @@ def test_view_of_a_complete_round_has_ranks_addresses_and_lists() -> None:
     assert view.join_seconds_left is None
     assert "shared state holds no clock" in view.timing
     decoded = json.loads(json.dumps(view.to_json()))
-    assert decoded["participants"][1] == {"id": "[fe80::7]_7_1", "addr": "fe80::7", "pid": 7, "rank": 2}
+    assert decoded["participants"][1] == {
+        "id": "[fe80::7]_7_1",
+        "addr": "fe80::7",
+        "pid": 7,
+        "rank": 2,
+        "join_seconds_left": None,
+    }
     assert decoded["reason"] == view.reason
     text = view.render()
     assert "rank 2" in text
@@ -121,6 +130,48 @@ def test_view_inside_a_node_shows_its_own_countdowns() -> None:
     assert view.participants[0].rank is None  # not complete: no rank yet
     assert "own deadlines" in view.timing
     assert "last call: 10.0s left" in view.render()
+
+
+def test_watch_times_only_what_it_saw_begin() -> None:
+    """The viewer's clock times a last call and a join from when it saw them begin; what began before its first
+    read is not timed, and a node's next join (after its round completed) is."""
+    rdzv = RendezvousSettings("job", 2, 3, last_call_timeout=30.0, join_timeout=600.0)
+    watch = Watch(rdzv)
+    watch.observe(RendezvousState(participants=(A, B)), now=100.0)  # mid-last-call at the first read
+    assert watch.round_timers is None
+    assert (watch.join_seconds_left(A, 100.0), watch.join_seconds_left(B, 100.0)) == (None, None)
+    view = describe(RendezvousState(participants=(A, B)), rdzv, run_id="job", backend="c10d", endpoint="h:1",
+                    watch=watch, now=100.0)  # fmt: skip
+    assert view.last_call_seconds_left is None
+    assert view.reason.startswith("last call: completes up to last_call_timeout=30s")
+
+    watch.observe(RendezvousState(participants=(A, B, C)), now=101.0)  # C's join began before it showed
+    assert watch.join_seconds_left(C, 101.0) == 600.0
+    assert watch.round_timers is None  # the same last call: still untimed
+    done = RendezvousState(complete=True, participants=(A, B, C), rank_order=(A, B, C))
+    watch.observe(done, now=102.0)
+    assert watch.join_seconds_left(C, 102.0) is None  # its join is over
+
+    # The round's members re-join a new round: A first (below min_nodes), then B (the last call opens).
+    watch.observe(RendezvousState(round=1, participants=(A,), rank_order=(A, B, C)), now=200.0)
+    assert watch.join_seconds_left(A, 210.0) == 590.0
+    assert watch.round_timers is not None
+    assert watch.round_timers.last_call_deadline is None
+    state = RendezvousState(round=1, participants=(A, B), rank_order=(A, B, C))
+    watch.observe(state, now=205.0)
+    view = describe(state, rdzv, run_id="job", backend="c10d", endpoint="h:1", watch=watch, now=215.0)
+    assert view.last_call_seconds_left == 20.0
+    assert view.clock == "viewer"
+    assert view.reason == "last call: completes in 20s unless 1 more node joins first (have 2, min 2, max 3)"
+    assert [p.join_seconds_left for p in view.participants] == [585.0, 590.0]
+    assert "last call: at most 20.0s left" in view.render()
+    assert "join: at most 585s left" in view.render()
+
+    unknown = Watch(None)  # no --nnodes: nothing can be timed
+    unknown.observe(state, now=1.0)
+    view = describe(state, None, run_id="job", backend="c10d", endpoint="h:1", watch=unknown, now=2.0)
+    assert (view.last_call_seconds_left, view.clock) == (None, None)
+    assert "give --nnodes" in view.timing
 
 
 def test_view_of_a_run_no_node_opened() -> None:
@@ -242,6 +293,59 @@ async def test_status_of_a_live_two_node_rendezvous_waiting_then_complete(tmp_pa
 
 
 @pytest.mark.anyio
+async def test_status_watch_follows_a_live_rendezvous_with_time_left(tmp_path: Path) -> None:
+    """``status --watch --json`` started before any node: a line per change; the first agent's join is timed
+    from when the watch saw it, and the last call from when the second agent brought the round to min_nodes."""
+    run_id = "watch-status"
+    conf = "is_host=false,join_timeout=120,last_call_timeout=60"
+    async with AsyncExitStack() as stack:
+        server = await stack.enter_async_context(open_store_server("127.0.0.1", 0))
+        endpoint = f"127.0.0.1:{server.port}"
+        start = await stack.enter_async_context(agents())
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PET_")} | {"PROBE_OUT": str(tmp_path)}
+        argv = [sys.executable, "-m", "aelastic", "status", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+                "--rdzv-id", run_id, "--rdzv-conf", conf, "--nnodes", "2:3", "--watch", "--json"]  # fmt: skip
+        watcher = await stack.enter_async_context(await anyio.open_process(argv, stdin=subprocess.DEVNULL))
+        stack.callback(watcher.kill)
+        assert watcher.stdout is not None
+        lines = TextReceiveStream(watcher.stdout)
+        buffered = ""
+
+        async def next_view(done: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+            nonlocal buffered
+            with anyio.fail_after(DEADLINE):
+                while True:
+                    while "\n" not in buffered:
+                        buffered += await lines.receive()
+                    line, buffered = buffered.split("\n", 1)
+                    view: dict[str, Any] = json.loads(line)
+                    if done(view):
+                        return view
+
+        view = await next_view(lambda v: True)
+        assert (view["exists"], view["clock"]) == (False, "viewer")
+
+        flags = ["--nnodes", "2:3", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+                 "--rdzv-id", run_id, "--rdzv-conf", conf, PROBE]  # fmt: skip
+        first = await start(*flags, env=env, stderr=subprocess.DEVNULL)
+        view = await next_view(lambda v: len(v["participants"]) == 1)
+        assert view["reason"] == "waiting for 1 more node (have 1, min 2)"
+        (node,) = view["participants"]
+        assert node["pid"] == first.pid
+        assert 0 < node["join_seconds_left"] <= 120
+        assert view["last_call_seconds_left"] is None
+
+        second = await start(*flags, env=env, stderr=subprocess.DEVNULL)
+        view = await next_view(lambda v: len(v["participants"]) == 2)
+        assert sorted(p["pid"] for p in view["participants"]) == sorted([first.pid, second.pid])
+        assert 30 < view["last_call_seconds_left"] <= 60, view
+        assert re.fullmatch(r"last call: completes in \d+s unless 1 more node joins first \(have 2, min 2, max 3\)",
+                            view["reason"]), view  # fmt: skip
+        # While the last call runs, each participant's join lasts at least until its end (the nodes' own rule).
+        assert all(p["join_seconds_left"] >= view["last_call_seconds_left"] for p in view["participants"]), view
+
+
+@pytest.mark.anyio
 async def test_status_errors_are_one_line() -> None:
     async with open_store_server("127.0.0.1", 0) as server:
         result = await status(f"127.0.0.1:{server.port}", "nobody-here")
@@ -299,7 +403,11 @@ async def test_live_line_on_a_terminal_only(tmp_path: Path) -> None:
 async def test_status_of_an_etcd_rendezvous(etcd_endpoint: str) -> None:
     run_id = f"status-etcd-{uuid.uuid4().hex}"  # a new run on the session's etcd
     params = RendezvousParameters("etcd", etcd_endpoint, run_id, 2, 2, key_prefix="/test/status")
-    async with open_rendezvous(params) as handler, anyio.create_task_group() as tg:
+    async with (
+        open_rendezvous(params) as handler,
+        open_rendezvous(params) as second,  # joins only when the test says
+        anyio.create_task_group() as tg,
+    ):
         assert isinstance(handler, DynamicRendezvousHandler)
         tg.start_soon(handler.next_rendezvous)  # one node of min 2: it waits
         await wait_for_state(handler.backend, lambda s: len(s.participants) == 1)
@@ -311,4 +419,20 @@ async def test_status_of_an_etcd_rendezvous(etcd_endpoint: str) -> None:
         view = json.loads(result.stdout)
         assert view["reason"] == "waiting for 1 more node (have 1, min 2)"
         assert [p["pid"] for p in view["participants"]] == [os.getpid()]
+
+        # --watch over etcd: woken by its watch; the node listed before the watch began has no timed join.
+        watcher = await anyio.open_process([*argv, "--watch"], stdin=subprocess.DEVNULL)
+        async with watcher, AsyncExitStack() as stack:
+            stack.callback(watcher.kill)
+            assert watcher.stdout is not None
+            lines = TextReceiveStream(watcher.stdout)
+            received = ""
+            with anyio.fail_after(DEADLINE):
+                while received.count("\n") < 1:
+                    received += await lines.receive()
+                first = json.loads(received.split("\n")[0])
+                assert [p["join_seconds_left"] for p in first["participants"]] == [None]
+                tg.start_soon(second.next_rendezvous)  # the second of min 2, max 2: the round completes
+                while not any(json.loads(line)["complete"] for line in received.splitlines()):
+                    received += await lines.receive()
         tg.cancel_scope.cancel()
