@@ -234,6 +234,7 @@ def main() -> int:
     passed = r["torch_errors"] == 0 and r["connections_left"] == 0 and r["waiters_left"] == 0 and r["leak_free"]
     print("PASS" if passed else "FAIL")
     if args.json is not None:
+
         def record(scenario: str, value: float, unit: str, what: str) -> dict[str, Any]:
             return {"scenario": scenario, "system": "aelastic", "param": None, "unit": unit, "samples": [value],
                     "better": "lower", "what": what}  # fmt: skip

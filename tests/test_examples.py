@@ -100,7 +100,6 @@ def test_allreduce(start: Start) -> None:
     assert sorted(found) == ["0", "1"], proc.output
 
 
-
 # --- store_demo.py ----------------------------------------------------------------------------------------------------
 
 
@@ -113,6 +112,7 @@ def test_store_demo(start: Start, backend: str) -> None:
     assert lines[1:3] == ["get greeting -> hello", "add counter +5 -> 5"]
     assert re.fullmatch(r"waiter woke after \d+\.\d ms with b'arrived'", lines[3]), lines  # woken by the set
     assert re.fullmatch(r"server statistics: ServerStatistics\(.*keys=3, queued=0, waiters=0.*\)", lines[4]), lines
+
 
 # --- elastic_ddp/ -----------------------------------------------------------------------------------------------------
 

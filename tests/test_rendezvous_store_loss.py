@@ -31,17 +31,18 @@ async def open_relayed_store() -> AsyncIterator[Relay]:
 
 
 def _params(relay: Relay, run_id: str, read_timeout: float) -> RendezvousParameters:
-    return RendezvousParameters(
-        "c10d", f"127.0.0.1:{relay.port}", run_id, 1, 1, read_timeout=read_timeout, **FAST
-    )
+    return RendezvousParameters("c10d", f"127.0.0.1:{relay.port}", run_id, 1, 1, read_timeout=read_timeout, **FAST)
 
 
 async def test_a_silent_store_fails_the_node_naming_it_after_read_timeout() -> None:
     read_timeout = 1.0
     async with open_relayed_store() as relay:
-        with anyio.fail_after(30), pytest.RaisesGroup(
-            pytest.RaisesExc(RendezvousConnectionError, match=rf"127\.0\.0\.1:{relay.port}.*read_timeout=1s"),
-            flatten_subgroups=True,
+        with (
+            anyio.fail_after(30),
+            pytest.RaisesGroup(
+                pytest.RaisesExc(RendezvousConnectionError, match=rf"127\.0\.0\.1:{relay.port}.*read_timeout=1s"),
+                flatten_subgroups=True,
+            ),
         ):
             async with open_rendezvous(_params(relay, "silent", read_timeout)) as handler:
                 info = await handler.next_rendezvous()

@@ -86,9 +86,7 @@ class RendezvousParameters:
         if not backend:
             raise ConfigurationError("rendezvous backend '': must name a backend (c10d, etcd, static, ...)")
         if not 1 <= min_nodes <= max_nodes:
-            raise ConfigurationError(
-                f"nodes '{min_nodes}:{max_nodes}': need 1 <= min_nodes <= max_nodes"
-            )
+            raise ConfigurationError(f"nodes '{min_nodes}:{max_nodes}': need 1 <= min_nodes <= max_nodes")
 
     def pop_unknown(self, known: set[str]) -> None:
         """Raise if ``config`` has a key outside ``known``."""

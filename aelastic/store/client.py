@@ -139,9 +139,7 @@ class StoreClient(Store):
             except OSError as exc:
                 error: OSError = exc
             else:
-                stream.extra(anyio.abc.SocketAttribute.raw_socket).setsockopt(
-                    socket.IPPROTO_TCP, socket.TCP_NODELAY, 1
-                )
+                stream.extra(anyio.abc.SocketAttribute.raw_socket).setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 conn = _Connection(stream)
                 try:
                     await self._handshake(conn)

@@ -241,7 +241,7 @@ class Barrier:
 Request = (
     Validate | Set | CompareSet | Get | Add | Check | Wait | GetNumKeys | DeleteKey | Append | MultiGet | MultiSet
     | CancelWait | Ping | QueuePush | QueuePop | QueueLen | ListKeys | Barrier
-)
+)  # fmt: skip
 
 
 # --- replies --------------------------------------------------------------------------------------------------
@@ -773,11 +773,7 @@ class ClientProtocol:
             buf.rewind(mark)
             return NEED_DATA
         self._pending.popleft()
-        if (
-            isinstance(reply, WaitReply)
-            and shape is _Shape.WAIT
-            and reply.response is WaitResponse.WAIT_CANCELED
-        ):
+        if isinstance(reply, WaitReply) and shape is _Shape.WAIT and reply.response is WaitResponse.WAIT_CANCELED:
             if not (self._pending and self._pending[0][0] is _Shape.CANCEL):
                 raise StoreProtocolError("server cancelled a wait that was not cancelled")
             self._folded_cancel = True

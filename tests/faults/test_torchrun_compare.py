@@ -71,8 +71,13 @@ def test_agent_sigkilled_in_training(cluster: Cluster, launcher: str) -> None:
     orphaned = alive(orphan)
     scenario = "agent SIGKILLed in training: survivors training (interval 1 s)"
     if took is not None:
-        report_time(scenario, took, "survivors all-reduce in a world of 2", system=launcher,
-                    outcome=f"recovered; the dead agent's worker {'survives' if orphaned else 'died with it'}")
+        report_time(
+            scenario,
+            took,
+            "survivors all-reduce in a world of 2",
+            system=launcher,
+            outcome=f"recovered; the dead agent's worker {'survives' if orphaned else 'died with it'}",
+        )
     else:
         training = still_training(cluster, "h0", int(first["h0"]["pid"]))  # type: ignore[call-overload]
         report_time(scenario, None, "survivors all-reduce in a world of 2", system=launcher,
