@@ -47,6 +47,7 @@ the listeners and every connection.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import errno
 import logging
@@ -161,7 +162,7 @@ class _Refused(StoreProtocolError):
     """The handshake failed: the replies so far (the auth CHECK's NOT_READY) are sent, then the connection closes."""
 
 
-class _Connection:
+class _Connection(abc.ABC):
     """What the request handlers see of a connection: parser, outbox, handshake and wait state."""
 
     __slots__ = ("awaited", "established", "outbox", "parser", "peer", "validated", "wait_keys")
@@ -186,13 +187,13 @@ class _Connection:
         """The handshake is done: serve requests from now on, with no deadline."""
         self.established = True
 
+    @abc.abstractmethod
     def notify(self) -> None:
         """Bytes were queued in the outbox from outside this connection's own request handling."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def abort(self) -> None:
         """Close the connection now (from any task)."""
-        raise NotImplementedError
 
 
 class _StreamConnection(_Connection):
