@@ -13,6 +13,7 @@ from datetime import timedelta
 import anyio
 import pytest
 import torch.distributed as dist
+from store_checks import GLOO_WORKER, wait_for_connections
 from torch_store_peer import PeerError, TorchPeer
 
 from aelastic.errors import ConfigurationError, RendezvousConnectionError, StoreAuthError
@@ -31,12 +32,6 @@ TOKEN = "correct horse battery staple"
 async def server() -> AsyncIterator[StoreServer]:
     async with open_store_server("127.0.0.1", 0, ServerSettings(auth_token=TOKEN, handshake_timeout=5)) as server:
         yield server
-
-
-async def wait_for_connections(server: StoreServer, count: int) -> None:
-    with anyio.fail_after(10):
-        while server.statistics().connections != count:  # noqa: ASYNC110 - server state has no event to wait on
-            await anyio.sleep(0.005)
 
 
 async def test_client_with_the_token_is_served(server: StoreServer) -> None:
@@ -113,15 +108,6 @@ def test_token_comes_from_the_conf_key_then_the_environment(monkeypatch: pytest.
 
 
 # --- the c10d backend ---------------------------------------------------------------------------------------------
-
-GLOO_WORKER = """
-import torch, torch.distributed as dist
-dist.init_process_group("gloo", init_method="env://")
-t = torch.tensor([float(dist.get_rank() + 1)])
-dist.all_reduce(t)
-print(f"rank={dist.get_rank()} sum={t.item():g}", flush=True)
-dist.destroy_process_group()
-"""
 
 
 @pytest.mark.torch

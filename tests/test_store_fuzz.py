@@ -14,6 +14,7 @@ import anyio.abc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from store_checks import closed_by_server, wait_for_connections
 from torch_store_peer import TorchPeer
 
 from aelastic.store import wire
@@ -42,23 +43,6 @@ async def server() -> AsyncIterator[StoreServer]:
 
 async def connect(server: StoreServer) -> anyio.abc.SocketStream:
     return await anyio.connect_tcp("127.0.0.1", server.port)
-
-
-async def closed_by_server(stream: anyio.abc.SocketStream) -> bool:
-    """Whether the server closes ``stream`` (read to EOF; replies to valid requests are skipped)."""
-    with anyio.move_on_after(10):
-        try:
-            while await stream.receive():
-                pass
-        except (anyio.EndOfStream, anyio.BrokenResourceError):
-            return True
-    return False
-
-
-async def wait_for_connections(server: StoreServer, count: int) -> None:
-    with anyio.fail_after(10):
-        while server.statistics().connections != count:  # noqa: ASYNC110 - server state has no event to wait on
-            await anyio.sleep(0.005)
 
 
 async def assert_healthy(server: StoreServer) -> None:

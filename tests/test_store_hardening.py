@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 import anyio
 import anyio.abc
 import pytest
+from store_checks import closed_by_server, wait_for_connections
 from torch_store_peer import TorchPeer
 
 from aelastic.rendezvous.api import RendezvousParameters, open_rendezvous
@@ -31,17 +32,6 @@ def can_connect(address: str, port: int) -> bool:
         return probe.connect_ex((address, port)) == 0
 
 
-async def closed_by_server(stream: anyio.abc.SocketStream, within: float = 10) -> bool:
-    """Whether the server closes ``stream`` within ``within`` seconds (replies are skipped)."""
-    with anyio.move_on_after(within):
-        try:
-            while await stream.receive():
-                pass
-        except (anyio.EndOfStream, anyio.BrokenResourceError):
-            return True
-    return False
-
-
 async def ping(stream: anyio.abc.SocketStream, nonce: int) -> wire.Reply:
     protocol = wire.ClientProtocol()
     await stream.send(protocol.send(wire.Ping(nonce)))
@@ -49,12 +39,6 @@ async def ping(stream: anyio.abc.SocketStream, nonce: int) -> wire.Reply:
         while (reply := protocol.next_reply()) is wire.NEED_DATA:
             protocol.receive_data(await stream.receive())
     return reply
-
-
-async def wait_for_connections(server: StoreServer, count: int) -> None:
-    with anyio.fail_after(10):
-        while server.statistics().connections != count:  # noqa: ASYNC110 - server state has no event to wait on
-            await anyio.sleep(0.005)
 
 
 @pytest.fixture(autouse=True)

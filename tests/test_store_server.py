@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import anyio
 import anyio.abc
 import pytest
+from store_checks import GLOO_WORKER
 from torch_store_peer import PeerError, TorchPeer
 
 from aelastic.store import wire
@@ -226,16 +227,6 @@ async def test_torch_barrier_and_blocking_queue_pop(server: StoreServer, peers: 
         await second.call("queue_push", "jobs", b"job-1")
     assert popped == [b"job-1"]
     assert await second.call("queue_len", "jobs") == 0
-
-
-GLOO_WORKER = """
-import os, torch, torch.distributed as dist
-dist.init_process_group("gloo", init_method="env://")
-t = torch.tensor([float(dist.get_rank() + 1)])
-dist.all_reduce(t)
-print(f"rank={dist.get_rank()} sum={t.item():g}", flush=True)
-dist.destroy_process_group()
-"""
 
 
 @torch_peer
