@@ -27,6 +27,7 @@ import anyio
 from ._net import format_address
 from .agent.errors import ChildFailedError
 from .agent.logs import Std
+from .agent.processes import StopSignal, stop_signal
 from .config import DEFAULT_SIGNALS, LaunchConfig, parse_nnodes, parse_rdzv_conf, parse_signals
 from .errors import AelasticError, ConfigurationError, RendezvousConnectionError
 from .launcher import rendezvous_parameters
@@ -420,6 +421,8 @@ async def _run_job(config: LaunchConfig, entrypoint: str | Callable[..., Any], a
 
     signals = parse_signals(config.signals_to_handle)
     received: list[int] = []
+    forwarded = StopSignal()
+    stop_signal.set(forwarded)  # the workers are stopped with the signal received (torchrun forwards it too)
     async with anyio.create_task_group() as tg:
         if sys.stderr.isatty():
             live = _LiveLine(sys.stderr)
@@ -433,7 +436,8 @@ async def _run_job(config: LaunchConfig, entrypoint: str | Callable[..., Any], a
                         logger.warning("received %s again: killing workers now", signal.Signals(signum).name)
                         os._exit(128 + received[0])  # the reaper and the parent-death signal kill every worker
                     received.append(int(signum))
-                    logger.warning("received %s: stopping workers", signal.Signals(signum).name)
+                    forwarded.signum = signal.Signals(signum)
+                    logger.warning("received %s: forwarding it to the workers", forwarded.signum.name)
                     job.cancel()
 
         tg.start_soon(on_signals)

@@ -429,6 +429,48 @@ async def test_callable_worker_round_trip(tmp_path: Path) -> None:
         assert read_result(tmp_path / f"result{rank}") == {"sum": (rank + 2) * 10, "pid": exit_.pid, "rank": str(rank)}
 
 
+def return_after_gate(port: int | None) -> int:
+    """Rank 0 (no port) returns at once; rank 1 returns once the test opens its gate."""
+    if port is None:
+        print("returning", os.getpid(), flush=True)
+    else:
+        import socket
+
+        with socket.create_connection(("127.0.0.1", port)) as conn:
+            conn.recv(1)
+    return os.getpid()
+
+
+async def test_callable_workers_finish_together(tmp_path: Path) -> None:
+    """As torch's multiprocessing: no worker exits before every local worker's function has returned."""
+    sink = Sink()
+    outcomes: list[GroupOutcome] = []
+    async with open_gate() as gate, anyio.create_task_group() as tg:
+        commands = []
+        for rank in range(2):
+            write_payload(tmp_path / f"payload{rank}", return_after_gate, (gate.port if rank else None,))
+            args = bootstrap_args(tmp_path / f"payload{rank}", tmp_path / f"result{rank}")
+            commands.append(WorkerCommand(rank, rank, args, {**env(), "LOCAL_RANK": str(rank)}))
+
+        async def run() -> None:
+            outcomes.append(await run_workers(commands, spec(sink), grace=5, reaper=None, finish_together=True))
+
+        tg.start_soon(run)
+        with anyio.fail_after(DEADLINE):
+            (returned,) = await sink.wait_for(r"^\[default0\]:returning (\d+)$")
+        pidfd = os.pidfd_open(int(returned.group(1)))
+        try:
+            with anyio.move_on_after(1.0) as waited:  # an early exit would come at once
+                await anyio.wait_readable(pidfd)
+        finally:
+            os.close(pidfd)
+        assert waited.cancelled_caught, "rank 0 exited while rank 1's function had not returned"
+        await gate.open()
+    (outcome,) = outcomes
+    assert exitcodes(outcome) == {0: 0, 1: 0}, sink.text
+    assert [read_result(tmp_path / f"result{rank}") for rank in range(2)] == [e.pid for e in outcome.exits]
+
+
 async def test_failing_callable_writes_an_error_file_and_no_result(tmp_path: Path) -> None:
     sink = Sink()
     logs = LogSpec(log_dir=tmp_path / "logs", console=ConsoleSinks(stdout=sink, stderr=sink))

@@ -214,3 +214,41 @@ async def test_log_files_are_complete_after_each_kind_of_stop_and_the_restart(tm
         stdout, stderr = (rank_dir / "stdout.log").read_text(), (rank_dir / "stderr.log").read_text()
         assert stdout == "".join(f"out {i}\n" for i in range(2000)) + "partial out"
         assert stderr == "".join(f"err {i}\n" for i in range(2000)) + "partial err"
+
+
+LAUNCHER = """
+import sys
+import aelastic
+import neighbour  # next to this script: found through the launcher's sys.path[0] only
+
+if __name__ == "__main__":
+    print(aelastic.run(aelastic.LaunchConfig(nproc_per_node=2), neighbour.shard_name, "part"))
+"""
+
+NEIGHBOUR = """
+import os
+
+def shard_name(prefix):
+    return f"{prefix}-{os.environ['RANK']}"
+"""
+
+
+def test_function_of_a_module_next_to_the_launching_script_from_another_directory(tmp_path: Path) -> None:
+    """torch's spawn gives workers the launcher's import path; so does aelastic's bootstrap."""
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    project.mkdir()
+    elsewhere.mkdir()
+    (project / "launch.py").write_text(LAUNCHER)
+    (project / "neighbour.py").write_text(NEIGHBOUR)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run(
+        [sys.executable, str(project / "launch.py")],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "{0: 'part-0', 1: 'part-1'}", proc.stdout

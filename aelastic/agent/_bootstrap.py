@@ -5,11 +5,17 @@ The agent writes ``(fn, args, kwargs)`` with cloudpickle (:func:`write_payload`)
 The worker loads it, calls ``fn`` under :func:`~aelastic.agent.errors.record` (an exception lands in
 ``TORCHELASTIC_ERROR_FILE`` and the worker exits 1 with its traceback on stderr), and writes the return value to
 ``result_path`` (:func:`read_result`), atomically: a result file exists only when the call returned.
+
+As torch's spawn does, the worker imports with the launching process's ``sys.path`` (recorded in the payload and
+set before the function is unpickled), so a function of a module that the launcher found through its own path (a
+module next to the launching script, a notebook's directory) imports in the worker too. The worker's own entries
+follow the launcher's. Then the workers finish together (:mod:`aelastic.agent._finish`).
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -17,6 +23,7 @@ from typing import Any
 
 import cloudpickle  # type: ignore[import-untyped]
 
+from ._finish import FinishLine
 from .errors import record
 
 __all__ = ["bootstrap_args", "read_result", "write_payload"]
@@ -28,9 +35,10 @@ def write_payload(
     args: Sequence[object] = (),
     kwargs: Mapping[str, object] | None = None,
 ) -> None:
-    """Write the call ``fn(*args, **kwargs)`` for a worker to ``path`` (cloudpickle; ``__main__`` by value)."""
-    data = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
-    Path(path).write_bytes(data)
+    """Write the call ``fn(*args, **kwargs)`` for a worker to ``path`` (cloudpickle; ``__main__`` by value), with
+    this process's ``sys.path``, which the worker takes before it unpickles the call."""
+    call = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
+    Path(path).write_bytes(pickle.dumps((list(sys.path), call)))
 
 
 def read_result(path: str | os.PathLike[str]) -> Any:
@@ -50,7 +58,9 @@ def bootstrap_args(
 
 
 def _run(payload_path: str, result_path: str) -> None:
-    fn, args, kwargs = cloudpickle.loads(Path(payload_path).read_bytes())
+    launcher_path, call = pickle.loads(Path(payload_path).read_bytes())
+    sys.path[:] = [*launcher_path, *(entry for entry in sys.path if entry not in launcher_path)]
+    fn, args, kwargs = cloudpickle.loads(call)
     result = fn(*args, **kwargs)
     data = cloudpickle.dumps(result)
     tmp = Path(f"{result_path}.tmp{os.getpid()}")
@@ -62,8 +72,28 @@ def main(argv: Sequence[str]) -> int:
     if len(argv) != 2:
         print("usage: python -m aelastic.agent._bootstrap <payload_path> <result_path>", file=sys.stderr)  # noqa: T201
         return 2
+    finish = FinishLine.from_environment()
     record(_run)(argv[0], argv[1])
+    if finish is not None:
+        finish.arrive_and_wait(int(os.environ.get("LOCAL_RANK", "0")))
+    _destroy_gloo_group()
     return 0
+
+
+def _destroy_gloo_group() -> None:
+    """Destroy a gloo default process group that the function left behind, while Python is still alive.
+
+    A gloo worker thread may still hold the last collective's tensors when the function returns; if it drops them
+    while the interpreter finalizes, it needs the GIL, Python ends the thread with a forced unwind and C++ aborts the
+    worker ("terminate called without an active exception", SIGABRT). Destroying the group joins those threads
+    first. Only a plain gloo group is touched (nothing else can run in this process any more, every local worker
+    has returned); NCCL groups are left to the user, as torch leaves them.
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return
+    if dist.get_backend() == "gloo":
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

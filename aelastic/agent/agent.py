@@ -240,7 +240,13 @@ class ElasticAgent:
 
             tg.start_soon(watch)
             self.group.state = WorkerState.HEALTHY
-            outcome = await run_workers(commands, logs, grace=self.shutdown_timeout, reaper=self.reaper)
+            outcome = await run_workers(
+                commands,
+                logs,
+                grace=self.shutdown_timeout,
+                reaper=self.reaper,
+                finish_together=callable(self.spec.entrypoint),  # as torch's multiprocessing runs functions
+            )
             tg.cancel_scope.cancel()
         return (outcome, None) if reason is None else (None, reason)
 

@@ -13,6 +13,13 @@ arrive and hands them to the worker's :class:`WorkerLog`, which routes them, syn
   (``[default0]:`` or the ``log_line_prefix_template``) in one ``write`` call. All pumps run in one event-loop
   thread and never await between receiving a chunk and writing its lines, so two chatty workers can never
   interleave partial lines. A last line without a newline is written, with one, at end of stream.
+* *Terminal passthrough.* When the console stream is a terminal and the worker's stream goes nowhere else (no
+  redirect, no tee), the worker writes to a pseudo-terminal instead of a pipe (:meth:`WorkerLog.terminal_size`),
+  as under torchrun, where workers inherit the terminal: ``isatty()`` is true, and a progress bar's ``\r`` redraws
+  must show live. Such a stream is forwarded as it arrives, partial lines included; the prefix goes at the start
+  of each line (not before a bare ``\r``), and the pseudo-terminal is narrower than the agent's by the prefix, so
+  a bar sized to the terminal does not wrap. When another worker writes while a line is still open on the same
+  console, that line is ended first, so each line stays attributable to one worker.
 
 The mapping follows torch's ``DefaultLogsSpecs``/``TailLog`` (``Std``, ``redirects``, ``tee``,
 ``local_ranks_filter``), but is event-driven (no 0.1 s polling of files) and every console line goes through the
@@ -25,8 +32,10 @@ handler: they hit the page cache or the terminal and do not wait on the workers.
 
 from __future__ import annotations
 
+import codecs
 import enum
 import logging
+import os
 import re
 import shutil
 import socket
@@ -214,21 +223,47 @@ def _std_for(spec: StdSpec, local_rank: int) -> Std:
     return Std(spec.get(local_rank, Std.NONE))
 
 
+# A line ends at "\n", or at a "\r" that is not the first half of "\r\n" (a progress bar's redraw).
+_TERMINAL_PIECES: Final = re.compile(r"(?<=\n)|(?<=\r)(?!\n)")
+# The stream that left an open (unterminated) line on each console (see _console_key).
+_open_lines: dict[object, _Stream] = {}
+
+
+def _console_key(sink: TextSink) -> object:
+    """What identifies a console: its file (the agent's stdout and stderr are often one terminal), else the sink."""
+    try:
+        stat = os.fstat(sink.fileno())  # type: ignore[attr-defined]
+    except (AttributeError, OSError, ValueError):
+        return id(sink)
+    return (stat.st_dev, stat.st_ino)
+
+
 class _Stream:
     """One of a worker's two streams: its file, its console, its partial line."""
 
-    __slots__ = ("console", "file", "pending", "prefix", "tail")
+    __slots__ = ("at_line_start", "console", "decoder", "file", "pending", "prefix", "tail", "terminal")
 
-    def __init__(self, file: BinaryIO | None, console: TextSink | None, prefix: str, tail: deque[str] | None) -> None:
+    def __init__(
+        self,
+        file: BinaryIO | None,
+        console: TextSink | None,
+        prefix: str,
+        tail: deque[str] | None,
+        *,
+        terminal: bool = False,
+    ) -> None:
         self.file = file
         self.console = console  # None: not shown (redirected, or filtered out)
         self.prefix = prefix
         self.tail = tail
+        self.terminal = terminal  # forwarded as it arrives (module doc)
         self.pending = bytearray()
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")  # a character may straddle two chunks
+        self.at_line_start = True
 
     @property
     def needs_lines(self) -> bool:
-        return self.console is not None or self.tail is not None
+        return (self.console is not None and not self.terminal) or self.tail is not None
 
     def feed(self, data: bytes) -> None:
         if self.file is not None:
@@ -237,6 +272,8 @@ class _Stream:
             except OSError as exc:  # disk full, ...: keep the workers running, say so once
                 logger.warning("cannot write worker output to %s (%s): no more output goes there", self.file.name, exc)
                 self.file = None
+        if self.terminal and self.console is not None:
+            self._forward(self.decoder.decode(data))
         if not self.needs_lines:
             return
         self.pending += data
@@ -256,6 +293,10 @@ class _Stream:
             self._emit(lines)
 
     def finish(self) -> None:
+        if self.terminal and self.console is not None:
+            self._forward(self.decoder.decode(b"", final=True))
+            if not self.at_line_start:
+                self._forward("\n")
         if self.pending:
             line = self.pending.decode("utf-8", "replace") + "\n"
             self.pending.clear()
@@ -263,15 +304,43 @@ class _Stream:
 
     def _emit(self, lines: list[str]) -> None:
         if self.tail is not None:
-            self.tail.extend(line.rstrip("\n") for line in lines)
-        if self.console is not None:
+            # What a terminal would show of each line: the text after its last carriage return.
+            self.tail.extend(line.rstrip("\r\n").rsplit("\r", 1)[-1] for line in lines)
+        if self.console is not None and not self.terminal:
             # One write per batch of whole lines: nothing else can write to the sink in between.
-            try:
-                self.console.write("".join(self.prefix + line for line in lines))
-                self.console.flush()
-            except (OSError, ValueError) as exc:  # the agent's console went away (a closed pipe, a closed file)
-                logger.warning("cannot write worker output to the console (%s): it is dropped from now on", exc)
-                self.console = None
+            self._write("".join(self.prefix + line for line in lines))
+
+    def _forward(self, text: str) -> None:
+        if not text or self.console is None:
+            return
+        key = _console_key(self.console.target() if isinstance(self.console, _ConsoleRef) else self.console)
+        other = _open_lines.get(key)
+        parts = []
+        if other is not None and other is not self:
+            other.at_line_start = True  # its line is ended here; its next output starts a new one
+            parts.append("\n")
+        for piece in _TERMINAL_PIECES.split(text):
+            if not piece:
+                continue
+            if self.at_line_start and piece != "\r":
+                parts.append(self.prefix)
+            parts.append(piece)
+            self.at_line_start = piece[-1] in "\r\n"
+        if self.at_line_start:
+            _open_lines.pop(key, None)
+        else:
+            _open_lines[key] = self
+        self._write("".join(parts))
+
+    def _write(self, text: str) -> None:
+        if self.console is None:
+            return
+        try:
+            self.console.write(text)
+            self.console.flush()
+        except (OSError, ValueError) as exc:  # the agent's console went away (a closed pipe, a closed file)
+            logger.warning("cannot write worker output to the console (%s): it is dropped from now on", exc)
+            self.console = None
 
 
 class WorkerLog:
@@ -293,6 +362,7 @@ class WorkerLog:
         redirects = spec.redirects_for(local_rank)
         tee = spec.tee_for(local_rank)
         self._streams: dict[Std, _Stream] = {}
+        self._terminal_sizes: dict[Std, tuple[int, int]] = {}
         try:
             for std, path in ((Std.OUT, spec.stdout_path(local_rank)), (Std.ERR, spec.stderr_path(local_rank))):
                 file: BinaryIO | None = None
@@ -301,8 +371,13 @@ class WorkerLog:
                     file = open(path, "wb", buffering=0)  # noqa: SIM115 - closed by close()
                     self._files.append(file)
                 on_console = shown and (not (redirects & std) or bool(tee & std))
-                console: TextSink | None = _ConsoleRef(spec.console, std) if on_console else None
-                self._streams[std] = _Stream(file, console, prefix, self._tail if std == Std.ERR else None)
+                console = _ConsoleRef(spec.console, std) if on_console else None
+                size = console.terminal_size() if console is not None and file is None else None
+                if size is not None:
+                    rows, columns = size
+                    self._terminal_sizes[std] = (rows, max(columns - len(prefix), 20))
+                tail = self._tail if std == Std.ERR else None
+                self._streams[std] = _Stream(file, console, prefix, tail, terminal=size is not None)
         except BaseException:
             self.close()
             raise
@@ -316,6 +391,14 @@ class WorkerLog:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def terminal_size(self, std: Std) -> tuple[int, int] | None:
+        """``(rows, columns)`` of the pseudo-terminal the worker should write ``std`` to, or ``None`` for a pipe.
+
+        A terminal when the agent's own console stream is one and the worker's stream goes only there (module doc);
+        the columns are the console's less the prefix.
+        """
+        return self._terminal_sizes.get(std)
 
     def feed(self, std: Std, data: bytes) -> None:
         """Handle a chunk the worker wrote to ``std`` (``Std.OUT`` or ``Std.ERR``)."""
@@ -345,16 +428,32 @@ class _ConsoleRef:
         self._sinks = sinks
         self._std = std
 
-    def _target(self) -> TextSink:
+    def target(self) -> TextSink:
         if self._std == Std.OUT:
             return self._sinks.stdout if self._sinks.stdout is not None else sys.stdout
         return self._sinks.stderr if self._sinks.stderr is not None else sys.stderr
 
+    def terminal_size(self) -> tuple[int, int] | None:
+        """``(rows, columns)`` of the console if it is a terminal, else ``None``."""
+        target = self.target()
+        try:
+            if not target.isatty():  # type: ignore[attr-defined]
+                return None
+        except (AttributeError, ValueError):  # a sink without isatty, or a closed file
+            return None
+        try:
+            size = os.get_terminal_size(target.fileno())  # type: ignore[attr-defined]
+        except (AttributeError, OSError, ValueError):
+            return (24, 80)  # a terminal-like sink with no size to ask: the classic default
+        if size.columns <= 0 or size.lines <= 0:
+            return (24, 80)  # a terminal whose size nobody set (a fresh pseudo-terminal)
+        return (size.lines, size.columns)
+
     def write(self, s: str, /) -> object:
-        return self._target().write(s)
+        return self.target().write(s)
 
     def flush(self) -> object:
-        return self._target().flush()
+        return self.target().flush()
 
 
 async def pump(stream: anyio.abc.ByteReceiveStream, log: WorkerLog, std: Std) -> None:

@@ -35,15 +35,20 @@ No orphans, even when the agent is SIGKILLed:
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import logging
 import os
 import shutil
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -54,16 +59,19 @@ import anyio.lowlevel
 
 from ..errors import AelasticError, ConfigurationError
 from . import _pdeathsig, _reaper
+from ._finish import FINISH_FDS_ENV
 from .logs import LogSpec, Std, WorkerLog, pump
 
 __all__ = [
     "GroupOutcome",
     "Reaper",
     "ReaperError",
+    "StopSignal",
     "WorkerCommand",
     "WorkerExit",
     "open_reaper",
     "run_workers",
+    "stop_signal",
 ]
 
 logger = logging.getLogger(__name__)
@@ -72,6 +80,20 @@ logger = logging.getLogger(__name__)
 # groups is dead by then, so end of file is immediate unless a descendant moved to another group or session and
 # still holds a pipe; its later output is dropped.
 _DRAIN_LIMIT: Final = 5.0
+
+
+@dataclass
+class StopSignal:
+    """The signal that stops the workers when their supervision is cancelled (see :data:`stop_signal`)."""
+
+    signum: signal.Signals = signal.SIGTERM
+
+
+# Set by whoever turns a signal into cancellation (the CLI): the workers are stopped with the signal the agent
+# received, as torchrun forwards it (SIGINT stays SIGINT: KeyboardInterrupt in the workers). Unset, or for a stop
+# after a worker's failure, it is SIGTERM. The holder is mutable because the signal arrives after the agent's tasks
+# have copied the context.
+stop_signal: ContextVar[StopSignal | None] = ContextVar("aelastic_stop_signal", default=None)
 
 
 class ReaperError(AelasticError):
@@ -270,6 +292,10 @@ class _PipeReader(anyio.abc.ByteReceiveStream):
             except BlockingIOError:
                 await anyio.wait_readable(self._fd)
                 continue
+            except OSError as exc:
+                if exc.errno != errno.EIO:
+                    raise
+                data = b""  # a pseudo-terminal whose every writer has closed: its end of file
             if not data:
                 raise anyio.EndOfStream
             return data
@@ -284,17 +310,56 @@ class _PipeReader(anyio.abc.ByteReceiveStream):
         await anyio.lowlevel.checkpoint()
 
 
+def _output_fds(terminal_size: tuple[int, int] | None) -> tuple[int, int]:
+    """The (agent's, worker's) ends of one worker stream: a pipe, or a pseudo-terminal of ``(rows, columns)``.
+
+    The pseudo-terminal's output processing is off, so the worker's bytes arrive as written ("\n" is not made
+    "\r\n"). It is not the worker's controlling terminal (the worker starts a new session and never opens it).
+    """
+    if terminal_size is None:
+        return os.pipe()
+    agent_end, worker_end = os.openpty()
+    try:
+        attributes = termios.tcgetattr(worker_end)
+        attributes[1] &= ~termios.OPOST  # oflag
+        termios.tcsetattr(worker_end, termios.TCSANOW, attributes)
+        rows, columns = terminal_size
+        fcntl.ioctl(worker_end, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+    except BaseException:
+        os.close(agent_end)
+        os.close(worker_end)
+        raise
+    return agent_end, worker_end
+
+
 class _Child:
     """A worker process started from the event-loop thread; its exit is awaited through a pidfd."""
 
     __slots__ = ("_pidfd", "popen", "stderr", "stdout")
 
-    def __init__(self, args: Sequence[str], env: Mapping[str, str]) -> None:
-        out_read, out_write = os.pipe()
-        err_read, err_write = os.pipe()
+    def __init__(
+        self,
+        args: Sequence[str],
+        env: Mapping[str, str],
+        log: WorkerLog,
+        pass_fds: tuple[int, ...] = (),
+    ) -> None:
+        out_read, out_write = _output_fds(log.terminal_size(Std.OUT))
+        try:
+            err_read, err_write = _output_fds(log.terminal_size(Std.ERR))
+        except BaseException:
+            os.close(out_read)
+            os.close(out_write)
+            raise
         try:
             self.popen = subprocess.Popen(
-                args, stdout=out_write, stderr=err_write, env=env, start_new_session=True, close_fds=True
+                args,
+                stdout=out_write,
+                stderr=err_write,
+                env=env,
+                start_new_session=True,
+                close_fds=True,
+                pass_fds=pass_fds,
             )
         except BaseException:
             os.close(out_read)
@@ -359,8 +424,64 @@ class _Worker:
         )
 
 
+class _FinishLine:
+    """The agent's side of workers that finish together (:mod:`aelastic.agent._finish`): reads who returned from
+    the done pipe, and closes the release pipe once every worker has returned or exited."""
+
+    def __init__(self, local_ranks: Sequence[int]) -> None:
+        self._pending = set(local_ranks)
+        done_read, self._done_write = os.pipe()  # non-inheritable; pass_fds gives the workers their copies
+        self._release_read, self._release_write = os.pipe()
+        self._done = _PipeReader(done_read)
+        self._scope = anyio.CancelScope()
+
+    @property
+    def worker_fds(self) -> tuple[int, int]:
+        return (self._done_write, self._release_read)
+
+    def worker_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        return {**env, FINISH_FDS_ENV: f"{self._done_write},{self._release_read}"}
+
+    def spawned(self) -> None:
+        """Every worker holds its ends now: drop the agent's copies, so the pipes end with the workers."""
+        for fd in (self._done_write, self._release_read):
+            if fd >= 0:
+                os.close(fd)
+        self._done_write = self._release_read = -1
+
+    def finished(self, local_rank: int) -> None:
+        """``local_rank`` returned, or exited; release every worker once none is pending."""
+        self._pending.discard(local_rank)
+        if not self._pending and self._release_write >= 0:
+            os.close(self._release_write)
+            self._release_write = -1
+            self._scope.cancel()
+
+    async def serve(self) -> None:
+        """Read the done pipe until everyone finished (or every holder of its write end is gone)."""
+        with self._scope:
+            received = b""
+            async for chunk in self._done:
+                received += chunk
+                *lines, received = received.split(b"\n")
+                for line in lines:
+                    self.finished(int(line))
+
+    def close(self) -> None:
+        self.spawned()
+        self._done.close()
+        if self._release_write >= 0:
+            os.close(self._release_write)
+            self._release_write = -1
+
+
 async def run_workers(
-    commands: Sequence[WorkerCommand], logs: LogSpec, *, grace: float, reaper: Reaper | None
+    commands: Sequence[WorkerCommand],
+    logs: LogSpec,
+    *,
+    grace: float,
+    reaper: Reaper | None,
+    finish_together: bool = False,
 ) -> GroupOutcome:
     """Run one node's workers until all exit 0, or the first fails; then stop the rest.
 
@@ -371,15 +492,17 @@ async def run_workers(
         grace: seconds between SIGTERM and SIGKILL when stopping workers.
         reaper: the agent's reaper sidecar (:func:`open_reaper`); ``None`` relies on the parent-death signal
             alone, which leaves a worker's own children alive if the agent is SIGKILLed.
+        finish_together: the workers run the callable bootstrap, which waits after the call returned until every
+            local worker's has (:mod:`aelastic.agent._finish`), as torch's multiprocessing does.
 
     Returns:
         Every worker's exit, in command order. Workers stopped by the agent after the first failure are reported
         with their signal exit codes (``-15``, or ``-9`` when SIGKILL was needed), as torch does.
 
-    On cancellation every worker is stopped the same way (TERM, ``grace``, KILL, reap), under a shield, its output
-    drained into the logs, and then the cancellation propagates. A worker that cannot be executed is a worker that
-    exits 127; an error spawning the wrapper itself (out of processes, file descriptors) stops the workers already
-    started and propagates.
+    On cancellation every worker is stopped the same way (the signal in :data:`stop_signal`, SIGTERM by default;
+    ``grace``; KILL; reap), under a shield, its output drained into the logs, and then the cancellation
+    propagates. A worker that cannot be executed is a worker that exits 127; an error spawning the wrapper itself
+    (out of processes, file descriptors) stops the workers already started and propagates.
     """
     if grace < 0:
         raise ConfigurationError(f"grace {grace}: must be >= 0 seconds")
@@ -390,13 +513,18 @@ async def run_workers(
     logs.prepare_attempt_dir(local_ranks)
     prefix = _pdeathsig_prefix()
     workers: list[_Worker] = []
+    finish = _FinishLine(local_ranks) if finish_together else None
     try:
         try:
             for command in commands:
                 log = WorkerLog(logs, command.local_rank, command.global_rank)
+                args = [*prefix, *command.args]
                 try:
                     await anyio.lowlevel.checkpoint()
-                    process = _Child([*prefix, *command.args], command.env)
+                    if finish is None:
+                        process = _Child(args, command.env, log)
+                    else:
+                        process = _Child(args, finish.worker_env(command.env), log, finish.worker_fds)
                 except BaseException:
                     log.close()
                     raise
@@ -404,25 +532,38 @@ async def run_workers(
                 if reaper is not None:
                     await reaper.register(process.pid)
                 logger.debug("started worker local_rank %d (pid %d)", command.local_rank, process.pid)
+            if finish is not None:
+                finish.spawned()
         except BaseException:
             with anyio.CancelScope(shield=True):
-                await _stop(workers, grace, reaper)
+                await _stop(workers, grace, reaper, _requested_stop_signal())
             raise
-        first_failure = await _supervise(workers, grace, reaper)
+        first_failure = await _supervise(workers, grace, reaper, finish)
         exits = tuple(w.to_exit() for w in workers)
         first = None if first_failure is None else exits[workers.index(first_failure)]
         return GroupOutcome(exits=exits, first_failure=first)
     finally:
+        if finish is not None:
+            finish.close()
         for worker in workers:
             worker.log.close()
             worker.process.close()
 
 
-async def _supervise(workers: list[_Worker], grace: float, reaper: Reaper | None) -> _Worker | None:
+def _requested_stop_signal() -> signal.Signals:
+    holder = stop_signal.get()
+    return signal.SIGTERM if holder is None else holder.signum
+
+
+async def _supervise(
+    workers: list[_Worker], grace: float, reaper: Reaper | None, finish: _FinishLine | None
+) -> _Worker | None:
     first_failure: list[_Worker] = []
 
     async def wait_worker(worker: _Worker, waiters: anyio.CancelScope) -> None:
         worker.observe(await worker.process.wait())
+        if finish is not None:
+            finish.finished(worker.command.local_rank)
         if worker.exitcode != 0 and not first_failure:
             first_failure.append(worker)
             logger.info(
@@ -450,28 +591,33 @@ async def _supervise(workers: list[_Worker], grace: float, reaper: Reaper | None
             async with anyio.create_task_group() as waiters:
                 for worker in workers:
                     waiters.start_soon(wait_worker, worker, waiters.cancel_scope)
+                if finish is not None:
+                    waiters.start_soon(finish.serve)
         finally:
+            # A peer's failure stops the others with SIGTERM (torch does); a cancellation with what was asked.
+            signum = signal.SIGTERM if first_failure else _requested_stop_signal()
             with anyio.CancelScope(shield=True):
-                await _stop(workers, grace, reaper)
+                await _stop(workers, grace, reaper, signum)
             deadline = anyio.current_time() + _DRAIN_LIMIT
             for scope in drains:
                 scope.deadline = deadline
     return first_failure[0] if first_failure else None
 
 
-async def _stop(workers: list[_Worker], grace: float, reaper: Reaper | None) -> None:
-    """TERM every group, wait up to ``grace`` for the leaders, KILL every group, reap. Call it shielded."""
+async def _stop(workers: list[_Worker], grace: float, reaper: Reaper | None, signum: signal.Signals) -> None:
+    """``signum`` to every group, wait up to ``grace`` for the leaders, KILL every group, reap. Call it shielded."""
     for worker in workers:
-        _signal_group(worker.pid, signal.SIGTERM)
+        _signal_group(worker.pid, signum)
     with anyio.move_on_after(grace) as waited:
         for worker in workers:
             if worker.exitcode is None:
                 worker.observe(await worker.process.wait())
     if waited.cancelled_caught:
         logger.warning(
-            "workers %s did not exit within %.1f s of SIGTERM: sending SIGKILL",
+            "workers %s did not exit within %.1f s of %s: sending SIGKILL",
             [w.command.local_rank for w in workers if w.exitcode is None],
             grace,
+            signum.name,
         )
     for worker in workers:
         _signal_group(worker.pid, signal.SIGKILL)
