@@ -159,8 +159,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     _add(user, "--local-ranks-filter", dest="local_ranks_filter", default="",
          help="comma list of local ranks whose output the console shows (default: all)")  # fmt: skip
     _add(user, "--log-line-prefix-template", dest="log_line_prefix_template", default=None,
-         help="console line prefix with ${role_name} ${rank} ${local_rank} (torch 2.14; default: "
-         "$TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, else [<role><local_rank>]:)")  # fmt: skip
+         help="console line prefix with ${role_name} ${rank} ${local_rank} ${hostname} (torch 2.14; '' for "
+         "none, as torchrun without --tee; default: $TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, else "
+         "[<role><local_rank>]:)")  # fmt: skip
     for stream in ("stdout", "stderr"):
         _add(user, f"--duplicate-{stream}-filters", dest=f"duplicate_{stream}_filters", default=[],
              type=_comma_list, help="accepted for torchrun compatibility, not implemented: lines are not "
@@ -320,7 +321,9 @@ def config_from_args(args: argparse.Namespace) -> tuple[LaunchConfig, str | Call
     shutdown = args.shutdown_timeout
     if shutdown is None:
         shutdown = float(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30"))
-    template = args.log_line_prefix_template or os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
+    template = args.log_line_prefix_template  # '' is a template too: no prefix
+    if template is None:
+        template = os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
     config = LaunchConfig(
         min_nodes=min_nodes,
         max_nodes=max_nodes,

@@ -13,7 +13,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from aelastic.agent.logs import ConsoleSinks, LogSpec, Std
+from aelastic.agent.logs import ConsoleSinks, LogSpec, Std, WorkerLog
 from aelastic.agent.processes import GroupOutcome, WorkerCommand, run_workers
 from aelastic.errors import ConfigurationError
 
@@ -235,3 +235,46 @@ async def test_files_are_complete_after_cancellation(tmp_path: Path) -> None:
     assert (tmp_path / "attempt_0" / "0" / "stdout.log").read_text() == expected
     assert sink.text.count("[default0]:line ") == 1000
     assert "[default0]:partial\n" in sink.text
+
+
+# --- terminal passthrough (pure: a terminal-like sink) ------------------------------------------------------------
+
+
+class TerminalSink(Sink):
+    """A console that says it is a terminal, with no size to ask (the agent assumes 80 columns)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_terminal_console_gets_output_as_it_arrives_prefixed_at_line_starts() -> None:
+    tty = TerminalSink()
+    spec = LogSpec(console=ConsoleSinks(stdout=tty, stderr=tty))
+    bar, other = WorkerLog(spec, 0, 0), WorkerLog(spec, 1, 1)
+    assert bar.terminal_size(Std.ERR) == (24, 80 - len("[default0]:"))
+    bar.feed(Std.ERR, b"\r  0%|")
+    assert tty.text == "\r[default0]:  0%|"  # a partial line, at once; a bare "\r" gets no prefix of its own
+    bar.feed(Std.ERR, b"\r 50%|\xe2\x96")  # a character split across two reads
+    bar.feed(Std.ERR, b"\x88")
+    assert tty.text.endswith("\r[default0]: 50%|\u2588")
+    other.feed(Std.OUT, b"epoch done\r\n")  # another worker ends the open line first; "\r\n" is one line end
+    assert tty.text.endswith("\u2588\n[default1]:epoch done\r\n")
+    bar.feed(Std.ERR, b"\r 90%|\nTraceback\n")
+    assert tty.text.endswith("[default1]:epoch done\r\n\r[default0]: 90%|\n[default0]:Traceback\n")
+    bar.feed(Std.ERR, b"ValueError: x")
+    bar.finish(Std.ERR)  # the open last line is ended
+    assert tty.text.endswith("[default0]:ValueError: x\n")
+    assert bar.stderr_tail() == (" 90%|", "Traceback", "ValueError: x")  # what a terminal shows of each line
+
+
+def test_no_terminal_for_a_teed_stream_or_a_pipe_console(tmp_path: Path) -> None:
+    tty = TerminalSink()
+    teed = WorkerLog(LogSpec(log_dir=tmp_path, tee=Std.OUT, console=ConsoleSinks(stdout=tty, stderr=tty)), 0, 0)
+    try:
+        assert teed.terminal_size(Std.OUT) is None  # the file must get exactly what the worker wrote
+        assert teed.terminal_size(Std.ERR) == (24, 69)
+    finally:
+        teed.close()
+    assert WorkerLog(LogSpec(console=ConsoleSinks(stdout=Sink(), stderr=Sink())), 0, 0).terminal_size(Std.OUT) is None
+    unprefixed = WorkerLog(LogSpec(line_prefix_template="", console=ConsoleSinks(stdout=tty, stderr=tty)), 0, 0)
+    assert unprefixed.terminal_size(Std.OUT) == (24, 80)

@@ -146,3 +146,17 @@ async def test_failure_report_keeps_the_stderr_tail_on_a_terminal(tmp_path: Path
     report = output[output.index("Root Cause") :]
     assert "ValueError: boom from rank one" in report, output
     assert "[default1]:ValueError: boom from rank one" in output  # shown live too, prefixed
+
+
+async def test_an_empty_prefix_template_gives_torchruns_unprefixed_output(
+    tmp_path: Path, terminal_agent: object
+) -> None:
+    script = tmp_path / "hello.py"
+    script.write_text("import os, sys\nprint('hello', os.environ['LOCAL_RANK'], sys.stdout.isatty())\n")
+    start = terminal_agent
+    assert callable(start)
+    terminal: Terminal = await start("--standalone", "--nproc-per-node", "2", "--log-line-prefix-template", "",
+                                     str(script))  # fmt: skip
+    output = (await terminal.read_all()).decode(errors="replace")
+    assert await terminal.process.wait() == 0, output
+    assert sorted(re.findall(r"^hello (\d) True\r?$", output, re.M)) == ["0", "1"], output
