@@ -274,6 +274,21 @@ def _run_script_path(script: str, *args: str) -> None:
     runpy.run_path(script, run_name="__main__")
 
 
+def _check_logs_specs(name: str | None) -> None:
+    """torch's rule: ``--logs-specs NAME`` names an entry point of the ``torchrun.logs_specs`` group, or it is an
+    error (torch registers ``default`` itself)."""
+    if name is None:
+        return
+    from importlib.metadata import entry_points  # scans the installed packages: only when the flag is given
+
+    known = sorted({ep.name for ep in entry_points(group="torchrun.logs_specs")} | {"default"})
+    if name not in known:
+        raise ConfigurationError(
+            f"--logs-specs {name!r}: no entry point of that name in the group 'torchrun.logs_specs' "
+            f"(installed: {', '.join(known)})"
+        )
+
+
 def _explain_ignored(args: argparse.Namespace) -> None:
     """torchrun flags accepted for compatibility that do nothing here: say so once, never fail on them."""
     ignored = {
@@ -318,6 +333,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[LaunchConfig, str | Call
     if not endpoint and backend != "c10d":
         raise ConfigurationError(f"--rdzv-endpoint '': the {backend!r} backend needs HOST[:PORT]")
     parse_signals(args.signals_to_handle)
+    _check_logs_specs(args.logs_specs)
     shutdown = args.shutdown_timeout
     if shutdown is None:
         shutdown = float(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30"))

@@ -157,6 +157,7 @@ BAD_INPUTS: list[tuple[list[str], dict[str, str], list[str]]] = [
     (["--max-restarts", "-1"], {}, ["--max-restarts -1", ">= 0"]),
     (["--signals-to-handle", "SIGTERM,SIGNOPE"], {}, ["--signals-to-handle", "'SIGNOPE' is not a signal name"]),
     (["--redirects", "7"], {}, ["--redirects '7'", "0..3"]),
+    (["--logs-specs", "custom"], {}, ["--logs-specs 'custom'", "'torchrun.logs_specs'", "installed: default"]),
     (["-m", "--no-python"], {}, ["-m/--module and --no-python", "cannot be used together"]),
     ([], {"PET_NNODES": "4:2"}, ["--nnodes '4:2'", "MIN must be <= MAX"]),
     ([], {"PET_STANDALONE": "yes"}, ["PET_STANDALONE='yes'", "must be 0 or 1"]),
@@ -205,13 +206,13 @@ def probe_records(out: Path) -> dict[int, dict[str, Any]]:
 
 
 def test_flags_that_do_nothing_here_are_accepted_and_explained(tmp_path: Path) -> None:
-    flags = ["--numa-binding", "node", "--virtual-local-rank", "--logs-specs", "custom", "--start-method", "fork",
+    flags = ["--numa-binding", "node", "--virtual-local-rank", "--logs-specs", "default", "--start-method", "fork",
              "--event-log-handler", "console", "--duplicate-stdout-filters", "loss"]  # fmt: skip
     env = {"PROBE_OUT": str(tmp_path)}
     env.pop("OMP_NUM_THREADS", None)
     result = aelastic("run", "--standalone", "--nproc-per-node", "2", *flags, PROBE, env=env)
     assert result.returncode == 0, result.stderr
-    for flag in ["--numa-binding node", "--virtual-local-rank True", "--logs-specs custom", "--start-method fork",
+    for flag in ["--numa-binding node", "--virtual-local-rank True", "--start-method fork",
                  "--event-log-handler console", "--duplicate-stdout-filters loss"]:  # fmt: skip
         assert f"{flag}: accepted for torchrun compatibility and ignored" in result.stderr, flag
     assert "Setting OMP_NUM_THREADS environment variable for each process to be 1" in result.stderr
