@@ -299,6 +299,7 @@ def test_crash_after_init_is_restarted_ten_times_out_of_ten(tmp_path: Path) -> N
 ALWAYS_FAILS = """
 dist = init_gloo()
 report("initialized")
+dist.barrier()  # both have reported before rank 1 fails: on a busy machine rank 0 may lag behind
 if dist.get_rank() == 1:
     sys.stderr.write("worker 1 is about to fail\\n")
     raise ValueError(f"bad shard in attempt {os.environ['TORCHELASTIC_RESTART_COUNT']}")
