@@ -19,11 +19,9 @@ from contextlib import AsyncExitStack, contextmanager
 from functools import partial
 from typing import Any, NoReturn, TextIO
 
-if sys.version_info < (3, 11):
-    from exceptiongroup import BaseExceptionGroup  # anyio's dependency before 3.11
-
 import anyio
 
+from ._groups import leaves, single_error
 from ._net import format_address
 from .agent.errors import ChildFailedError
 from .agent.logs import Std
@@ -657,13 +655,6 @@ def _entry_status(args: argparse.Namespace) -> Callable[[], Any]:
     return partial(_watch_status if args.watch else _show_status, params, settings, args.json, args.timeout)
 
 
-def _leaves(exc: BaseException) -> list[BaseException]:
-    """The exceptions inside (nested) exception groups: task groups wrap what their tasks raise."""
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
-    return [exc]
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     prog = "aelastic"
     try:
@@ -679,11 +670,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     try:
-        return int(anyio.run(entry, backend=args.async_backend))
+        with single_error():
+            return int(anyio.run(entry, backend=args.async_backend))
     except KeyboardInterrupt:
         return 128 + signal.SIGINT
     except BaseException as exc:  # re-raised below unless every part is aelastic's own error
-        errors = _leaves(exc)
+        errors = leaves(exc)  # several only where several errors happened together
         if not all(isinstance(e, AelasticError) for e in errors):
             raise
         for error in dict.fromkeys(str(e) for e in errors):

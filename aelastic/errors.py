@@ -23,6 +23,7 @@ __all__ = [
     "RendezvousStateError",
     "RendezvousTimeoutError",
     "StoreAuthError",
+    "StoreBindError",
     "StoreConnectionError",
     "StoreError",
     "StoreProtocolError",
@@ -47,6 +48,13 @@ class StoreConnectionError(StoreError, ConnectionError):
 
 class StoreAuthError(StoreConnectionError):
     """The store refused this client's auth token (or its lack of one); retrying cannot help."""
+
+
+class StoreBindError(StoreError, OSError):
+    """A store server could not listen on its address (in use, not this host's, not permitted, not resolvable).
+
+    The message names the address; ``errno`` is the socket error's (``EADDRINUSE`` for a port in use). An
+    :class:`OSError`, as the socket error it replaces."""
 
 
 class StoreProtocolError(StoreError):

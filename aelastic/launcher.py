@@ -26,7 +26,8 @@ from typing import Any
 import anyio
 import anyio.from_thread
 
-from .agent.agent import ElasticAgent, WorkerSpec
+from ._groups import single_error
+from .agent.agent import ElasticAgent, RunResult, WorkerSpec
 from .agent.errors import ChildFailedError
 from .agent.logs import LogSpec
 from .agent.processes import open_reaper
@@ -63,7 +64,12 @@ async def launch(config: LaunchConfig, entrypoint: str | Callable[..., Any], *ar
 
     Raises:
         ChildFailedError: a worker failed and no restart was left; the message is the failure report.
-        RendezvousError: the rendezvous failed (closed, timed out, unreachable).
+        RendezvousError: the rendezvous failed: ``RendezvousTimeoutError``, ``RendezvousClosedError``,
+            ``RendezvousConnectionError``, ... (the subclass itself, never inside an ExceptionGroup).
+        ConfigurationError: a bad ``--rdzv-conf`` value or endpoint.
+
+    One error ending the launch is raised as itself; an ExceptionGroup comes out only when several independent
+    errors happened together (e.g. the rendezvous store failed while stopping the workers failed too).
     """
     run_id = config.run_id or uuid.uuid4().hex
     spec = WorkerSpec(
@@ -87,30 +93,41 @@ async def launch(config: LaunchConfig, entrypoint: str | Callable[..., Any], *ar
     )
     run_dir = Path(tempfile.mkdtemp(prefix="aelastic_run_"))
     try:
-        async with open_reaper() as reaper, open_rendezvous(rendezvous_parameters(config, run_id)) as handler:
-            agent = ElasticAgent(
-                spec,
-                handler,
-                logs,
-                reaper,
-                run_dir=run_dir,
-                exit_barrier_timeout=config.exit_barrier_timeout,
-                shutdown_timeout=config.shutdown_timeout,
-            )
-            try:
-                result = await agent.run()
-            except RendezvousGracefulExitError as exc:
-                logger.info("rendezvous closed while this node was in reserve: %s", exc)
-                return {}
-            # Done either way: close the rendezvous so nodes in reserve and late joiners exit (torch does the same;
-            # a cancelled launch, e.g. on a signal, leaves it open for a rescheduled node).
-            with anyio.move_on_after(_SHUTDOWN_GRACE, shield=True):
-                await agent.shutdown()
+        with single_error():
+            result = await _run_agent(config, spec, logs, run_dir, run_id)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
+    if result is None:
+        return {}
     if result.is_failed():
         raise ChildFailedError(spec.get_entrypoint_name(), result.failures, root_rank=result.first_failure_rank)
     return dict(result.return_values)
+
+
+async def _run_agent(
+    config: LaunchConfig, spec: WorkerSpec, logs: LogSpec, run_dir: Path, run_id: str
+) -> RunResult | None:
+    """The agent's run on this node; ``None`` for a node in reserve released by the rendezvous closing."""
+    async with open_reaper() as reaper, open_rendezvous(rendezvous_parameters(config, run_id)) as handler:
+        agent = ElasticAgent(
+            spec,
+            handler,
+            logs,
+            reaper,
+            run_dir=run_dir,
+            exit_barrier_timeout=config.exit_barrier_timeout,
+            shutdown_timeout=config.shutdown_timeout,
+        )
+        try:
+            result = await agent.run()
+        except RendezvousGracefulExitError as exc:
+            logger.info("rendezvous closed while this node was in reserve: %s", exc)
+            return None
+        # Done either way: close the rendezvous so nodes in reserve and late joiners exit (torch does the same;
+        # a cancelled launch, e.g. on a signal, leaves it open for a rescheduled node).
+        with anyio.move_on_after(_SHUTDOWN_GRACE, shield=True):
+            await agent.shutdown()
+    return result
 
 
 def _in_event_loop() -> bool:
@@ -134,7 +151,10 @@ def _in_event_loop() -> bool:
 def run(
     config: LaunchConfig, entrypoint: str | Callable[..., Any], *args: Any, backend: str = "asyncio"
 ) -> dict[int, Any]:
-    """Blocking :func:`launch`; works where an event loop already runs in this thread (Jupyter)."""
+    """Blocking :func:`launch`; works where an event loop already runs in this thread (Jupyter).
+
+    Raises what :func:`launch` raises (``RendezvousTimeoutError`` itself, ``ChildFailedError``, ...).
+    """
     call = partial(launch, config, entrypoint, *args)
     if not _in_event_loop():
         return anyio.run(call, backend=backend)

@@ -141,8 +141,6 @@ BAD_INPUTS: list[tuple[list[str], dict[str, str], list[str]]] = [
     (["--nproc-per-node", "gpu"], {"CUDA_VISIBLE_DEVICES": ""}, ["--nproc-per-node 'gpu'", "no visible GPU"]),
     (["--rdzv-conf", "foo"], {}, ["--rdzv-conf 'foo'", "not KEY=VALUE"]),
     (["--rdzv-conf", "join_timeout="], {}, ["--rdzv-conf 'join_timeout='", "not KEY=VALUE"]),
-    (["--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--rdzv-conf", "colour=blue"], {},
-     ["--rdzv-conf key 'colour'", "not understood by the 'c10d' backend", "join_timeout"]),
     (["--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--rdzv-conf", "join_timeout=soon"], {},
      ["--rdzv-conf join_timeout='soon'", "number of seconds"]),
     (["--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--rdzv-conf", "last_call_timeout=-1"], {},
@@ -321,4 +319,71 @@ def test_unreachable_rendezvous_is_one_line_and_exit_1(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert result.stderr.splitlines() == [result.stderr.strip()], result.stderr
     assert f"aelastic run: error: could not reach the rendezvous store at {endpoint}" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- issue 14: --rdzv-conf keys torchrun passes, and address errors as one line --------------------------------------
+
+
+def test_rdzv_conf_key_no_backend_uses_is_one_warning_and_the_run_proceeds(tmp_path: Path) -> None:
+    flags = ["--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--rdzv-conf", "colour=blue,join_timeout=60"]
+    result = aelastic("run", *flags, PROBE, env={"PROBE_OUT": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if "'colour'" in line]
+    assert len(warnings) == 1, result.stderr  # once, although the command line and the launch both check
+    assert "WARNING" in warnings[0]
+    assert "not used by the 'c10d' backend" in warnings[0]
+    assert "known keys: auth_token, close_timeout" in warnings[0]
+    assert sorted(probe_records(tmp_path)) == [0]
+
+
+def test_rdzv_conf_timeout_with_c10d_runs_as_under_torchrun(tmp_path: Path) -> None:
+    flags = ["--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--rdzv-conf", "timeout=5"]
+    result = aelastic("run", *flags, PROBE, env={"PROBE_OUT": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    assert "timeout" not in result.stderr  # torch's own key: neither refused nor warned about
+    assert sorted(probe_records(tmp_path)) == [0]
+
+
+def test_a_known_rdzv_conf_key_with_a_bad_value_stays_an_error(tmp_path: Path) -> None:
+    flags = ["--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--rdzv-conf", "colour=blue,timeout=soon"]
+    result = aelastic("run", *flags, PROBE, env={"PROBE_OUT": str(tmp_path)})
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines()[-1] == "aelastic run: error: --rdzv-conf timeout='soon': must be an integer"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_store_on_a_port_in_use_is_one_line_naming_the_address() -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        result = aelastic("store", "--host", "127.0.0.1", "--port", str(port))
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.splitlines() == [
+        f"aelastic store: error: the store server cannot listen on 127.0.0.1:{port}: Address already in use"
+    ], result.stderr
+
+
+@pytest.mark.parametrize(
+    ("host", "reason"),
+    [("192.0.2.1", "Cannot assign requested address"), ("no-such-host.invalid", "")],  # TEST-NET-1; RFC 2606
+)
+def test_store_on_an_address_not_this_hosts_is_one_line_naming_it(host: str, reason: str) -> None:
+    result = aelastic("store", "--host", host, "--port", "0")
+    assert result.returncode == 1, result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"aelastic store: error: the store server cannot listen on {host}:0: {reason}"), line
+
+
+def test_run_hosting_the_rendezvous_on_an_address_not_this_hosts_is_one_line_naming_it(tmp_path: Path) -> None:
+    flags = ["--rdzv-backend", "c10d", "--rdzv-endpoint", "192.0.2.1:29400", "--rdzv-conf", "is_host=true"]
+    result = aelastic("run", *flags, PROBE, env={"PROBE_OUT": str(tmp_path)})
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.splitlines() == [
+        "aelastic run: error: rendezvous endpoint: the store server cannot listen on 192.0.2.1:29400: "
+        "Cannot assign requested address"
+    ], result.stderr
     assert list(tmp_path.iterdir()) == []

@@ -34,6 +34,7 @@ from typing import Final
 import anyio
 import anyio.abc
 
+from .._groups import single_error
 from ..errors import ConfigurationError, EtcdError
 
 __all__ = [
@@ -266,25 +267,26 @@ async def open_local_etcd_cluster(
     root = tempfile.mkdtemp(prefix="aelastic-etcd-")
     members: list[LocalEtcdMember] = []
     try:
-        async with anyio.create_task_group() as tg:
-            try:
-                for name, client, peer in zip(names, clients, peers, strict=True):
-                    command = _command(executable, name, str(Path(root, name)), client, peer, cluster, token)
-                    command += (timing or RaftTiming()).flags()
-                    process = await anyio.open_process(
-                        command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-                    )
-                    member = LocalEtcdMember(name, client, peer, process)
-                    members.append(member)
-                    tg.start_soon(member._pump_log)
-                for member in members:
-                    await member.wait_ready()
-                yield LocalEtcd(members)
-            finally:
-                await _stop(members)
-                for member in members:
-                    with anyio.CancelScope(shield=True):
-                        await member.process.aclose()
+        with single_error():  # one error (a member that exits before it is ready) is raised as itself
+            async with anyio.create_task_group() as tg:
+                try:
+                    for name, client, peer in zip(names, clients, peers, strict=True):
+                        command = _command(executable, name, str(Path(root, name)), client, peer, cluster, token)
+                        command += (timing or RaftTiming()).flags()
+                        process = await anyio.open_process(
+                            command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+                        )
+                        member = LocalEtcdMember(name, client, peer, process)
+                        members.append(member)
+                        tg.start_soon(member._pump_log)
+                    for member in members:
+                        await member.wait_ready()
+                    yield LocalEtcd(members)
+                finally:
+                    await _stop(members)
+                    for member in members:
+                        with anyio.CancelScope(shield=True):
+                            await member.process.aclose()
     finally:
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(lambda: shutil.rmtree(root, ignore_errors=True))

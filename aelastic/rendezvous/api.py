@@ -2,7 +2,9 @@
 
 ``RendezvousParameters`` carries what the user gave (backend, endpoint, run id, node counts and the
 ``--rdzv-conf`` keys as strings or numbers); each backend validates the keys it understands into a frozen settings
-object, and an unknown key or a bad value raises :class:`~aelastic.errors.ConfigurationError` naming it.
+object: a bad value raises :class:`~aelastic.errors.ConfigurationError` naming it, and a key the backend does not
+use is a one-line warning naming it and the known keys (torchrun ignores such keys; scripts written for it pass
+them).
 
 ``open_rendezvous(params)`` yields a handler that owns its background tasks (keep-alive, the store server it may
 host) in its own task group; leaving the context stops them.
@@ -11,13 +13,15 @@ host) in its own task group; leaving the context stops them.
 from __future__ import annotations
 
 import abc
+import logging
 import math
-from collections.abc import Callable, Mapping
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
 
+from .._groups import single_error
 from ..errors import ConfigurationError
 from ..store.api import Store
 
@@ -33,6 +37,8 @@ __all__ = [
     "open_rendezvous",
     "register_backend",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,14 +94,23 @@ class RendezvousParameters:
         if not 1 <= min_nodes <= max_nodes:
             raise ConfigurationError(f"nodes '{min_nodes}:{max_nodes}': need 1 <= min_nodes <= max_nodes")
 
-    def pop_unknown(self, known: set[str]) -> None:
-        """Raise if ``config`` has a key outside ``known``."""
-        unknown = sorted(set(self.config) - known)
-        if unknown:
-            raise ConfigurationError(
-                f"--rdzv-conf key {unknown[0]!r} is not understood by the {self.backend!r} backend; "
-                f"known keys: {', '.join(sorted(known))}"
-            )
+    def warn_unknown(self, known: set[str]) -> None:
+        """Log one warning per ``config`` key outside ``known`` (once per process and key), naming the known keys.
+
+        torchrun passes keys its backend does not read (torch's own launcher tests do), so an unknown key does
+        not stop the run; a known key with a bad value does (the backend's settings refuse it).
+        """
+        for key in sorted(set(self.config) - known):
+            if (self.backend, key) not in _warned_keys:
+                _warned_keys.add((self.backend, key))
+                logger.warning(
+                    "--rdzv-conf key %r is not used by the %r backend and is ignored; known keys: %s",
+                    key, self.backend, ", ".join(sorted(known)),
+                )  # fmt: skip
+
+
+# (backend, key) pairs already warned about: the command line checks its parameters before it opens them.
+_warned_keys: set[tuple[str, str]] = set()
 
 
 def _raw(params: RendezvousParameters, key: str) -> Any:
@@ -234,7 +249,8 @@ def _lookup(name: str) -> OpenHandler:
 
 def check_parameters(params: RendezvousParameters) -> None:
     """Refuse, without opening anything, what opening ``params`` would refuse before any I/O: an unknown backend,
-    an unknown ``--rdzv-conf`` key, a bad value, a malformed endpoint (the command line checks before it starts).
+    a bad ``--rdzv-conf`` value, a malformed endpoint (the command line checks before it starts). A key the backend
+    does not use is warned about, not refused.
 
     Raises:
         ConfigurationError: naming the backend, key or value and the rule.
@@ -245,6 +261,19 @@ def check_parameters(params: RendezvousParameters) -> None:
         check(params)
 
 
-def open_rendezvous(params: RendezvousParameters) -> AbstractAsyncContextManager[RendezvousHandler]:
-    """Open the handler for ``params.backend``; see the module docstring."""
-    return _lookup(params.backend)(params)
+@asynccontextmanager
+async def open_rendezvous(params: RendezvousParameters) -> AsyncIterator[RendezvousHandler]:
+    """Open the handler for ``params.backend``; see the module docstring.
+
+    One error, from opening, from the handler's background tasks or from the body, is raised as itself
+    (``except RendezvousTimeoutError`` works), never wrapped in the ExceptionGroups of the task groups inside; a
+    group comes out only when several errors happened together (see :mod:`aelastic._groups`).
+
+    Raises:
+        ConfigurationError: an unknown backend, a bad ``--rdzv-conf`` value or endpoint.
+        RendezvousConnectionError: the backend could not be reached, or stopped answering.
+    """
+    opener = _lookup(params.backend)
+    with single_error():
+        async with opener(params) as handler:
+            yield handler

@@ -66,8 +66,9 @@ import anyio.abc
 import anyio.lowlevel
 from anyio.abc import SocketAttribute
 
+from .._groups import single_error
 from .._net import format_address
-from ..errors import StoreProtocolError
+from ..errors import StoreBindError, StoreProtocolError
 from . import auth, wire
 
 __all__ = ["ServerSettings", "ServerStatistics", "StoreServer", "open_store_server", "serve_store"]
@@ -770,7 +771,20 @@ def _listen_socket(family: socket.AddressFamily, sockaddr: tuple[Any, ...], *, v
 
 
 async def _bind(host: str, port: int) -> list[socket.socket]:
-    """Bound, listening sockets for ``host``: one dual-stack socket for ``::``, else one per resolved address."""
+    """Bound, listening sockets for ``host``: one dual-stack socket for ``::``, else one per resolved address.
+
+    Raises:
+        StoreBindError: naming the address, with the socket error's ``errno``.
+    """
+    try:
+        return await _bind_sockets(host, port)
+    except OSError as exc:  # socket.gaierror included: a host name that does not resolve
+        error = StoreBindError(f"the store server cannot listen on {format_address(host, port)}: {exc.strerror or exc}")
+        error.errno = exc.errno
+        raise error from exc
+
+
+async def _bind_sockets(host: str, port: int) -> list[socket.socket]:
     if host in ("", "::"):
         if socket.has_dualstack_ipv6():
             return [_listen_socket(socket.AF_INET6, ("::", port), v6only=False)]
@@ -823,7 +837,8 @@ async def serve_store(
     """Serve a TCPStore on ``host``:``port`` until cancelled.
 
     Once every listener is bound and accepting, ``task_status.started(server)`` reports the :class:`StoreServer`
-    (for ``server = await tg.start(serve_store, host, 0)``). Binding errors (``OSError``) are raised before that.
+    (for ``server = await tg.start(serve_store, host, 0)``). A binding error is raised before that, as
+    :class:`~aelastic.errors.StoreBindError` naming the address.
 
     Cancellation closes the listeners and every client connection; the store's contents are gone with it.
     """
@@ -910,14 +925,16 @@ async def open_store_server(
 ) -> AsyncIterator[StoreServer]:
     """Run a TCPStore server for the duration of the ``async with`` block.
 
-    Yields the running :class:`StoreServer` (``server.port`` is the bound port); a binding error (``OSError``) is
-    raised as is, before the block runs. Leaving the block, normally or by cancellation, stops the server: the
-    listeners and every connection are closed.
+    Yields the running :class:`StoreServer` (``server.port`` is the bound port); a binding error is raised
+    before the block runs, as :class:`~aelastic.errors.StoreBindError` naming the address. One error ending the
+    server or the block is raised as itself, never in an ExceptionGroup. Leaving the block, normally or by
+    cancellation, stops the server: the listeners and every connection are closed.
     """
-    sockets = await _bind(host, port)  # outside the task group, so that a bind error is not an ExceptionGroup
-    async with anyio.create_task_group() as tg:
-        server: StoreServer = await tg.start(_serve_sockets, host, sockets, settings or ServerSettings())
-        try:
-            yield server
-        finally:
-            tg.cancel_scope.cancel()
+    sockets = await _bind(host, port)
+    with single_error():
+        async with anyio.create_task_group() as tg:
+            server: StoreServer = await tg.start(_serve_sockets, host, sockets, settings or ServerSettings())
+            try:
+                yield server
+            finally:
+                tg.cancel_scope.cancel()

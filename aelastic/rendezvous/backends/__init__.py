@@ -12,6 +12,7 @@ store at the endpoint; each round is a barrier.
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -22,7 +23,13 @@ import anyio
 import anyio.abc
 
 from ..._net import format_address, is_local_host, parse_endpoint
-from ...errors import ConfigurationError, RendezvousConnectionError, StoreAuthError, StoreConnectionError
+from ...errors import (
+    ConfigurationError,
+    RendezvousConnectionError,
+    StoreAuthError,
+    StoreBindError,
+    StoreConnectionError,
+)
 from ...store.auth import resolve_auth_token
 from ...store.client import StoreClient, open_store_client
 from ...store.server import ServerSettings, open_store_server
@@ -74,7 +81,7 @@ class C10dSettings:
 
     @classmethod
     def from_parameters(cls, params: RendezvousParameters) -> C10dSettings:
-        params.pop_unknown(set(_C10D_KEYS))
+        params.warn_unknown(set(_C10D_KEYS))
         rendezvous = RendezvousSettings(
             run_id=params.run_id,
             min_nodes=params.min_nodes,
@@ -103,9 +110,9 @@ async def _serve_or_connect(
         try:
             settings = ServerSettings(auth_token=auth_token)
             server = await stack.enter_async_context(open_store_server(host, port, settings))
-        except OSError:
-            if port == 0:
-                raise
+        except StoreBindError as exc:
+            if port == 0 or exc.errno != errno.EADDRINUSE:
+                raise RendezvousConnectionError(f"rendezvous endpoint: {exc}") from exc
             # Another process on this machine already serves this endpoint: be its client, as torch is.
         else:
             port = server.port
@@ -117,7 +124,7 @@ async def _serve_or_connect(
     except (StoreConnectionError, TimeoutError) as exc:
         raise RendezvousConnectionError(
             f"could not reach the rendezvous store at {format_address(host, port)} within "
-            f"read_timeout={read_timeout:g}s: {exc}"
+            f"read_timeout={read_timeout:g}s: {exc or 'no answer'}"
         ) from exc
 
 
@@ -210,7 +217,7 @@ class StaticRendezvousHandler(RendezvousHandler):
 
 def _static_setup(params: RendezvousParameters) -> tuple[int, str, int, float]:
     """The static backend's rank, store address and read timeout, validated without I/O."""
-    params.pop_unknown(set(_STATIC_KEYS))
+    params.warn_unknown(set(_STATIC_KEYS))
     if "rank" not in params.config:
         raise ConfigurationError("static rendezvous needs --rdzv-conf rank=N (torchrun passes --node-rank)")
     rank = conf_int(params, "rank", 0, minimum=0)

@@ -298,7 +298,7 @@ def _timing_parameters(params: RendezvousParameters) -> RendezvousParameters:
 
 def etcd_setup(params: RendezvousParameters) -> tuple[C10dSettings, EtcdRendezvousSettings]:
     """The etcd backend's timing and connection settings, validated without I/O."""
-    params.pop_unknown(set(_TIMING_KEYS | _ETCD_KEYS))
+    params.warn_unknown(set(_TIMING_KEYS | _ETCD_KEYS))
     return C10dSettings.from_parameters(_timing_parameters(params)), EtcdRendezvousSettings.from_parameters(params)
 
 

@@ -1,0 +1,76 @@
+"""The public surfaces of aelastic's packages, pinned: torch's names where aelastic has them (issue 14, item 2),
+so that code written for ``torch.distributed.elastic`` changes only its import line; and none of them makes
+``import aelastic`` (or a callable worker's bootstrap) import anyio or torch."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+# torch.distributed.elastic.rendezvous.__all__ (torch 2.13) without its handler registry (RendezvousHandlerCreator,
+# RendezvousHandlerRegistry, rendezvous_handler_registry): aelastic's is register_backend/open_rendezvous.
+TORCH_RENDEZVOUS = {
+    "RendezvousClosedError", "RendezvousConnectionError", "RendezvousError", "RendezvousGracefulExitError",
+    "RendezvousHandler", "RendezvousInfo", "RendezvousParameters", "RendezvousStateError", "RendezvousStoreInfo",
+    "RendezvousTimeoutError",
+}  # fmt: skip
+# torch.distributed.elastic.agent.server and .multiprocessing(.errors) names aelastic has.
+TORCH_AGENT = {
+    "ElasticAgent", "RunResult", "Worker", "WorkerGroup", "WorkerSpec", "WorkerState",
+    "ChildFailedError", "ProcessFailure", "record", "Std",
+}  # fmt: skip
+# torch.distributed's store classes aelastic has (its TCPStore client is StoreClient).
+TORCH_STORE = {"PrefixStore", "Store"}
+
+SURFACES = {
+    "aelastic.rendezvous": TORCH_RENDEZVOUS | {"check_parameters", "open_rendezvous", "register_backend"},
+    "aelastic.agent": TORCH_AGENT,
+    "aelastic.store": TORCH_STORE | {
+        "QueueEmptyError", "ServerSettings", "ServerStatistics", "StoreAuthError", "StoreBindError", "StoreClient",
+        "StoreConnectionError", "StoreError", "StoreProtocolError", "StoreServer", "open_store_client",
+        "open_store_server", "serve_store",
+    },
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("package", sorted(SURFACES))
+def test_package_exports_exactly_its_pinned_names_and_each_resolves(package: str) -> None:
+    module = importlib.import_module(package)
+    assert set(module.__all__) == SURFACES[package]
+    assert sorted(module.__all__) == module.__all__  # kept sorted, as aelastic's own
+    for name in module.__all__:
+        assert getattr(module, name) is not None, name
+    assert set(dir(module)) >= SURFACES[package]
+
+
+def test_torchs_rendezvous_import_line_works_with_aelastic() -> None:
+    from aelastic.rendezvous import RendezvousHandler, RendezvousParameters, RendezvousTimeoutError
+
+    params = RendezvousParameters("c10d", "localhost:29400", "job", 1, 2, join_timeout=5)
+    assert (params.min_nodes, params.max_nodes, params.config) == (1, 2, {"join_timeout": 5})
+    assert issubclass(RendezvousTimeoutError, Exception)
+    assert isinstance(RendezvousHandler, type)
+
+
+def test_names_are_the_same_objects_as_in_their_modules() -> None:
+    from aelastic import agent, errors, rendezvous, store
+    from aelastic.agent import agent as agent_module
+    from aelastic.rendezvous import api
+    from aelastic.store import server
+
+    assert rendezvous.RendezvousParameters is api.RendezvousParameters
+    assert rendezvous.RendezvousTimeoutError is errors.RendezvousTimeoutError
+    assert store.open_store_server is server.open_store_server
+    assert agent.ElasticAgent is agent_module.ElasticAgent
+
+
+def test_importing_the_packages_loads_neither_anyio_nor_torch() -> None:
+    code = (
+        "import sys, aelastic, aelastic.agent, aelastic.rendezvous, aelastic.store\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('anyio', 'torch', 'trio', 'httpx')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "[]", out.stdout
