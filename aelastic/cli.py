@@ -29,6 +29,7 @@ from .agent.errors import ChildFailedError
 from .agent.logs import Std
 from .config import DEFAULT_SIGNALS, LaunchConfig, parse_nnodes, parse_rdzv_conf, parse_signals
 from .errors import AelasticError, ConfigurationError, RendezvousConnectionError
+from .events import check_event_handler
 from .launcher import rendezvous_parameters
 from .rendezvous.api import RendezvousParameters, check_parameters
 from .rendezvous.state import Action, NodeDesc, NodeTimers, RendezvousSettings, RendezvousState
@@ -134,8 +135,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
          help="accepted for torchrun compatibility; workers always start as fresh processes (default: "
          "%(default)s)")  # fmt: skip
     _add(user, "--event-log-handler", dest="event_log_handler", default="null",
-         help="accepted for torchrun compatibility; aelastic logs events with the logging module (default: "
-         "%(default)s)")  # fmt: skip
+         help="where torch's events (and aelastic's rendezvous events) go: null, console (JSON lines on stderr), "
+         "file (<log dir>/<run>/events.jsonl) or a handler registered under the aelastic.event_handlers entry "
+         "points (default: %(default)s)")  # fmt: skip
     _add(user, "--role", dest="role", default="default", help="the workers' role (default: %(default)s)")
     _add_flag(user, "-m", "--module", dest="module",
               help="run the script as a module, as 'python -m' does (default: off)")  # fmt: skip
@@ -204,6 +206,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     own.add_argument("--async-backend", choices=_BACKENDS, default=argparse.SUPPRESS,
                      help="event loop to run on, as 'aelastic --async-backend' (default: asyncio; env "
                      "AELASTIC_ASYNC_BACKEND)")  # fmt: skip
+    _add(own, "--metrics-port", dest="metrics_port", default=None, type=_port,
+         help="serve this agent's Prometheus /metrics and /health on this port (0: a free one, logged); needs "
+         "aelastic[metrics]. TORCHELASTIC_HEALTH_CHECK_PORT serves /health alone (default: off)")  # fmt: skip
 
     parser.add_argument("training_script", help="the script (or module, or executable) every worker runs")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="its arguments")
@@ -281,8 +286,6 @@ def _explain_ignored(args: argparse.Namespace) -> None:
                          "log layout exists"),
         "--duplicate-stdout-filters": (",".join(args.duplicate_stdout_filters), "lines are not duplicated"),
         "--duplicate-stderr-filters": (",".join(args.duplicate_stderr_filters), "lines are not duplicated"),
-        "--event-log-handler": (args.event_log_handler != "null" and args.event_log_handler, "events go to the "
-                                "logging module (logger aelastic)"),
         "--start-method": (args.start_method != "spawn" and args.start_method, "workers always start as fresh "
                            "processes"),
     }  # fmt: skip
@@ -340,7 +343,14 @@ def config_from_args(args: argparse.Namespace) -> tuple[LaunchConfig, str | Call
         log_line_prefix_template=template,
         shutdown_timeout=shutdown,
         signals_to_handle=args.signals_to_handle,
+        event_log_handler=args.event_log_handler,
+        metrics_port=args.metrics_port,
     )
+    check_event_handler(config.event_log_handler)
+    if config.metrics_port is not None:
+        from .agent.control import check_metrics_available  # prometheus-client only where the endpoint is on
+
+        check_metrics_available()
     check_parameters(rendezvous_parameters(config, run_id))
     script, script_args = args.training_script, list(args.training_script_args)
     entrypoint: str | Callable[..., Any]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import sys
 import tempfile
@@ -26,10 +27,12 @@ from typing import Any
 import anyio
 import anyio.from_thread
 
-from .agent.agent import ElasticAgent, WorkerSpec
+from . import events
+from .agent.agent import ElasticAgent, RunResult, WorkerSpec
 from .agent.errors import ChildFailedError
 from .agent.logs import LogSpec
 from .agent.processes import open_reaper
+from .agent.status_events import record_agent
 from .config import LaunchConfig
 from .errors import RendezvousGracefulExitError
 from .rendezvous.api import RendezvousParameters, open_rendezvous
@@ -39,6 +42,22 @@ __all__ = ["launch", "run"]
 logger = logging.getLogger(__name__)
 
 _SHUTDOWN_GRACE = 10.0  # bound on closing the rendezvous when the agent is done
+
+
+def endpoint_ports(config: LaunchConfig) -> list[int]:
+    """The ports of the agent's endpoint: ``metrics_port`` and torch's ``TORCHELASTIC_HEALTH_CHECK_PORT`` (one
+    listener each, both serving ``/health``); a non-integer variable is logged and skipped, as torch does."""
+    ports = [] if config.metrics_port is None else [config.metrics_port]
+    text = os.environ.get("TORCHELASTIC_HEALTH_CHECK_PORT")
+    if text is not None:
+        try:
+            port = int(text)
+        except ValueError:
+            logger.warning("TORCHELASTIC_HEALTH_CHECK_PORT=%r is not a port number: no health check server", text)
+        else:
+            if port not in ports:
+                ports.append(port)
+    return ports
 
 
 def rendezvous_parameters(config: LaunchConfig, run_id: str) -> RendezvousParameters:
@@ -79,38 +98,56 @@ async def launch(config: LaunchConfig, entrypoint: str | Callable[..., Any], *ar
     log_root.mkdir(parents=True, exist_ok=True)
     logs = LogSpec(
         role=config.role,
-        log_dir=Path(tempfile.mkdtemp(prefix=f"{run_id}_", dir=log_root)),
+        log_dir=(log_dir := Path(tempfile.mkdtemp(prefix=f"{run_id}_", dir=log_root))),
         redirects=config.redirects,
         tee=config.tee,
         local_ranks_filter=config.local_ranks_filter,
         line_prefix_template=config.log_line_prefix_template,
     )
     run_dir = Path(tempfile.mkdtemp(prefix="aelastic_run_"))
+    ports = endpoint_ports(config)
     try:
-        async with open_reaper() as reaper, open_rendezvous(rendezvous_parameters(config, run_id)) as handler:
-            agent = ElasticAgent(
-                spec,
-                handler,
-                logs,
-                reaper,
-                run_dir=run_dir,
-                exit_barrier_timeout=config.exit_barrier_timeout,
-                shutdown_timeout=config.shutdown_timeout,
-            )
-            try:
-                result = await agent.run()
-            except RendezvousGracefulExitError as exc:
-                logger.info("rendezvous closed while this node was in reserve: %s", exc)
-                return {}
-            # Done either way: close the rendezvous so nodes in reserve and late joiners exit (torch does the same;
-            # a cancelled launch, e.g. on a signal, leaves it open for a rescheduled node).
-            with anyio.move_on_after(_SHUTDOWN_GRACE, shield=True):
-                await agent.shutdown()
+        with events.open_event_log(config.event_log_handler, log_dir):
+            result = await _run_agent(config, spec, logs, run_dir, run_id, ports)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
+    if result is None:
+        return {}
     if result.is_failed():
         raise ChildFailedError(spec.get_entrypoint_name(), result.failures, root_rank=result.first_failure_rank)
     return dict(result.return_values)
+
+
+async def _run_agent(
+    config: LaunchConfig, spec: WorkerSpec, logs: LogSpec, run_dir: Path, run_id: str, ports: list[int]
+) -> RunResult | None:
+    """The agent's run and the rendezvous's closing; ``None`` if this node was in reserve when it closed."""
+    async with open_reaper() as reaper, open_rendezvous(rendezvous_parameters(config, run_id)) as handler:
+        agent = ElasticAgent(
+            spec,
+            handler,
+            logs,
+            reaper,
+            run_dir=run_dir,
+            exit_barrier_timeout=config.exit_barrier_timeout,
+            shutdown_timeout=config.shutdown_timeout,
+        )
+        try:
+            if ports:
+                from .agent.control import run_with_endpoint  # h11 and the endpoint: only when asked for
+
+                result = await run_with_endpoint(agent, ports, with_metrics=config.metrics_port is not None)
+            else:
+                result = await agent.run()
+        except RendezvousGracefulExitError as exc:
+            logger.info("rendezvous closed while this node was in reserve: %s", exc)
+            return None
+        record_agent(agent, "FAILED" if result.is_failed() else "SUCCEEDED")
+        # Done either way: close the rendezvous so nodes in reserve and late joiners exit (torch does the same;
+        # a cancelled launch, e.g. on a signal, leaves it open for a rescheduled node).
+        with anyio.move_on_after(_SHUTDOWN_GRACE, shield=True):
+            await agent.shutdown()
+    return result
 
 
 def _in_event_loop() -> bool:
