@@ -72,7 +72,7 @@ def test_every_torchrun_flag_with_its_spellings_default_and_choices() -> None:
         assert is_switch(mine) == is_switch(action), dest
         assert mine.choices == action.choices, dest
     extra = sorted(set(ours) - set(theirs))
-    assert extra == ["async_backend", "log_line_prefix_template"], extra  # torch 2.14's template flag, and ours
+    assert extra == ["async_backend", "log_line_prefix_template", "metrics_port"], extra  # torch 2.14 template; ours
 
 
 @pytest.mark.torch
@@ -212,8 +212,10 @@ def test_flags_that_do_nothing_here_are_accepted_and_explained(tmp_path: Path) -
     result = aelastic("run", "--standalone", "--nproc-per-node", "2", *flags, PROBE, env=env)
     assert result.returncode == 0, result.stderr
     for flag in ["--numa-binding node", "--virtual-local-rank True", "--logs-specs custom", "--start-method fork",
-                 "--event-log-handler console", "--duplicate-stdout-filters loss"]:  # fmt: skip
+                 "--duplicate-stdout-filters loss"]:  # fmt: skip
         assert f"{flag}: accepted for torchrun compatibility and ignored" in result.stderr, flag
+    # --event-log-handler has its effect now (tests/test_observability.py): torch's events on stderr.
+    assert '{"name": "torchelastic.worker.status.SUCCEEDED", "source": "WORKER"' in result.stderr
     assert "Setting OMP_NUM_THREADS environment variable for each process to be 1" in result.stderr
     records = probe_records(tmp_path)
     assert sorted(records) == [0, 1]
