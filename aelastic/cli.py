@@ -25,6 +25,7 @@ if sys.version_info < (3, 11):
 import anyio
 
 from ._net import format_address
+from .agent.agent import visible_devices
 from .agent.errors import ChildFailedError
 from .agent.logs import Std
 from .config import DEFAULT_SIGNALS, LaunchConfig, parse_nnodes, parse_rdzv_conf, parse_signals
@@ -199,7 +200,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         compat,
         "--virtual-local-rank",
         dest="virtual_local_rank",
-        help="accepted for torchrun compatibility; LOCAL_RANK stays the real local rank (default: off)",
+        help="every worker sees LOCAL_RANK 0 and, where NVIDIA devices are visible, CUDA_VISIBLE_DEVICES set to its "
+        "own device only (default: off)",
     )
 
     own = parser.add_argument_group("aelastic (beyond torchrun; no torchrun flag changes meaning)")
@@ -215,20 +217,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _gpu_count() -> int:
-    """Visible NVIDIA GPUs without importing torch: ``CUDA_VISIBLE_DEVICES`` if set (as CUDA reads it: up to the
-    first invalid entry), else the ``/dev/nvidia<N>`` devices."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        count = 0
-        for item in visible.split(","):
-            if not item.strip() or item.strip().startswith("-"):
-                break
-            count += 1
-        return count
-    try:
-        return sum(1 for d in os.listdir("/dev") if d.startswith("nvidia") and d[len("nvidia") :].isdigit())
-    except OSError:
-        return 0
+    return len(visible_devices(os.environ))
 
 
 def _nproc(text: str) -> int:
@@ -281,7 +270,6 @@ def _explain_ignored(args: argparse.Namespace) -> None:
     """torchrun flags accepted for compatibility that do nothing here: say so once, never fail on them."""
     ignored = {
         "--numa-binding": (args.numa_binding, "aelastic does not bind workers to NUMA nodes"),
-        "--virtual-local-rank": (args.virtual_local_rank, "LOCAL_RANK stays the real local rank"),
         "--logs-specs": (args.logs_specs not in (None, "default") and args.logs_specs, "only torch's default "
                          "log layout exists"),
         "--duplicate-stdout-filters": (",".join(args.duplicate_stdout_filters), "lines are not duplicated"),
@@ -345,6 +333,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[LaunchConfig, str | Call
         signals_to_handle=args.signals_to_handle,
         event_log_handler=args.event_log_handler,
         metrics_port=args.metrics_port,
+        virtual_local_rank=args.virtual_local_rank,
     )
     check_event_handler(config.event_log_handler)
     if config.metrics_port is not None:

@@ -91,6 +91,7 @@ class LaunchConfig:
     metrics_cfg: Mapping[str, str] = field(default_factory=dict)
     event_log_handler: str = "null"
     metrics_port: int | None = None
+    virtual_local_rank: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_nodes <= self.max_nodes:

@@ -93,6 +93,7 @@ async def launch(config: LaunchConfig, entrypoint: str | Callable[..., Any], *ar
         max_restarts=config.max_restarts,
         monitor_interval=config.monitor_interval,
         local_addr=config.local_addr,
+        virtual_local_rank=config.virtual_local_rank,
     )
     log_root = Path(config.log_dir) if config.log_dir is not None else Path(tempfile.mkdtemp(prefix="torchelastic_"))
     log_root.mkdir(parents=True, exist_ok=True)

@@ -205,13 +205,13 @@ def probe_records(out: Path) -> dict[int, dict[str, Any]]:
 
 
 def test_flags_that_do_nothing_here_are_accepted_and_explained(tmp_path: Path) -> None:
-    flags = ["--numa-binding", "node", "--virtual-local-rank", "--logs-specs", "custom", "--start-method", "fork",
+    flags = ["--numa-binding", "node", "--logs-specs", "custom", "--start-method", "fork",
              "--event-log-handler", "console", "--duplicate-stdout-filters", "loss"]  # fmt: skip
     env = {"PROBE_OUT": str(tmp_path)}
     env.pop("OMP_NUM_THREADS", None)
     result = aelastic("run", "--standalone", "--nproc-per-node", "2", *flags, PROBE, env=env)
     assert result.returncode == 0, result.stderr
-    for flag in ["--numa-binding node", "--virtual-local-rank True", "--logs-specs custom", "--start-method fork",
+    for flag in ["--numa-binding node", "--logs-specs custom", "--start-method fork",
                  "--duplicate-stdout-filters loss"]:  # fmt: skip
         assert f"{flag}: accepted for torchrun compatibility and ignored" in result.stderr, flag
     # --event-log-handler has its effect now (tests/test_observability.py): torch's events on stderr.
@@ -219,7 +219,18 @@ def test_flags_that_do_nothing_here_are_accepted_and_explained(tmp_path: Path) -
     assert "Setting OMP_NUM_THREADS environment variable for each process to be 1" in result.stderr
     records = probe_records(tmp_path)
     assert sorted(records) == [0, 1]
-    assert {r["env"]["LOCAL_RANK"] for r in records.values()} == {"0", "1"}  # virtual-local-rank explained, not done
+    assert {r["env"]["LOCAL_RANK"] for r in records.values()} == {"0", "1"}
+
+
+def test_virtual_local_rank_gives_local_rank_0_and_one_device_each(tmp_path: Path) -> None:
+    env = {"PROBE_OUT": str(tmp_path), "CUDA_VISIBLE_DEVICES": "3,5"}
+    result = aelastic("run", "--standalone", "--nproc-per-node", "2", "--virtual-local-rank", PROBE, env=env)
+    assert result.returncode == 0, result.stderr
+    records = probe_records(tmp_path)
+    assert {rank: (r["env"]["LOCAL_RANK"], r["env"]["CUDA_VISIBLE_DEVICES"]) for rank, r in records.items()} == {
+        0: ("0", "3"),
+        1: ("0", "5"),
+    }
 
 
 # --- addresses -----------------------------------------------------------------------------------------------------

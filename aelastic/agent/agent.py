@@ -52,6 +52,25 @@ __all__ = ["ElasticAgent", "RunResult", "Worker", "WorkerGroup", "WorkerSpec", "
 logger = logging.getLogger(__name__)
 
 
+def visible_devices(env: Mapping[str, str]) -> list[str]:
+    """The NVIDIA devices a worker could see, without importing torch: ``CUDA_VISIBLE_DEVICES`` if set (as CUDA
+    reads it: up to the first invalid entry), else the ``/dev/nvidia<N>`` devices' indices."""
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        devices = []
+        for item in (part.strip() for part in visible.split(",")):
+            if not item or item.startswith("-"):
+                break
+            devices.append(item)
+        return devices
+    try:
+        names = os.listdir("/dev")
+    except OSError:
+        return []
+    indices = (name[len("nvidia") :] for name in names if name.startswith("nvidia"))
+    return sorted((index for index in indices if index.isdigit()), key=int)
+
+
 class WorkerState(str, enum.Enum):
     """torch's worker-group states."""
 
@@ -82,6 +101,7 @@ class WorkerSpec:
     master_addr: str | None = None
     master_port: int | None = None
     local_addr: str | None = None
+    virtual_local_rank: bool = False  # torch's --virtual-local-rank: LOCAL_RANK 0, one visible device per worker
 
     def __post_init__(self) -> None:
         if self.local_world_size < 1:
@@ -312,6 +332,11 @@ class ElasticAgent:
             TORCHELASTIC_ERROR_FILE="" if error_file is None else str(error_file),
             AELASTIC_MEMBERSHIP_RESTARTS=str(self.membership_restarts),
         )
+        if self.spec.virtual_local_rank:
+            env["LOCAL_RANK"] = "0"
+            devices = visible_devices(self.base_env)
+            if devices:  # as torch: each worker sees only its own device, as device 0
+                env["CUDA_VISIBLE_DEVICES"] = devices[worker.local_rank % len(devices)]
         return env
 
     async def _exit_barrier(self, info: RendezvousInfo) -> None:
