@@ -23,11 +23,13 @@ import anyio
 
 from ._groups import leaves, single_error
 from ._net import format_address
+from .agent.agent import visible_devices
 from .agent.errors import ChildFailedError
 from .agent.logs import Std
 from .agent.processes import StopSignal, stop_signal
 from .config import DEFAULT_SIGNALS, LaunchConfig, parse_nnodes, parse_rdzv_conf, parse_signals
 from .errors import AelasticError, ConfigurationError, RendezvousConnectionError
+from .events import check_event_handler
 from .launcher import rendezvous_parameters
 from .rendezvous.api import RendezvousParameters, check_parameters
 from .rendezvous.state import Action, NodeDesc, NodeTimers, RendezvousSettings, RendezvousState
@@ -133,8 +135,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
          help="accepted for torchrun compatibility; workers always start as fresh processes (default: "
          "%(default)s)")  # fmt: skip
     _add(user, "--event-log-handler", dest="event_log_handler", default="null",
-         help="accepted for torchrun compatibility; aelastic logs events with the logging module (default: "
-         "%(default)s)")  # fmt: skip
+         help="where torch's events (and aelastic's rendezvous events) go: null, console (JSON lines on stderr), "
+         "file (<log dir>/<run>/events.jsonl) or a handler registered under the aelastic.event_handlers entry "
+         "points (default: %(default)s)")  # fmt: skip
     _add(user, "--role", dest="role", default="default", help="the workers' role (default: %(default)s)")
     _add_flag(user, "-m", "--module", dest="module",
               help="run the script as a module, as 'python -m' does (default: off)")  # fmt: skip
@@ -197,33 +200,24 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         compat,
         "--virtual-local-rank",
         dest="virtual_local_rank",
-        help="accepted for torchrun compatibility; LOCAL_RANK stays the real local rank (default: off)",
+        help="every worker sees LOCAL_RANK 0 and, where NVIDIA devices are visible, CUDA_VISIBLE_DEVICES set to its "
+        "own device only (default: off)",
     )
 
     own = parser.add_argument_group("aelastic (beyond torchrun; no torchrun flag changes meaning)")
     own.add_argument("--async-backend", choices=_BACKENDS, default=argparse.SUPPRESS,
                      help="event loop to run on, as 'aelastic --async-backend' (default: asyncio; env "
                      "AELASTIC_ASYNC_BACKEND)")  # fmt: skip
+    _add(own, "--metrics-port", dest="metrics_port", default=None, type=_port,
+         help="serve this agent's Prometheus /metrics and /health on this port (0: a free one, logged); needs "
+         "aelastic[metrics]. TORCHELASTIC_HEALTH_CHECK_PORT serves /health alone (default: off)")  # fmt: skip
 
     parser.add_argument("training_script", help="the script (or module, or executable) every worker runs")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="its arguments")
 
 
 def _gpu_count() -> int:
-    """Visible NVIDIA GPUs without importing torch: ``CUDA_VISIBLE_DEVICES`` if set (as CUDA reads it: up to the
-    first invalid entry), else the ``/dev/nvidia<N>`` devices."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        count = 0
-        for item in visible.split(","):
-            if not item.strip() or item.strip().startswith("-"):
-                break
-            count += 1
-        return count
-    try:
-        return sum(1 for d in os.listdir("/dev") if d.startswith("nvidia") and d[len("nvidia") :].isdigit())
-    except OSError:
-        return 0
+    return len(visible_devices(os.environ))
 
 
 def _nproc(text: str) -> int:
@@ -291,13 +285,10 @@ def _explain_ignored(args: argparse.Namespace) -> None:
     """torchrun flags accepted for compatibility that do nothing here: say so once, never fail on them."""
     ignored = {
         "--numa-binding": (args.numa_binding, "aelastic does not bind workers to NUMA nodes"),
-        "--virtual-local-rank": (args.virtual_local_rank, "LOCAL_RANK stays the real local rank"),
         "--logs-specs": (args.logs_specs not in (None, "default") and args.logs_specs, "only torch's default "
                          "log layout exists"),
         "--duplicate-stdout-filters": (",".join(args.duplicate_stdout_filters), "lines are not duplicated"),
         "--duplicate-stderr-filters": (",".join(args.duplicate_stderr_filters), "lines are not duplicated"),
-        "--event-log-handler": (args.event_log_handler != "null" and args.event_log_handler, "events go to the "
-                                "logging module (logger aelastic)"),
         "--start-method": (args.start_method != "spawn" and args.start_method, "workers always start as fresh "
                            "processes"),
     }  # fmt: skip
@@ -358,7 +349,15 @@ def config_from_args(args: argparse.Namespace) -> tuple[LaunchConfig, str | Call
         log_line_prefix_template=template,
         shutdown_timeout=shutdown,
         signals_to_handle=args.signals_to_handle,
+        event_log_handler=args.event_log_handler,
+        metrics_port=args.metrics_port,
+        virtual_local_rank=args.virtual_local_rank,
     )
+    check_event_handler(config.event_log_handler)
+    if config.metrics_port is not None:
+        from .agent.control import check_metrics_available  # prometheus-client only where the endpoint is on
+
+        check_metrics_available()
     check_parameters(rendezvous_parameters(config, run_id))
     script, script_args = args.training_script, list(args.training_script_args)
     entrypoint: str | Callable[..., Any]

@@ -60,6 +60,9 @@ class LaunchConfig:
     """What to launch and how; the fields and defaults of torch's ``LaunchConfig``, except that with no
     ``rdzv_backend`` the job runs standalone on the embedded store (one node, ``c10d`` on ``localhost:0``).
 
+    ``event_log_handler`` names where events go (``aelastic.events``: null, console, file or a registered one);
+    ``metrics_port`` opens the agent's ``/metrics`` and ``/health`` endpoint (``aelastic.agent.control``).
+
     ``monitor_interval`` is accepted for compatibility and has no effect: aelastic does not poll its workers, it
     awaits their exits. ``start_method`` likewise: callables always run in a fresh interpreter (spawn).
     """
@@ -86,6 +89,9 @@ class LaunchConfig:
     shutdown_timeout: float = 30.0
     signals_to_handle: str = DEFAULT_SIGNALS
     metrics_cfg: Mapping[str, str] = field(default_factory=dict)
+    event_log_handler: str = "null"
+    metrics_port: int | None = None
+    virtual_local_rank: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_nodes <= self.max_nodes:
@@ -104,6 +110,8 @@ class LaunchConfig:
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"LaunchConfig {name}={getattr(self, name)!r}: must be > 0")
         parse_signals(self.signals_to_handle)
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigurationError(f"LaunchConfig metrics_port={self.metrics_port}: must be a port (0..65535)")
 
     @property
     def standalone(self) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import sys
 import tempfile
@@ -26,11 +27,13 @@ from typing import Any
 import anyio
 import anyio.from_thread
 
+from . import events
 from ._groups import single_error
 from .agent.agent import ElasticAgent, RunResult, WorkerSpec
 from .agent.errors import ChildFailedError
 from .agent.logs import LogSpec
 from .agent.processes import open_reaper
+from .agent.status_events import record_agent
 from .config import LaunchConfig
 from .errors import RendezvousGracefulExitError
 from .rendezvous.api import RendezvousParameters, open_rendezvous
@@ -40,6 +43,22 @@ __all__ = ["launch", "run"]
 logger = logging.getLogger(__name__)
 
 _SHUTDOWN_GRACE = 10.0  # bound on closing the rendezvous when the agent is done
+
+
+def endpoint_ports(config: LaunchConfig) -> list[int]:
+    """The ports of the agent's endpoint: ``metrics_port`` and torch's ``TORCHELASTIC_HEALTH_CHECK_PORT`` (one
+    listener each, both serving ``/health``); a non-integer variable is logged and skipped, as torch does."""
+    ports = [] if config.metrics_port is None else [config.metrics_port]
+    text = os.environ.get("TORCHELASTIC_HEALTH_CHECK_PORT")
+    if text is not None:
+        try:
+            port = int(text)
+        except ValueError:
+            logger.warning("TORCHELASTIC_HEALTH_CHECK_PORT=%r is not a port number: no health check server", text)
+        else:
+            if port not in ports:
+                ports.append(port)
+    return ports
 
 
 def rendezvous_parameters(config: LaunchConfig, run_id: str) -> RendezvousParameters:
@@ -80,21 +99,23 @@ async def launch(config: LaunchConfig, entrypoint: str | Callable[..., Any], *ar
         max_restarts=config.max_restarts,
         monitor_interval=config.monitor_interval,
         local_addr=config.local_addr,
+        virtual_local_rank=config.virtual_local_rank,
     )
     log_root = Path(config.log_dir) if config.log_dir is not None else Path(tempfile.mkdtemp(prefix="torchelastic_"))
     log_root.mkdir(parents=True, exist_ok=True)
     logs = LogSpec(
         role=config.role,
-        log_dir=Path(tempfile.mkdtemp(prefix=f"{run_id}_", dir=log_root)),
+        log_dir=(log_dir := Path(tempfile.mkdtemp(prefix=f"{run_id}_", dir=log_root))),
         redirects=config.redirects,
         tee=config.tee,
         local_ranks_filter=config.local_ranks_filter,
         line_prefix_template=config.log_line_prefix_template,
     )
     run_dir = Path(tempfile.mkdtemp(prefix="aelastic_run_"))
+    ports = endpoint_ports(config)
     try:
-        with single_error():
-            result = await _run_agent(config, spec, logs, run_dir, run_id)
+        with single_error(), events.open_event_log(config.event_log_handler, log_dir):
+            result = await _run_agent(config, spec, logs, run_dir, run_id, ports)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
     if result is None:
@@ -105,9 +126,9 @@ async def launch(config: LaunchConfig, entrypoint: str | Callable[..., Any], *ar
 
 
 async def _run_agent(
-    config: LaunchConfig, spec: WorkerSpec, logs: LogSpec, run_dir: Path, run_id: str
+    config: LaunchConfig, spec: WorkerSpec, logs: LogSpec, run_dir: Path, run_id: str, ports: list[int]
 ) -> RunResult | None:
-    """The agent's run on this node; ``None`` for a node in reserve released by the rendezvous closing."""
+    """The agent's run and the rendezvous's closing; ``None`` if this node was in reserve when it closed."""
     async with open_reaper() as reaper, open_rendezvous(rendezvous_parameters(config, run_id)) as handler:
         agent = ElasticAgent(
             spec,
@@ -119,10 +140,16 @@ async def _run_agent(
             shutdown_timeout=config.shutdown_timeout,
         )
         try:
-            result = await agent.run()
+            if ports:
+                from .agent.control import run_with_endpoint  # h11 and the endpoint: only when asked for
+
+                result = await run_with_endpoint(agent, ports, with_metrics=config.metrics_port is not None)
+            else:
+                result = await agent.run()
         except RendezvousGracefulExitError as exc:
             logger.info("rendezvous closed while this node was in reserve: %s", exc)
             return None
+        record_agent(agent, "FAILED" if result.is_failed() else "SUCCEEDED")
         # Done either way: close the rendezvous so nodes in reserve and late joiners exit (torch does the same;
         # a cancelled launch, e.g. on a signal, leaves it open for a rescheduled node).
         with anyio.move_on_after(_SHUTDOWN_GRACE, shield=True):

@@ -72,7 +72,7 @@ def test_every_torchrun_flag_with_its_spellings_default_and_choices() -> None:
         assert is_switch(mine) == is_switch(action), dest
         assert mine.choices == action.choices, dest
     extra = sorted(set(ours) - set(theirs))
-    assert extra == ["async_backend", "log_line_prefix_template"], extra  # torch 2.14's template flag, and ours
+    assert extra == ["async_backend", "log_line_prefix_template", "metrics_port"], extra  # torch 2.14 template; ours
 
 
 @pytest.mark.torch
@@ -204,19 +204,31 @@ def probe_records(out: Path) -> dict[int, dict[str, Any]]:
 
 
 def test_flags_that_do_nothing_here_are_accepted_and_explained(tmp_path: Path) -> None:
-    flags = ["--numa-binding", "node", "--virtual-local-rank", "--logs-specs", "default", "--start-method", "fork",
+    flags = ["--numa-binding", "node", "--logs-specs", "default", "--start-method", "fork",
              "--event-log-handler", "console", "--duplicate-stdout-filters", "loss"]  # fmt: skip
     env = {"PROBE_OUT": str(tmp_path)}
     env.pop("OMP_NUM_THREADS", None)
     result = aelastic("run", "--standalone", "--nproc-per-node", "2", *flags, PROBE, env=env)
     assert result.returncode == 0, result.stderr
-    for flag in ["--numa-binding node", "--virtual-local-rank True", "--start-method fork",
-                 "--event-log-handler console", "--duplicate-stdout-filters loss"]:  # fmt: skip
+    for flag in ["--numa-binding node", "--start-method fork", "--duplicate-stdout-filters loss"]:
         assert f"{flag}: accepted for torchrun compatibility and ignored" in result.stderr, flag
+    # --event-log-handler has its effect now (tests/test_observability.py): torch's events on stderr.
+    assert '{"name": "torchelastic.worker.status.SUCCEEDED", "source": "WORKER"' in result.stderr
     assert "Setting OMP_NUM_THREADS environment variable for each process to be 1" in result.stderr
     records = probe_records(tmp_path)
     assert sorted(records) == [0, 1]
-    assert {r["env"]["LOCAL_RANK"] for r in records.values()} == {"0", "1"}  # virtual-local-rank explained, not done
+    assert {r["env"]["LOCAL_RANK"] for r in records.values()} == {"0", "1"}
+
+
+def test_virtual_local_rank_gives_local_rank_0_and_one_device_each(tmp_path: Path) -> None:
+    env = {"PROBE_OUT": str(tmp_path), "CUDA_VISIBLE_DEVICES": "3,5"}
+    result = aelastic("run", "--standalone", "--nproc-per-node", "2", "--virtual-local-rank", PROBE, env=env)
+    assert result.returncode == 0, result.stderr
+    records = probe_records(tmp_path)
+    assert {rank: (r["env"]["LOCAL_RANK"], r["env"]["CUDA_VISIBLE_DEVICES"]) for rank, r in records.items()} == {
+        0: ("0", "3"),
+        1: ("0", "5"),
+    }
 
 
 # --- addresses -----------------------------------------------------------------------------------------------------

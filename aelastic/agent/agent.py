@@ -29,6 +29,7 @@ from __future__ import annotations
 import enum
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -38,15 +39,36 @@ from typing import Any
 import anyio
 
 from ..errors import AelasticError, RendezvousClosedError, StoreConnectionError
+from ..metrics import AgentMetrics
 from ..rendezvous.api import RendezvousHandler, RendezvousInfo
 from .errors import ProcessFailure
 from .logs import LogSpec
 from .processes import GroupOutcome, Reaper, WorkerCommand, run_workers
 from .ranks import RankAssignment, RoleInfo, exchange_ranks
+from .status_events import record_agent, record_started, record_workers
 
 __all__ = ["ElasticAgent", "RunResult", "Worker", "WorkerGroup", "WorkerSpec", "WorkerState"]
 
 logger = logging.getLogger(__name__)
+
+
+def visible_devices(env: Mapping[str, str]) -> list[str]:
+    """The NVIDIA devices a worker could see, without importing torch: ``CUDA_VISIBLE_DEVICES`` if set (as CUDA
+    reads it: up to the first invalid entry), else the ``/dev/nvidia<N>`` devices' indices."""
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        devices = []
+        for item in (part.strip() for part in visible.split(",")):
+            if not item or item.startswith("-"):
+                break
+            devices.append(item)
+        return devices
+    try:
+        names = os.listdir("/dev")
+    except OSError:
+        return []
+    indices = (name[len("nvidia") :] for name in names if name.startswith("nvidia"))
+    return sorted((index for index in indices if index.isdigit()), key=int)
 
 
 class WorkerState(str, enum.Enum):
@@ -79,6 +101,7 @@ class WorkerSpec:
     master_addr: str | None = None
     master_port: int | None = None
     local_addr: str | None = None
+    virtual_local_rank: bool = False  # torch's --virtual-local-rank: LOCAL_RANK 0, one visible device per worker
 
     def __post_init__(self) -> None:
         if self.local_world_size < 1:
@@ -158,6 +181,10 @@ class ElasticAgent:
         self.membership_restarts = 0
         self._attempt = 0
         self._finished: RendezvousInfo | None = None  # the round in which every node's workers succeeded
+        # Observability (aelastic.metrics, aelastic.events): figures for /metrics and /health, and the start time
+        # of torch's total_run_time.
+        self.metrics = AgentMetrics(spec.role, spec.max_restarts)
+        self.started_at = time.monotonic()
 
     def __repr__(self) -> str:
         g = self.group
@@ -174,9 +201,16 @@ class ElasticAgent:
         """
         while True:
             self.group.state = WorkerState.INIT
+            self.metrics.set_state(WorkerState.INIT.value)
+            began = anyio.current_time()
             info = await self.handler.next_rendezvous()
+            self.metrics.rendezvous_done(anyio.current_time() - began)
+            record_agent(self, "RENDEZVOUS", duration_ms=(anyio.current_time() - began) * 1000)
             assignment = await self._assign(info)
             outcome, reason = await self._attempt_once(info, assignment)
+            self.metrics.set_alive(0)
+            if outcome is not None:
+                record_workers(self, outcome)
             if outcome is None:
                 if await self.handler.is_closed():
                     raise RendezvousClosedError(
@@ -185,9 +219,12 @@ class ElasticAgent:
                         "this node's workers were stopped"
                     )
                 self.membership_restarts += 1
+                self.metrics.restarted("membership", f"membership change: {reason}", anyio.current_time())
                 logger.info("[%s] membership change (%s): restarting workers", self.spec.role, reason)
             elif outcome.succeeded:
                 self.group.state = WorkerState.SUCCEEDED
+                self.metrics.set_state(WorkerState.SUCCEEDED.value)
+                self.metrics.run_finished(succeeded=True)
                 await self._exit_barrier(info)
                 self._finished = info
                 return self._result(WorkerState.SUCCEEDED, outcome)
@@ -195,6 +232,11 @@ class ElasticAgent:
                 self.failure_restarts += 1
                 self.group.state = WorkerState.FAILED
                 failed = outcome.first_failure
+                self.metrics.restarted(
+                    "failure",
+                    f"worker rank {failed and failed.global_rank} failed (exitcode {failed and failed.exitcode})",
+                    anyio.current_time(),
+                )
                 logger.warning(
                     "[%s] worker rank %s failed (exitcode %s); restart %d of %d",
                     self.spec.role, failed and failed.global_rank, failed and failed.exitcode,
@@ -202,6 +244,8 @@ class ElasticAgent:
                 )  # fmt: skip
             else:
                 self.group.state = WorkerState.FAILED
+                self.metrics.set_state(WorkerState.FAILED.value)
+                self.metrics.run_finished(succeeded=False)
                 return self._result(WorkerState.FAILED, outcome)
             self._attempt += 1
 
@@ -240,6 +284,8 @@ class ElasticAgent:
 
             tg.start_soon(watch)
             self.group.state = WorkerState.HEALTHY
+            self.metrics.running(len(commands), anyio.current_time())
+            record_started(self)
             outcome = await run_workers(
                 commands,
                 logs,
@@ -292,6 +338,11 @@ class ElasticAgent:
             TORCHELASTIC_ERROR_FILE="" if error_file is None else str(error_file),
             AELASTIC_MEMBERSHIP_RESTARTS=str(self.membership_restarts),
         )
+        if self.spec.virtual_local_rank:
+            env["LOCAL_RANK"] = "0"
+            devices = visible_devices(self.base_env)
+            if devices:  # as torch: each worker sees only its own device, as device 0
+                env["CUDA_VISIBLE_DEVICES"] = devices[worker.local_rank % len(devices)]
         return env
 
     async def _exit_barrier(self, info: RendezvousInfo) -> None:

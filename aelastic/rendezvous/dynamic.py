@@ -52,6 +52,7 @@ from ..errors import (
     RendezvousTimeoutError,
     StoreConnectionError,
 )
+from ..events import record_rendezvous
 from .api import RendezvousHandler, RendezvousInfo
 from .backends.base import RendezvousBackend, Versioned
 from .bootstrap import BootstrapStores
@@ -330,14 +331,20 @@ class DynamicRendezvousHandler(RendezvousHandler):
             names = sorted(n.id for n in present)
             logger.warning("rendezvous %s: removing dead node(s) %s", self.settings.run_id, names)
             if await self._write(apply(self._state, Action.REMOVE_DEAD, self.node, self.settings, present)):
+                record_rendezvous(
+                    "member_dead", self.settings.run_id, self.node.id, backend=self._backend_name, round=self._round,
+                    dead=names,
+                )  # fmt: skip
                 return
 
     # --- the handler API --------------------------------------------------------------------------------------
 
     async def next_rendezvous(self) -> RendezvousInfo:
-        timers = NodeTimers(join_deadline=anyio.current_time() + self.settings.join_timeout)
+        began = anyio.current_time()
+        timers = NodeTimers(join_deadline=began + self.settings.join_timeout)
         await self._start_liveness()
         node, settings = self.node, self.settings
+        record_rendezvous("join", settings.run_id, node.id, backend=self._backend_name, round=self._round)
         timers = await self._run(lambda s, t, now: decide_exit(s, node, settings, t, now), timers, node)
         await self._run(lambda s, t, now: decide_join(s, node, settings, t, now), timers, node, fresh=True)
         state = self._state
@@ -348,6 +355,11 @@ class DynamicRendezvousHandler(RendezvousHandler):
         bootstrap = await self._bootstrap.publish(round_store, rank)
         self._round = state.round
         self._members = frozenset(state.participants)
+        record_rendezvous(
+            "round_complete", settings.run_id, node.id, backend=self._backend_name, round=state.round, rank=rank,
+            world_size=state.world_size, duration_ms=(anyio.current_time() - began) * 1000,
+            master_endpoint=f"{bootstrap.master_addr}:{bootstrap.master_port}",
+        )  # fmt: skip
         logger.info(
             "rendezvous %s round %d complete: %s is rank %d of %d",
             settings.run_id, state.round, node.id, rank, state.world_size,
@@ -400,6 +412,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         timers = NodeTimers(join_deadline=anyio.current_time() + self.settings.close_timeout)
         settings = self.settings
         await self._run(lambda s, t, now: decide_close(s, settings, t, now), timers, None)
+        record_rendezvous("closed", settings.run_id, self.node.id, backend=self._backend_name, round=self._round)
 
     async def shutdown(self) -> bool:
         try:
