@@ -38,6 +38,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
@@ -95,6 +96,11 @@ the step decided on: the node, the state, the settings, the node's timers, its m
 ``aelastic run`` draws its live "waiting for ..." line from it."""
 
 
+counters: Counter[str] = Counter()
+"""What this process's handlers did, for measurements (``benchmarks/rendezvous.py`` reports one round's): state
+reads and their bytes, writes won and lost (CAS retries), wake-ups, join requests, folds and requests folded."""
+
+
 # Nodes simulated as tasks of one process read the same bytes many times: decode each value once.
 _decode_state = functools.lru_cache(maxsize=8)(decode_state)
 _decode_join_request = functools.lru_cache(maxsize=1 << 16)(decode_join_request)
@@ -117,9 +123,13 @@ class _FoldCache:
         data, pending, folded = self._last
         done = len(pending)
         if seen.data == data and seen.pending[:done] == pending:
-            state = fold_joins(folded, map(_decode_join_request, seen.pending[done:]))
+            todo = seen.pending[done:]
+            state = fold_joins(folded, map(_decode_join_request, todo))
         else:
-            state = fold_joins(committed_state(seen), map(_decode_join_request, seen.pending))
+            todo = seen.pending
+            state = fold_joins(committed_state(seen), map(_decode_join_request, todo))
+        counters["folds"] += bool(todo)
+        counters["requests folded"] += len(todo)
         self._last = (seen.data, seen.pending, state)
         return state
 
@@ -216,10 +226,14 @@ class DynamicRendezvousHandler(RendezvousHandler):
         )
 
     async def _refresh(self) -> None:
-        self._adopt(await self.backend.get_state())
+        seen = await self.backend.get_state()
+        counters["state reads"] += 1
+        counters["state bytes read"] += len(seen.data or b"") + sum(len(r) + 1 for r in seen.pending)
+        self._adopt(seen)
 
     async def _write(self, state: RendezvousState) -> bool:
         seen, won = await self.backend.set_state(encode_state(state), self._seen)
+        counters["writes won" if won else "writes lost (CAS retry)"] += 1
         self._adopt(seen)
         return won
 
@@ -231,6 +245,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         limit = min(until, anyio.current_time() + grace)
         with anyio.move_on_after(max(0.0, limit - anyio.current_time())):
             await self.backend.wait_for_change(self._seen)
+        counters["wake-ups"] += 1
         await self._refresh()
 
     async def _run(
@@ -277,6 +292,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             elif action in JOIN_REQUESTS:
                 self._request = encode_join_request(JoinRequest(self.node, self.settings.max_nodes))
                 await self.backend.request_join(self._request)
+                counters["join requests"] += 1
                 await self._refresh()
             else:
                 await self._write(apply(self._state, action, self.node, self.settings))
