@@ -31,7 +31,7 @@ from .config import DEFAULT_SIGNALS, LaunchConfig, parse_nnodes, parse_rdzv_conf
 from .errors import AelasticError, ConfigurationError, RendezvousConnectionError
 from .launcher import rendezvous_parameters
 from .rendezvous.api import RendezvousParameters, check_parameters
-from .rendezvous.state import Action, NodeDesc, NodeTimers, RendezvousSettings, RendezvousState
+from .rendezvous.state import Action, NodeDesc, NodeTimers, RendezvousSettings, RendezvousState, StateView
 from .status import (
     Watch,
     check_readable,
@@ -381,12 +381,12 @@ class _LiveLine:
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
-        self._waiting: tuple[RendezvousState, RendezvousSettings, NodeTimers] | None = None
+        self._waiting: tuple[RendezvousState | StateView, RendezvousSettings, NodeTimers] | None = None
 
     def observe(
         self,
         node: NodeDesc,
-        state: RendezvousState,
+        state: RendezvousState | StateView,
         settings: RendezvousSettings,
         timers: NodeTimers,
         now: float,

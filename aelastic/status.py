@@ -27,7 +27,14 @@ from .rendezvous.backends import C10D_DEFAULT_PORT, C10dSettings
 from .rendezvous.backends.base import RendezvousBackend, Versioned
 from .rendezvous.backends.store import StoreBackend
 from .rendezvous.dynamic import state_of
-from .rendezvous.state import NodeDesc, NodeTimers, RendezvousSettings, RendezvousState, update_timers
+from .rendezvous.state import (
+    NodeDesc,
+    NodeTimers,
+    RendezvousSettings,
+    RendezvousState,
+    StateView,
+    update_timers,
+)
 from .store.client import open_store_client
 
 __all__ = [
@@ -63,7 +70,7 @@ def _nodes(count: int, more: str = "") -> str:
 
 
 def waiting_reason(
-    state: RendezvousState | None,
+    state: RendezvousState | StateView | None,
     settings: RendezvousSettings | None,
     timers: NodeTimers | None = None,
     now: float | None = None,
@@ -101,7 +108,7 @@ def waiting_reason(
     return f"last call: completes in {math.ceil(left)}s unless {_nodes(more, 'more ')} {join} first {counts}"
 
 
-def _last_call_left(state: RendezvousState, timers: NodeTimers | None, now: float | None) -> float | None:
+def _last_call_left(state: RendezvousState | StateView, timers: NodeTimers | None, now: float | None) -> float | None:
     if timers is None or now is None or timers.last_call_deadline is None or timers.last_call_round != state.round:
         return None
     return max(0.0, timers.last_call_deadline - now)

@@ -35,6 +35,7 @@ reads the dead attempt's keys.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -59,20 +60,24 @@ from .bootstrap import BootstrapStores
 from .state import (
     JOIN_REQUESTS,
     Action,
+    Digest,
     JoinRequest,
     NodeDesc,
     NodeTimers,
     RendezvousSettings,
     RendezvousState,
+    StateView,
     apply,
     decide_close,
     decide_exit,
     decide_join,
     decode_join_request,
     decode_state,
+    decode_view,
     encode_join_request,
     encode_state,
     fold_joins,
+    make_digest,
     update_timers,
 )
 
@@ -87,9 +92,10 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-Decide = Callable[[RendezvousState, NodeTimers, float], Action]
+View = RendezvousState | StateView
+Decide = Callable[[View, NodeTimers, float], Action]
 
-JoinObserver = Callable[[NodeDesc, RendezvousState, RendezvousSettings, NodeTimers, float, Action], None]
+JoinObserver = Callable[[NodeDesc, View, RendezvousSettings, NodeTimers, float, Action], None]
 join_observer: ContextVar[JoinObserver | None] = ContextVar("aelastic_join_observer", default=None)
 """Called (synchronously; it must not block) at every step of a node's exit and join in this context, with what
 the step decided on: the node, the state, the settings, the node's timers, its monotonic ``now`` and the action.
@@ -135,6 +141,7 @@ class _FoldCache:
 
 
 _folds = _FoldCache()
+_NO_DIGEST = Digest(b"", ())  # what a backend without digests is handed
 
 
 def state_of(seen: Versioned) -> RendezvousState:
@@ -165,13 +172,18 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._backend_name = backend_name
         self._heartbeat_timeout = heartbeat_timeout
         self._read_timeout = read_timeout
-        self._seen = Versioned(0, None)
-        self._committed = self._state = RendezvousState()
+        self._seen = Versioned(0, None)  # the last whole read: what a write compare-and-sets against
+        self._committed = RendezvousState()
+        self._state: View = self._committed  # what this node decides on: the whole state, or its digest's view
+        self._version = 0  # the newest version this node read, whole or as a digest
+        self._joined = 0  # the join requests consumed up to that version (digests)
         self._request: bytes | None = None  # this node's latest join request
+        self._ticket: int | None = None  # its ticket (digests): folded once a version's joined reaches it
+        self._publish = False  # this node's request changes what others wait for: write the folded state
         self._liveness_started = False
         self._bootstrap = BootstrapStores(task_group, bootstrap_host)
         self._round: int | None = None
-        self._members: frozenset[NodeDesc] = frozenset()
+        self._world = 0  # the world size of the round this node finished
 
     def __repr__(self) -> str:
         s = self._state
@@ -192,17 +204,67 @@ class DynamicRendezvousHandler(RendezvousHandler):
         return True
 
     @property
-    def state(self) -> RendezvousState:
-        """The state as this node last read it."""
+    def state(self) -> View:
+        """The state as this node last read it: whole, or as its view from the state's digest."""
         return self._state
 
     # --- reading and writing --------------------------------------------------------------------------------
 
     def _adopt(self, seen: Versioned) -> None:
-        if seen.version >= self._seen.version:
-            self._seen = seen
+        if seen.version >= self._version:
+            self._seen, self._version, self._joined = seen, seen.version, seen.joined
             self._committed = committed_state(seen)
             self._state = state_of(seen)
+
+    async def _look(self, known: int = 0) -> None:
+        """Read what this node decides on: its view from the newest digest (O(1) bytes) where the backend keeps
+        digests, else the whole state. ``known``: a version known to exist."""
+        read = await self.backend.read_digest(self.node.key, known) if self.backend.digests else None
+        if read is None:
+            await self._refresh()
+            return
+        counters["digest reads"] += 1
+        counters["digest bytes read"] += len(read.summary or b"") + len(read.shard or b"")
+        # A whole read of the same version holds the pending requests too: keep it.
+        if read.version < self._version or (read.version == self._version and isinstance(self._state, RendezvousState)):
+            return
+        if read.summary is None:
+            view = StateView(self.node, 0, False, False, (0, 0, 0), 0)
+        else:
+            view = decode_view(self.node, read.summary, read.shard)[0]
+        if self._ticket is not None and read.joined < self._ticket:
+            if view.complete or view.closed:
+                await self._refresh()  # where a late request lands (wait list or reserve) only the fold can tell
+                return
+            # This node's request is not folded yet: count it, and the requests before it, as participants, as
+            # fold_joins will (unless one is dropped), so the node does not ask again and its timers run.
+            counted = len(view.participants) + self._ticket - read.joined
+            view = dataclasses.replace(view, sizes=(counted, *view.sizes[1:]), where="participants")
+        self._version, self._joined, self._state = read.version, read.joined, view
+
+    async def _whole(self) -> RendezvousState:
+        """The whole state, for what a view cannot tell (which members left, and their ranks)."""
+        if isinstance(self._state, StateView):
+            await self._refresh()
+        assert isinstance(self._state, RendezvousState)  # a whole read always replaces a view
+        return self._state
+
+    def _triggers(self, ticket: int) -> bool:
+        """Whether this node's join request (``ticket``) is the one whose fold others wait for, judged from the
+        view read right after it: in a gathering round, the request that brings the participants to ``min_nodes``
+        (the others start their last call) or to ``max_nodes`` (the round completes); in a complete round, any
+        (the request lands on the wait list, which members restart for). The requests between the view's
+        ``joined`` and the ticket are counted as participants, which they are unless dropped (a node already
+        listed); a miscount only delays the publication until a node's deadline or the liveness grace."""
+        view = self._state
+        if not isinstance(view, StateView):
+            return True  # the whole state was read: _must_publish judges on it
+        if self._joined >= ticket or view.closed:
+            return False
+        if view.complete:
+            return True
+        after = len(view.participants) + ticket - self._joined
+        return after in (self.settings.min_nodes, self.settings.max_nodes)
 
     def _must_publish(self) -> bool:
         """Whether the join requests folded into this node's view change what other nodes wait for, so that the
@@ -216,14 +278,20 @@ class DynamicRendezvousHandler(RendezvousHandler):
         dies first, the others see the same view when their wait ends (it never outlasts the liveness grace).
         """
         written, view = self._committed, self._state
-        if view is written or self._seen.pending[-1:] != (self._request,):
+        if not isinstance(view, RendezvousState) or view is written:
+            return False
+        if self.backend.digests:
+            if not self._publish:
+                return False
+        elif self._seen.pending[-1:] != (self._request,):
             return False
         quorum = self.settings.min_nodes
-        return (
+        self._publish = (
             view.complete != written.complete
             or len(view.wait_list) > len(written.wait_list)
             or len(written.participants) < quorum <= len(view.participants)
         )
+        return self._publish
 
     async def _refresh(self) -> None:
         seen = await self.backend.get_state()
@@ -232,7 +300,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._adopt(seen)
 
     async def _write(self, state: RendezvousState) -> bool:
-        seen, won = await self.backend.set_state(encode_state(state), self._seen)
+        digest = make_digest(state) if self.backend.digests else _NO_DIGEST
+        seen, won = await self.backend.set_state(encode_state(state), self._seen, digest)
         counters["writes won" if won else "writes lost (CAS retry)"] += 1
         self._adopt(seen)
         return won
@@ -243,10 +312,19 @@ class DynamicRendezvousHandler(RendezvousHandler):
         # longer than the liveness grace without re-reading (a safety net; changes normally arrive pushed).
         grace = self.settings.keep_alive_interval * self.settings.keep_alive_max_attempt
         limit = min(until, anyio.current_time() + grace)
+        seen = self._seen if self._seen.version == self._version else Versioned(self._version, None)
+        woke = False
         with anyio.move_on_after(max(0.0, limit - anyio.current_time())):
-            await self.backend.wait_for_change(self._seen)
+            await self.backend.wait_for_change(seen)
+            woke = True
         counters["wake-ups"] += 1
-        await self._refresh()
+        if not woke and self._ticket is not None and self._joined < self._ticket:
+            # No news while this node's request waits to be folded: the node that was to publish it may hang.
+            # Read the whole state, which holds the request, and publish it if others wait for what it changes.
+            self._publish = True
+            await self._refresh()
+        else:
+            await self._look(seen.version + 1 if woke else 0)
 
     async def _run(
         self, decide: Decide, timers: NodeTimers, node: NodeDesc | None, *, fresh: bool = False
@@ -257,10 +335,11 @@ class DynamicRendezvousHandler(RendezvousHandler):
         ``fresh``: the state was just read (by the operation before), so start from it.
         """
         if not fresh:
-            await self._refresh()
+            await self._look()
         observe = join_observer.get() if node is not None else None
         while True:
             if self._must_publish():
+                assert isinstance(self._state, RendezvousState)  # _must_publish says so
                 await self._write(self._state)
                 continue
             now = anyio.current_time()
@@ -278,7 +357,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 )
             if action is Action.ERROR_TIMEOUT:
                 # The node has already taken itself off the lists: count the others, and itself.
-                joined = 1 + sum(n != self.node for n in self._state.participants)
+                joined = 1 + len(self._state.participants) - (self.node in self._state.participants)
                 raise RendezvousTimeoutError(
                     f"rendezvous {self.settings.run_id!r} did not complete within join_timeout="
                     f"{self.settings.join_timeout:g}s: {joined} node(s) joined, "
@@ -291,9 +370,17 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 await self._wait_for_change(min(deadlines))
             elif action in JOIN_REQUESTS:
                 self._request = encode_join_request(JoinRequest(self.node, self.settings.max_nodes))
-                await self.backend.request_join(self._request)
+                self._ticket = await self.backend.request_join(self._request)
                 counters["join requests"] += 1
-                await self._refresh()
+                if self._ticket is None:
+                    await self._refresh()
+                else:
+                    await self._look()
+                    if self._triggers(self._ticket):
+                        self._publish = True
+                        await self._refresh()
+            elif isinstance(self._state, StateView):
+                await self._refresh()  # a write is decided again on the whole state it replaces
             else:
                 await self._write(apply(self._state, action, self.node, self.settings))
 
@@ -333,6 +420,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 await self._evict(frozenset({neighbour}))
 
     def _neighbour(self) -> NodeDesc | None:
+        if isinstance(self._state, StateView):
+            return self._state.neighbour
         nodes = sorted(self._state.all_nodes())
         if self.node not in nodes or len(nodes) < 2:
             return None
@@ -340,12 +429,13 @@ class DynamicRendezvousHandler(RendezvousHandler):
 
     async def _evict(self, dead: frozenset[NodeDesc]) -> None:
         while True:
-            present = dead & set(self._state.all_nodes())
+            state = await self._whole()
+            present = dead & set(state.all_nodes())
             if not present:
                 return
             names = sorted(n.id for n in present)
             logger.warning("rendezvous %s: removing dead node(s) %s", self.settings.run_id, names)
-            if await self._write(apply(self._state, Action.REMOVE_DEAD, self.node, self.settings, present)):
+            if await self._write(apply(state, Action.REMOVE_DEAD, self.node, self.settings, present)):
                 return
 
     # --- the handler API --------------------------------------------------------------------------------------
@@ -362,8 +452,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             raise RendezvousClosedError(f"rendezvous {settings.run_id!r}: join finished without a rank")
         round_store = self.backend.store.prefixed(f"torch.rendezvous.{settings.run_id}.{state.round}")
         bootstrap = await self._bootstrap.publish(round_store, rank)
-        self._round = state.round
-        self._members = frozenset(state.participants)
+        self._round, self._world = state.round, state.world_size
         logger.info(
             "rendezvous %s round %d complete: %s is rank %d of %d",
             settings.run_id, state.round, node.id, rank, state.world_size,
@@ -371,29 +460,34 @@ class DynamicRendezvousHandler(RendezvousHandler):
         return RendezvousInfo(round_store, rank, state.world_size, bootstrap, state.round)
 
     async def num_nodes_waiting(self) -> int:
-        await self._refresh()
+        await self._look()
         return self._state.num_waiting
 
     async def wait_for_membership_change(self) -> str:
         while True:
-            reason = self._restart_reason()
+            reason = await self._restart_reason()
             if reason is not None:
                 return reason
             await self._wait_for_change(math.inf)
 
     async def wait_for_member_ranks(self, known: frozenset[int]) -> frozenset[int]:
-        while (ranks := self._member_ranks()) == known:
+        while (ranks := await self._member_ranks()) == known:
             await self._wait_for_change(math.inf)
         return ranks
 
-    def _member_ranks(self) -> frozenset[int]:
+    async def _member_ranks(self) -> frozenset[int]:
         s = self._state
         if self._round is None or s.round != self._round or not s.complete:
+            return frozenset()
+        if len(s.participants) == self._world:  # no member left (members are never added): all ranks
+            return frozenset(range(self._world))
+        s = await self._whole()
+        if s.round != self._round or not s.complete:
             return frozenset()
         rank = {node: i for i, node in enumerate(s.rank_order)}
         return frozenset(rank[node] for node in s.participants)
 
-    def _restart_reason(self) -> str | None:
+    async def _restart_reason(self) -> str | None:
         s = self._state
         if s.closed:
             return "the rendezvous was closed"
@@ -401,15 +495,19 @@ class DynamicRendezvousHandler(RendezvousHandler):
             return None
         if s.round != self._round:
             return f"round {self._round} is over (now round {s.round})"
-        gone = self._members - set(s.participants)
-        if gone:
-            return f"round {self._round} lost {len(gone)} member(s): {', '.join(sorted(n.id for n in gone))}"
-        if s.wait_list:
+        if len(s.participants) < self._world:  # who left is in the whole state only
+            whole = await self._whole()
+            if whole.round == self._round and whole.complete:
+                gone = set(whole.rank_order) - set(whole.participants)
+                names = ", ".join(sorted(n.id for n in gone))
+                return f"round {self._round} lost {len(gone)} member(s): {names}"
+            return await self._restart_reason()
+        if len(s.wait_list):
             return f"{len(s.wait_list)} node(s) waiting to join"
         return None
 
     async def is_closed(self) -> bool:
-        await self._refresh()
+        await self._look()
         return self._state.closed
 
     async def set_closed(self) -> None:
