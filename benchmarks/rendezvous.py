@@ -430,27 +430,53 @@ async def run(quick: bool, repeats: int) -> list[dict[str, Any]]:
     return records
 
 
-async def scale(sizes: list[int], release: bool) -> list[dict[str, Any]]:
-    """``--scale``: one instrumented all-at-once round per N (and the release latency), aelastic c10d only."""
+async def scale(sizes: list[int], release: bool, torch_sizes: list[int]) -> list[dict[str, Any]]:
+    """``--scale``: one instrumented all-at-once round per N (and the release latency) of aelastic (c10d), and of
+    torch's handler at ``torch_sizes``, its nodes against the same counting store server (torch's protocol)."""
     import resource
 
     rounds = []
     async with aelastic_system() as ours:
-        for n in sizes:
-            doc = await measure_round(ours, n)
-            if release:
-                doc["release_s"] = await measure_release(ours, n)
-            # The store serves in this process: its peak RSS bounds the store's (the harness adds little).
-            doc["store_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-            rounds.append(doc)
-            print(_describe(doc), flush=True)
+        counted = System("torch", ours.endpoint, ours.count_listed, stats=ours.stats)
+        for system, ns in ((counted, torch_sizes), (ours, sizes)):
+            for n in ns:
+                doc = await measure_round(system, n)
+                doc["system"] = system.name
+                if release and system is ours:
+                    doc["release_s"] = await measure_release(ours, n)
+                # The store serves in this process: its peak RSS bounds the store's (the harness adds little).
+                doc["store_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+                rounds.append(doc)
+                print(_describe(doc), flush=True)
     return rounds
+
+
+def plot_scale(rounds: list[dict[str, Any]], path: str) -> None:
+    """Bytes through the store per round against N, log axes, one line per system (``--plot``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for system in sorted({r["system"] for r in rounds}):
+        points = sorted((r["n"], r["bytes"]) for r in rounds if r["system"] == system)
+        ax.plot([n for n, _ in points], [b for _, b in points], marker="o", label=system)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("nodes (N)")
+    ax.set_ylabel("bytes through the store per round")
+    ax.set_title("rendezvous: store bytes per all-at-once round")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
 
 
 def _describe(doc: dict[str, Any]) -> str:
     n, handlers = doc["n"], doc["handlers"]
     lines = [
-        f"N={n}: total {doc['total_s']:.2f} s"
+        f"{doc['system']} N={n}: total {doc['total_s']:.2f} s"
         + (f", release {doc['release_s'] * 1000:.0f} ms" if "release_s" in doc else "")
         + f", {doc['requests']} requests ({doc['requests'] / n:.1f}/node), {doc['bytes'] / 1e6:.2f} MB"
         f" ({doc['bytes'] / n:.0f} B/node), store peak RSS {doc['store_peak_rss_mb']:.0f} MB",
@@ -481,6 +507,15 @@ def main() -> None:
         help="instrument one all-at-once round of aelastic (c10d) at each N and say where it goes",
     )
     parser.add_argument("--no-release", action="store_true", help="--scale: skip the release-latency run")
+    parser.add_argument(
+        "--scale-torch",
+        type=int,
+        nargs="*",
+        default=[],
+        metavar="N",
+        help="--scale: torch's handler at these N too, against the same counting store",
+    )
+    parser.add_argument("--plot", default=None, help="--scale: write the bytes-per-round plot (PNG) here")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker is not None:
@@ -488,7 +523,9 @@ def main() -> None:
         (torch_worker if spec["system"] == "torch" else aelastic_worker)(spec)
         return
     if args.scale:
-        rounds = anyio.run(scale, args.scale, not args.no_release)
+        rounds = anyio.run(scale, args.scale, not args.no_release, args.scale_torch)
+        if args.plot:
+            plot_scale(rounds, args.plot)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"benchmark": "rendezvous-scale", "rounds": rounds}, f)

@@ -108,7 +108,7 @@ async def test_store_digests_tickets_and_slots() -> None:
     async with open_store_server("127.0.0.1", 0) as server, open_store_client("127.0.0.1", server.port) as client:
         a = StoreBackend(client, "digests")
         await a.initialize()
-        assert await a.read_digest(me.key, 0) == DigestRead(0, 0, None, None)
+        assert await a.read_digest(me.key, -1) == DigestRead(0, 0, None, None)
         assert [await a.request_join(b"x"), await a.request_join(b"y")] == [1, 2]
         states = [RendezvousState(participants=(me,)), RendezvousState(participants=(me, other))]
         seen = await a.get_state()
@@ -117,16 +117,17 @@ async def test_store_digests_tickets_and_slots() -> None:
             assert won
         assert seen.joined == 2  # the first write consumed both requests, the second none
         read = await a.read_digest(me.key, 1)  # version 1 is known; version 2 is the newest
-        assert read is not None and (read.version, read.joined) == (2, 2)
+        assert read is not None
+        assert (read.version, read.joined) == (2, 2)
         assert read.summary is not None
         view, _ = decode_view(me, read.summary, read.shard)
         assert (len(view.participants), me in view.participants, view.neighbour) == (2, True, other)
         for _ in range(3):  # three more versions: version 2's slot is overwritten by version 5
             seen, _ = await a.set_state(b"s", seen, make_digest(states[0]))
         await client.set("aelastic.rendezvous/digests/latest", b"2")  # a stale hint: the reader walks forward
-        read = await a.read_digest(me.key, 0)
-        assert read is not None and read.version == 5
+        read = await a.read_digest(me.key, -1)
+        assert read is not None
+        assert read.version == 5
         # A reader that knows only version 2 and finds its slot taken reads the state instead.
-        await client.set("aelastic.rendezvous/digests/latest", b"0")
         await client.delete_key("aelastic.rendezvous/digests/changed/3")
         assert await a.read_digest(me.key, 2) is None

@@ -964,7 +964,7 @@ def test_a_dead_member_makes_the_survivors_rerendezvous_in_order() -> None:
 
 def _view_of(state: RendezvousState, node: NodeDesc) -> sm.StateView:
     digest = make_digest(state)
-    view, shards = decode_view(node, digest.summary, None)
+    _, shards = decode_view(node, digest.summary, None)
     assert shards == len(digest.shards)
     return decode_view(node, digest.summary, digest.shards[shard_of(node.key, shards)])[0]
 

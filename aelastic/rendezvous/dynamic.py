@@ -175,7 +175,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._seen = Versioned(0, None)  # the last whole read: what a write compare-and-sets against
         self._committed = RendezvousState()
         self._state: View = self._committed  # what this node decides on: the whole state, or its digest's view
-        self._version = 0  # the newest version this node read, whole or as a digest
+        self._version = -1  # the newest version this node read, whole or as a digest (-1: none yet)
         self._joined = 0  # the join requests consumed up to that version (digests)
         self._request: bytes | None = None  # this node's latest join request
         self._ticket: int | None = None  # its ticket (digests): folded once a version's joined reaches it
@@ -216,9 +216,10 @@ class DynamicRendezvousHandler(RendezvousHandler):
             self._committed = committed_state(seen)
             self._state = state_of(seen)
 
-    async def _look(self, known: int = 0) -> None:
+    async def _look(self, known: int = -1) -> None:
         """Read what this node decides on: its view from the newest digest (O(1) bytes) where the backend keeps
-        digests, else the whole state. ``known``: a version known to exist."""
+        digests, else the whole state. ``known``: a version known to exist (-1: none, say the newest read)."""
+        known = max(known, self._version)
         read = await self.backend.read_digest(self.node.key, known) if self.backend.digests else None
         if read is None:
             await self._refresh()
@@ -253,9 +254,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
         """Whether this node's join request (``ticket``) is the one whose fold others wait for, judged from the
         view read right after it: in a gathering round, the request that brings the participants to ``min_nodes``
         (the others start their last call) or to ``max_nodes`` (the round completes); in a complete round, any
-        (the request lands on the wait list, which members restart for). The requests between the view's
-        ``joined`` and the ticket are counted as participants, which they are unless dropped (a node already
-        listed); a miscount only delays the publication until a node's deadline or the liveness grace."""
+        (the request lands on the wait list, which members restart for). The view counts the requests up to the
+        ticket as participants (``_look``), which they are unless dropped (a node already listed); a miscount
+        only delays the publication until a node's deadline or the liveness grace."""
         view = self._state
         if not isinstance(view, StateView):
             return True  # the whole state was read: _must_publish judges on it
@@ -263,8 +264,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             return False
         if view.complete:
             return True
-        after = len(view.participants) + ticket - self._joined
-        return after in (self.settings.min_nodes, self.settings.max_nodes)
+        return len(view.participants) in (self.settings.min_nodes, self.settings.max_nodes)
 
     def _must_publish(self) -> bool:
         """Whether the join requests folded into this node's view change what other nodes wait for, so that the
@@ -324,7 +324,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             self._publish = True
             await self._refresh()
         else:
-            await self._look(seen.version + 1 if woke else 0)
+            await self._look(seen.version + 1 if woke else -1)
 
     async def _run(
         self, decide: Decide, timers: NodeTimers, node: NodeDesc | None, *, fresh: bool = False

@@ -83,7 +83,7 @@ class RendezvousBackend(abc.ABC):
         """
 
     async def read_digest(self, node_key: str, known: int) -> DigestRead | None:
-        """The newest digest, with the shard of ``node_key``; ``known``: a version known to exist (0: none).
+        """The newest digest, with the shard of ``node_key``; ``known``: a version known to exist (-1: none).
         ``None`` when this backend keeps no digests, or when the shard was overwritten by a newer version while
         it was read: then read the state."""
         return None

@@ -106,7 +106,7 @@ class StoreBackend(RendezvousBackend):
         return await self._keys.add("tickets", 1)
 
     async def read_digest(self, node_key: str, known: int) -> DigestRead | None:
-        version = known or int(await self._keys.get("latest"))
+        version = known if known >= 0 else int(await self._keys.get("latest"))
         while await self._keys.check([f"changed/{version + 1}"]):
             version += 1
         if version == 0:
