@@ -233,15 +233,24 @@ class DynamicRendezvousHandler(RendezvousHandler):
             view = StateView(self.node, 0, False, False, (0, 0, 0), 0)
         else:
             view = decode_view(self.node, read.summary, read.shard)[0]
-        if self._ticket is not None and read.joined < self._ticket:
-            if view.complete or view.closed:
-                await self._refresh()  # where a late request lands (wait list or reserve) only the fold can tell
-                return
-            # This node's request is not folded yet: count it, and the requests before it, as participants, as
-            # fold_joins will (unless one is dropped), so the node does not ask again and its timers run.
-            counted = len(view.participants) + self._ticket - read.joined
-            view = dataclasses.replace(view, sizes=(counted, *view.sizes[1:]), where="participants")
-        self._version, self._joined, self._state = read.version, read.joined, view
+        counted = self._with_own_request(view, read.joined)
+        if counted is None:
+            await self._refresh()  # where a late request lands (wait list or reserve) only the fold can tell
+            return
+        self._version, self._joined, self._state = read.version, read.joined, counted
+
+    def _with_own_request(self, view: StateView, joined: int) -> StateView | None:
+        """``view`` (whose version consumed ``joined`` requests) with this node's pending request counted in: it
+        and the requests before it are counted as participants, as fold_joins will admit them (unless one is
+        dropped), so the node does not ask again and its timers run. The count does not depend on the version
+        read, as long as it precedes the request: each request a later version consumed is one more participant
+        and one more consumed. ``None`` when the round is complete or closed: only the fold can tell."""
+        if self._ticket is None or joined >= self._ticket:
+            return view
+        if view.complete or view.closed:
+            return None
+        counted = len(view.participants) + self._ticket - joined
+        return dataclasses.replace(view, sizes=(counted, *view.sizes[1:]), where="participants")
 
     async def _whole(self) -> RendezvousState:
         """The whole state, for what a view cannot tell (which members left, and their ranks)."""
@@ -250,21 +259,14 @@ class DynamicRendezvousHandler(RendezvousHandler):
         assert isinstance(self._state, RendezvousState)  # a whole read always replaces a view
         return self._state
 
-    def _triggers(self, ticket: int) -> bool:
-        """Whether this node's join request (``ticket``) is the one whose fold others wait for, judged from the
-        view read right after it: in a gathering round, the request that brings the participants to ``min_nodes``
-        (the others start their last call) or to ``max_nodes`` (the round completes); in a complete round, any
-        (the request lands on the wait list, which members restart for). The view counts the requests up to the
-        ticket as participants (``_look``), which they are unless dropped (a node already listed); a miscount
-        only delays the publication until a node's deadline or the liveness grace."""
-        view = self._state
-        if not isinstance(view, StateView):
-            return True  # the whole state was read: _must_publish judges on it
-        if self._joined >= ticket or view.closed:
-            return False
-        if view.complete:
-            return True
-        return len(view.participants) in (self.settings.min_nodes, self.settings.max_nodes)
+    def _triggers(self, counted: StateView) -> bool:
+        """Whether this node's join request is the one whose fold others wait for, judged from the view that
+        counts it (``_with_own_request``): in a gathering round, the request that brings the participants to
+        ``min_nodes`` (the others start their last call) or to ``max_nodes`` (the round completes). (In a
+        complete round every request may land on the wait list, which members restart for: the node reads the
+        whole state and ``_must_publish`` judges.) A miscount (a request dropped) only delays the publication
+        until a node's deadline or the liveness grace."""
+        return len(counted.participants) in (self.settings.min_nodes, self.settings.max_nodes)
 
     def _must_publish(self) -> bool:
         """Whether the join requests folded into this node's view change what other nodes wait for, so that the
@@ -372,13 +374,18 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 self._request = encode_join_request(JoinRequest(self.node, self.settings.max_nodes))
                 self._ticket = await self.backend.request_join(self._request)
                 counters["join requests"] += 1
-                if self._ticket is None:
+                counted = None
+                if self._ticket is not None and isinstance(self._state, StateView):
+                    # No read: the view this request was decided on counts it as well as a newer one would.
+                    counted = self._with_own_request(self._state, self._joined)
+                if counted is None:
+                    self._publish = self._ticket is not None
+                    await self._refresh()
+                elif self._triggers(counted):
+                    self._publish = True
                     await self._refresh()
                 else:
-                    await self._look()
-                    if self._triggers(self._ticket):
-                        self._publish = True
-                        await self._refresh()
+                    self._state = counted
             elif isinstance(self._state, StateView):
                 await self._refresh()  # a write is decided again on the whole state it replaces
             else:
