@@ -41,6 +41,7 @@ from ..state import Digest, shard_of
 from .base import DigestRead, RendezvousBackend, Versioned
 
 _SLOTS = 3  # position-shard slots, used in turn by successive versions
+_NO_VALUE = b"\0aelastic: no value\0"  # no rendezvous value starts with NUL
 
 __all__ = ["StoreBackend"]
 
@@ -92,28 +93,40 @@ class StoreBackend(RendezvousBackend):
         current = await self._keys.compare_set("state", expected.token, desired)
         if current != desired:
             return self._parse(current), False
+        # One MULTI_SET, applied in order by the server: the shards are in place before the change wakes anyone.
         slot = version % _SLOTS
+        shards = len(digest.shards)
         await self._keys.multi_set(
-            [f"pos/{slot}/{i}" for i in range(len(digest.shards))],
-            [b"%d\n%b" % (version, shard) for shard in digest.shards],
+            [*(f"pos/{slot}/{i}" for i in range(shards)), f"changed/{version}", "latest"],
+            [
+                *(b"%d\n%b" % (version, shard) for shard in digest.shards),
+                b"%d %d\n%b" % (joined, shards, digest.summary),
+                b"%d" % version,
+            ],
         )
-        await self._keys.set(f"changed/{version}", b"%d %d\n%b" % (joined, len(digest.shards), digest.summary))
-        await self._keys.set("latest", b"%d" % version)
         return Versioned(version, data, desired, (), joined), True
+
+    async def _present(self, key: str) -> bytes:
+        """The value of a key known to exist, in one round trip: a GET is a WAIT and then a GET (a missing key
+        would block it), while a compare-and-set whose expected value no key holds only returns the value."""
+        value = await self._keys.compare_set(key, _NO_VALUE, _NO_VALUE)
+        if value == _NO_VALUE:  # the key is missing after all (it never is: it was written before announced)
+            raise RendezvousStateError(f"rendezvous key {key!r} is missing from {self.location}")
+        return value
 
     async def request_join(self, request: bytes) -> int:
         await self._keys.append("state", b"\n" + request)
         return await self._keys.add("tickets", 1)
 
     async def read_digest(self, node_key: str, known: int) -> DigestRead | None:
-        version = known if known >= 0 else int(await self._keys.get("latest"))
+        version = known if known >= 0 else int(await self._present("latest"))
         while await self._keys.check([f"changed/{version + 1}"]):
             version += 1
         if version == 0:
             return DigestRead(0, 0, None, None)
-        head, _, summary = (await self._keys.get(f"changed/{version}")).partition(b"\n")
+        head, _, summary = (await self._present(f"changed/{version}")).partition(b"\n")
         joined, _, shards = head.partition(b" ")
-        raw = await self._keys.get(f"pos/{version % _SLOTS}/{shard_of(node_key, int(shards))}")
+        raw = await self._present(f"pos/{version % _SLOTS}/{shard_of(node_key, int(shards))}")
         written, _, shard = raw.partition(b"\n")
         if int(written) != version:
             return None
