@@ -126,6 +126,10 @@ class NodeView:
     join_seconds_left: float | None = None  # --watch: for a join it saw begin
 
 
+LIST_LIMIT: Final = 20
+"""How many nodes of each list ``aelastic status`` prints unless asked for all (``--all``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class RendezvousView:
     """What ``aelastic status`` prints; :meth:`render` for people, :meth:`to_json` for machines."""
@@ -151,13 +155,21 @@ class RendezvousView:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
-    def render(self) -> str:
+    def render(self, limit: int | None = LIST_LIMIT) -> str:
+        """The view for people; each list shows at most ``limit`` nodes (``None``: all) and then how many more on
+        how many hosts, so that ten thousand nodes make a screenful, not ten thousand lines."""
+
         def listing(title: str, nodes: tuple[NodeView, ...]) -> list[str]:
             lines = [f"  {title} ({len(nodes)}):" + ("" if nodes else " none")]
-            for n in nodes:
+            shown = nodes if limit is None else nodes[:limit]
+            for n in shown:
                 rank = "" if n.rank is None else f"rank {n.rank:<4} "
                 join = "" if n.join_seconds_left is None else f"  join: at most {n.join_seconds_left:.0f}s left"
                 lines.append(f"    {rank}{n.addr:<24} pid {n.pid:<8} {n.id}{join}")
+            if len(shown) < len(nodes):
+                rest = nodes[len(shown) :]
+                hosts = len({n.addr for n in rest})
+                lines.append(f"    ... and {len(rest)} more on {hosts} host(s) (--all lists every node)")
             return lines
 
         counts = "unknown (give --nnodes)" if self.min_nodes is None else f"min {self.min_nodes}, max {self.max_nodes}"
