@@ -131,3 +131,52 @@ async def test_store_digests_tickets_and_slots() -> None:
         # A reader that knows only version 2 and finds its slot taken reads the state instead.
         await client.delete_key("aelastic.rendezvous/digests/changed/3")
         assert await a.read_digest(me.key, 2) is None
+
+
+async def _round_traffic(n: int) -> tuple[int, int, int]:
+    """One all-at-once round of ``n`` c10d nodes (tasks of this process): the store's requests, reply bytes and
+    compare-and-sets from the first join to the last release (opening the handlers is not counted)."""
+    from aelastic.rendezvous.api import RendezvousParameters, open_rendezvous
+
+    async with open_store_server("127.0.0.1", 0) as server:
+        opened, go, released = anyio.Event(), anyio.Event(), anyio.Event()
+        counts = [0, 0]
+
+        async def node() -> None:
+            params = RendezvousParameters(
+                "c10d", f"127.0.0.1:{server.port}", f"traffic{n}", n, n, "127.0.0.1", is_host=False,
+                join_timeout=120, keep_alive_interval=60,
+            )  # fmt: skip
+            async with open_rendezvous(params) as handler:
+                counts[0] += 1
+                if counts[0] == n:
+                    opened.set()
+                await go.wait()
+                await handler.next_rendezvous()
+                counts[1] += 1
+                if counts[1] == n:
+                    released.set()
+                await released.wait()
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(n):
+                tg.start_soon(node)
+            with anyio.fail_after(120):
+                await opened.wait()
+                before = server.statistics()
+                go.set()
+                await released.wait()
+            after = server.statistics()
+    cas = after.ops_by_kind.get("CompareSet", 0) - before.ops_by_kind.get("CompareSet", 0)
+    return after.ops_served - before.ops_served, after.bytes_sent - before.bytes_sent, cas
+
+
+async def test_a_c10d_round_costs_linear_requests_and_bytes() -> None:
+    """Digests: a node that waits reads its own position, not every node's, so a round's store traffic grows
+    linearly with N (with every node re-reading the whole state it grew as N², 16× for 4× the nodes)."""
+    small, large = await _round_traffic(50), await _round_traffic(200)
+    assert large[0] / small[0] < 4.5, (small, large)  # requests
+    assert large[1] / small[1] < 5.5, (small, large)  # reply bytes
+    assert large[1] / 200 < 8_000, large  # bytes per node: about 1 KB per digest read, 3 reads
+    # One node publishes the round (its position reads use compare-and-sets that never match: 2 per digest).
+    assert large[2] <= 1 + 2 * 3 * 200, large
