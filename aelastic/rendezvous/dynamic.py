@@ -12,8 +12,15 @@ Joins are not compare-and-sets: a node adds itself by appending a join request, 
 on is the written state with the pending requests folded in (``state.fold_joins``), so a thousand nodes joining at
 once make a thousand small appends, not a million failed compare-and-sets of a growing value. Appends wake no one;
 when the requests change what others wait for (the round completed, reached ``min_nodes``, or gained a waiting
-node), the node whose request is the newest it read writes the folded state, and that write wakes them. With
-``n = max`` that is one write per round.
+node), one node writes the folded state, and that write wakes them. With ``n = max`` that is one write per round.
+Which node: on a backend with digests (c10d), the one whose request's ticket brings the participants to
+``min_nodes`` or ``max_nodes`` (or any request into a complete round); on others (etcd), the node whose request is
+the newest in its read.
+
+Reads: a node decides on the whole state only before it writes. Where the backend keeps digests, a node that
+waits reads its *view* (``state.StateView``: the summary of the newest version and its own position, O(1) bytes)
+and, after its join request, counts the request in until a write folds it, so a round of N nodes costs O(N)
+requests and bytes in all; without digests every read is of the whole state (O(N) bytes each).
 
 Liveness runs as one task per node from its first join until the handler closes: each interval it beats once
 (a small write of its own) and checks one neighbour: the node just before it in the state's node order (the
