@@ -225,8 +225,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
 
     async def _look(self, known: int = -1) -> None:
         """Read what this node decides on: its view from the newest digest (O(1) bytes) where the backend keeps
-        digests, else the whole state. ``known``: a version known to exist (-1: none, say the newest read)."""
-        known = max(known, self._version)
+        digests, else the whole state. ``known``: a version known to exist (-1: none; the backend then starts
+        from the latest version announced, which also steps over a version whose writer died before announcing
+        it)."""
         read = await self.backend.read_digest(self.node.key, known) if self.backend.digests else None
         if read is None:
             await self._refresh()
