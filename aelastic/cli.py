@@ -32,8 +32,9 @@ from .errors import AelasticError, ConfigurationError, RendezvousConnectionError
 from .events import check_event_handler
 from .launcher import rendezvous_parameters
 from .rendezvous.api import RendezvousParameters, check_parameters
-from .rendezvous.state import Action, NodeDesc, NodeTimers, RendezvousSettings, RendezvousState
+from .rendezvous.state import Action, NodeDesc, NodeTimers, RendezvousSettings, RendezvousState, StateView
 from .status import (
+    LIST_LIMIT,
     Watch,
     check_readable,
     describe,
@@ -398,12 +399,12 @@ class _LiveLine:
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
-        self._waiting: tuple[RendezvousState, RendezvousSettings, NodeTimers] | None = None
+        self._waiting: tuple[RendezvousState | StateView, RendezvousSettings, NodeTimers] | None = None
 
     def observe(
         self,
         node: NodeDesc,
-        state: RendezvousState,
+        state: RendezvousState | StateView,
         settings: RendezvousSettings,
         timers: NodeTimers,
         now: float,
@@ -576,6 +577,12 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--watch", action="store_true",
                         help="follow the rendezvous until it closes (Ctrl-C to stop): redraw on a terminal, else "
                         "print each change (with --json, one object per line) (default: one read)")  # fmt: skip
+    status.add_argument(
+        "--all",
+        action="store_true",
+        dest="show_all",
+        help=f"list every node (default: the first {LIST_LIMIT} of each list, then a count)",
+    )
     status.add_argument("--timeout", type=float, default=10.0,
                         help="seconds to connect and for each read (default: %(default)s)")  # fmt: skip
     status.set_defaults(entry=_entry_status)
@@ -600,17 +607,26 @@ def _answer_within(params: RendezvousParameters, seconds: float) -> Iterator[Non
 
 
 async def _show_status(
-    params: RendezvousParameters, settings: RendezvousSettings | None, as_json: bool, read_seconds: float
+    params: RendezvousParameters,
+    settings: RendezvousSettings | None,
+    as_json: bool,
+    read_seconds: float,
+    show_all: bool = False,
 ) -> int:
     with _answer_within(params, read_seconds):
         state = await read_rendezvous(params)
     view = describe(state, settings, run_id=params.run_id, backend=params.backend, endpoint=params.endpoint)
-    print(json.dumps(view.to_json(), indent=2) if as_json else view.render(), flush=True)
+    limit = None if show_all else LIST_LIMIT
+    print(json.dumps(view.to_json(), indent=2) if as_json else view.render(limit), flush=True)
     return 0
 
 
 async def _watch_status(
-    params: RendezvousParameters, settings: RendezvousSettings | None, as_json: bool, read_seconds: float
+    params: RendezvousParameters,
+    settings: RendezvousSettings | None,
+    as_json: bool,
+    read_seconds: float,
+    show_all: bool = False,
 ) -> int:
     """Follow the rendezvous until it closes: woken by each change, and each second (a join request wakes no one,
     and a countdown moves) to read it again. A terminal is redrawn at every read; other output gets the view at
@@ -632,7 +648,8 @@ async def _watch_status(
                 if as_json:
                     text = json.dumps(view.to_json())
                 else:
-                    text = ("\x1b[H\x1b[2J" if terminal else "") + view.render() + ("" if terminal else "\n")
+                    rendered = view.render(None if show_all else LIST_LIMIT)
+                    text = ("\x1b[H\x1b[2J" if terminal else "") + rendered + ("" if terminal else "\n")
                 print(text, flush=True)
                 shown = state
             if state is not None and state.closed:
@@ -651,7 +668,8 @@ def _entry_status(args: argparse.Namespace) -> Callable[[], Any]:
     params = RendezvousParameters(args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id, low, high, **conf)
     check_readable(params)
     settings = rendezvous_settings(params) if args.nnodes is not None else None
-    return partial(_watch_status if args.watch else _show_status, params, settings, args.json, args.timeout)
+    show = _watch_status if args.watch else _show_status
+    return partial(show, params, settings, args.json, args.timeout, args.show_all)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -27,7 +27,14 @@ from .rendezvous.backends import C10D_DEFAULT_PORT, C10dSettings
 from .rendezvous.backends.base import RendezvousBackend, Versioned
 from .rendezvous.backends.store import StoreBackend
 from .rendezvous.dynamic import state_of
-from .rendezvous.state import NodeDesc, NodeTimers, RendezvousSettings, RendezvousState, update_timers
+from .rendezvous.state import (
+    NodeDesc,
+    NodeTimers,
+    RendezvousSettings,
+    RendezvousState,
+    StateView,
+    update_timers,
+)
 from .store.client import open_store_client
 
 __all__ = [
@@ -63,7 +70,7 @@ def _nodes(count: int, more: str = "") -> str:
 
 
 def waiting_reason(
-    state: RendezvousState | None,
+    state: RendezvousState | StateView | None,
     settings: RendezvousSettings | None,
     timers: NodeTimers | None = None,
     now: float | None = None,
@@ -101,7 +108,7 @@ def waiting_reason(
     return f"last call: completes in {math.ceil(left)}s unless {_nodes(more, 'more ')} {join} first {counts}"
 
 
-def _last_call_left(state: RendezvousState, timers: NodeTimers | None, now: float | None) -> float | None:
+def _last_call_left(state: RendezvousState | StateView, timers: NodeTimers | None, now: float | None) -> float | None:
     if timers is None or now is None or timers.last_call_deadline is None or timers.last_call_round != state.round:
         return None
     return max(0.0, timers.last_call_deadline - now)
@@ -117,6 +124,10 @@ class NodeView:
     pid: int
     rank: int | None = None
     join_seconds_left: float | None = None  # --watch: for a join it saw begin
+
+
+LIST_LIMIT: Final = 20
+"""How many nodes of each list ``aelastic status`` prints unless asked for all (``--all``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,13 +155,21 @@ class RendezvousView:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
-    def render(self) -> str:
+    def render(self, limit: int | None = LIST_LIMIT) -> str:
+        """The view for people; each list shows at most ``limit`` nodes (``None``: all) and then how many more on
+        how many hosts, so that ten thousand nodes make a screenful, not ten thousand lines."""
+
         def listing(title: str, nodes: tuple[NodeView, ...]) -> list[str]:
             lines = [f"  {title} ({len(nodes)}):" + ("" if nodes else " none")]
-            for n in nodes:
+            shown = nodes if limit is None else nodes[:limit]
+            for n in shown:
                 rank = "" if n.rank is None else f"rank {n.rank:<4} "
                 join = "" if n.join_seconds_left is None else f"  join: at most {n.join_seconds_left:.0f}s left"
                 lines.append(f"    {rank}{n.addr:<24} pid {n.pid:<8} {n.id}{join}")
+            if len(shown) < len(nodes):
+                rest = nodes[len(shown) :]
+                hosts = len({n.addr for n in rest})
+                lines.append(f"    ... and {len(rest)} more on {hosts} host(s) (--all lists every node)")
             return lines
 
         counts = "unknown (give --nnodes)" if self.min_nodes is None else f"min {self.min_nodes}, max {self.max_nodes}"

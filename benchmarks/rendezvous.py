@@ -56,8 +56,8 @@ JOIN_TIMEOUT = 300.0
 # --- worker processes ---------------------------------------------------------------------------------------------
 
 
-def _report(starts: list[float], ends: list[float], errors: list[str]) -> None:
-    print(json.dumps({"starts": starts, "ends": ends, "errors": errors}), flush=True)
+def _report(starts: list[float], ends: list[float], errors: list[str], counters: dict[str, int] | None = None) -> None:
+    print(json.dumps({"starts": starts, "ends": ends, "errors": errors, "counters": counters or {}}), flush=True)
 
 
 def _conf(spec: dict[str, Any]) -> dict[str, Any]:
@@ -120,6 +120,8 @@ def torch_worker(spec: dict[str, Any]) -> None:
 def aelastic_worker(spec: dict[str, Any]) -> None:
     """``spec["count"]`` aelastic handlers as tasks of one event loop; each calls next_rendezvous on "go"."""
     from aelastic.rendezvous.api import RendezvousParameters, open_rendezvous
+    from aelastic.rendezvous.backends import open_c10d_rendezvous  # noqa: F401 (before dynamic: they import it)
+    from aelastic.rendezvous.dynamic import counters
 
     backend = "etcd" if spec["system"] == "aelastic-etcd" else "c10d"
 
@@ -158,9 +160,10 @@ def aelastic_worker(spec: dict[str, Any]) -> None:
             await opened.wait()
             print("ready", flush=True)
             await anyio.to_thread.run_sync(sys.stdin.readline)
+            counters.clear()  # one round's work, not the handlers' opening
             go.set()
             await done.wait()
-            _report(starts, ends, errors)
+            _report(starts, ends, errors, dict(counters))
             await anyio.to_thread.run_sync(sys.stdin.readline)
             os._exit(0)  # 1000 handlers need not say goodbye one by one
 
@@ -195,6 +198,7 @@ class System:
     count_listed: Callable[[str], Any]  # run_id -> awaitable participant count
     runs: int = 0
     ops: Callable[[], tuple[int, int]] | None = None  # the store's (requests, bytes received) so far
+    stats: Callable[[], Any] | None = None  # the store server's ServerStatistics now
 
 
 @asynccontextmanager
@@ -227,7 +231,8 @@ def split(n: int, parts: int) -> list[int]:
     return [n // parts + (i < n % parts) for i in range(parts)]
 
 
-async def results(workers: list[Worker]) -> tuple[list[float], list[float]]:
+async def results(workers: list[Worker], counters: dict[str, int] | None = None) -> tuple[list[float], list[float]]:
+    """Every node's start and end times; ``counters`` (if given) gets the handlers' counters added in."""
     starts, ends = [], []
     for w in workers:
         doc = json.loads(await w.line())
@@ -235,6 +240,9 @@ async def results(workers: list[Worker]) -> tuple[list[float], list[float]]:
             raise RuntimeError(f"rendezvous failed: {doc['errors'][:3]}")
         starts += doc["starts"]
         ends += doc["ends"]
+        if counters is not None:
+            for name, value in doc["counters"].items():
+                counters[name] = counters.get(name, 0) + value
     return starts, ends
 
 
@@ -265,6 +273,33 @@ async def measure_release(system: System, n: int) -> float:
         starts, ends = await results([last])
         _, early_ends = await results(early)
         return max(ends + early_ends) - starts[0]
+
+
+async def measure_round(system: System, n: int) -> dict[str, Any]:
+    """One all-at-once round of n nodes, instrumented: the total time, and what the store served for it (requests
+    and reply bytes by kind, bytes received) beside what the handlers did (reads, writes, wake-ups, folds)."""
+    assert system.stats is not None
+    system.runs += 1
+    run_id, handlers = f"round-{n}-{system.runs}", {}
+    async with spawn_workers(system.name, system.endpoint, run_id, n, split(n, PROCESSES)) as workers:
+        before, go = system.stats(), time.monotonic()
+        for w in workers:
+            await w.send("go\n")
+        _, ends = await results(workers, handlers)
+        total = max(ends) - go
+        after = system.stats()
+    requests = {k: v - before.ops_by_kind.get(k, 0) for k, v in after.ops_by_kind.items()}
+    sent = {k: v - before.sent_by_kind.get(k, 0) for k, v in after.sent_by_kind.items()}
+    return {
+        "n": n,
+        "total_s": total,
+        "requests": sum(requests.values()),
+        "bytes": (after.bytes_received - before.bytes_received) + (after.bytes_sent - before.bytes_sent),
+        "requests_by_kind": {k: v for k, v in requests.items() if v},
+        "bytes_sent_by_kind": {k: v for k, v in sent.items() if v},
+        "bytes_received": after.bytes_received - before.bytes_received,
+        "handlers": handlers,
+    }
 
 
 async def measure_heartbeat(system: System, n: int, window: float) -> tuple[float, float]:
@@ -329,7 +364,7 @@ async def aelastic_system(server_ops: bool = False) -> AsyncIterator[System]:
             stats = server.statistics()
             return stats.ops_served, stats.bytes_received
 
-        yield System("aelastic", f"127.0.0.1:{server.port}", count_listed, ops=ops)
+        yield System("aelastic", f"127.0.0.1:{server.port}", count_listed, ops=ops, stats=server.statistics)
 
 
 @asynccontextmanager
@@ -395,6 +430,65 @@ async def run(quick: bool, repeats: int) -> list[dict[str, Any]]:
     return records
 
 
+async def scale(sizes: list[int], release: bool, torch_sizes: list[int]) -> list[dict[str, Any]]:
+    """``--scale``: one instrumented all-at-once round per N (and the release latency) of aelastic (c10d), and of
+    torch's handler at ``torch_sizes``, its nodes against the same counting store server (torch's protocol)."""
+    import resource
+
+    rounds = []
+    async with aelastic_system() as ours:
+        counted = System("torch", ours.endpoint, ours.count_listed, stats=ours.stats)
+        for system, ns in ((counted, torch_sizes), (ours, sizes)):
+            for n in ns:
+                doc = await measure_round(system, n)
+                doc["system"] = system.name
+                if release and system is ours:
+                    doc["release_s"] = await measure_release(ours, n)
+                # The store serves in this process: its peak RSS bounds the store's (the harness adds little).
+                doc["store_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+                rounds.append(doc)
+                print(_describe(doc), flush=True)
+    return rounds
+
+
+def plot_scale(rounds: list[dict[str, Any]], path: str) -> None:
+    """Bytes through the store per round against N, log axes, one line per system (``--plot``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for system in sorted({r["system"] for r in rounds}):
+        points = sorted((r["n"], r["bytes"]) for r in rounds if r["system"] == system)
+        ax.plot([n for n, _ in points], [b for _, b in points], marker="o", label=system)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("nodes (N)")
+    ax.set_ylabel("bytes through the store per round")
+    ax.set_title("rendezvous: store bytes per all-at-once round")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def _describe(doc: dict[str, Any]) -> str:
+    n, handlers = doc["n"], doc["handlers"]
+    lines = [
+        f"{doc['system']} N={n}: total {doc['total_s']:.2f} s"
+        + (f", release {doc['release_s'] * 1000:.0f} ms" if "release_s" in doc else "")
+        + f", {doc['requests']} requests ({doc['requests'] / n:.1f}/node), {doc['bytes'] / 1e6:.2f} MB"
+        f" ({doc['bytes'] / n:.0f} B/node), store peak RSS {doc['store_peak_rss_mb']:.0f} MB",
+        "  store requests by kind: " + ", ".join(f"{k} {v}" for k, v in sorted(doc["requests_by_kind"].items())),
+        "  store reply bytes by kind: "
+        + ", ".join(f"{k} {v / 1e6:.2f} MB" for k, v in sorted(doc["bytes_sent_by_kind"].items())),
+        f"  bytes received {doc['bytes_received'] / 1e6:.2f} MB",
+        "  handlers: " + ", ".join(f"{k} {v} ({v / n:.2f}/node)" for k, v in sorted(handlers.items())),
+    ]
+    return "\n".join(lines)
+
+
 def _record(scenario: str, system: str, n: int, unit: str, values: list[float], better: str) -> dict[str, Any]:
     return {"scenario": scenario, "system": system, "param": n, "unit": unit, "samples": values, "better": better}
 
@@ -404,11 +498,37 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small N, one repetition (about 30 s)")
     parser.add_argument("--repeats", type=int, default=None, help="repetitions (default 3; --quick: 1)")
     parser.add_argument("--json", default=None, help="write the records here")
+    parser.add_argument(
+        "--scale",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="N",
+        help="instrument one all-at-once round of aelastic (c10d) at each N and say where it goes",
+    )
+    parser.add_argument("--no-release", action="store_true", help="--scale: skip the release-latency run")
+    parser.add_argument(
+        "--scale-torch",
+        type=int,
+        nargs="*",
+        default=[],
+        metavar="N",
+        help="--scale: torch's handler at these N too, against the same counting store",
+    )
+    parser.add_argument("--plot", default=None, help="--scale: write the bytes-per-round plot (PNG) here")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker is not None:
         spec = json.loads(args.worker)
         (torch_worker if spec["system"] == "torch" else aelastic_worker)(spec)
+        return
+    if args.scale:
+        rounds = anyio.run(scale, args.scale, not args.no_release, args.scale_torch)
+        if args.plot:
+            plot_scale(rounds, args.plot)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"benchmark": "rendezvous-scale", "rounds": rounds}, f)
         return
     repeats = args.repeats or (1 if args.quick else 3)
     records = anyio.run(run, args.quick, repeats)

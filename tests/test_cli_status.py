@@ -31,7 +31,7 @@ from aelastic.rendezvous.backends.base import RendezvousBackend
 from aelastic.rendezvous.backends.store import StoreBackend
 from aelastic.rendezvous.dynamic import DynamicRendezvousHandler, state_of
 from aelastic.rendezvous.state import NodeDesc, NodeTimers, RendezvousSettings, RendezvousState
-from aelastic.status import Watch, describe, waiting_reason
+from aelastic.status import LIST_LIMIT, Watch, describe, waiting_reason
 from aelastic.store.client import open_store_client
 from aelastic.store.server import open_store_server
 
@@ -436,3 +436,18 @@ async def test_status_of_an_etcd_rendezvous(etcd_endpoint: str) -> None:
                 while not any(json.loads(line)["complete"] for line in received.splitlines()):
                     received += await lines.receive()
         tg.cancel_scope.cancel()
+
+
+def test_ten_thousand_nodes_render_as_a_summary_unless_all_are_asked_for() -> None:
+    nodes = tuple(NodeDesc(f"10.1.{i // 8 // 250}.{i // 8 % 250}", 100 + i % 8, 0) for i in range(10_000))
+    state = RendezvousState(round=2, participants=nodes[:9_990], wait_list=nodes[9_990:])
+    view = describe(state, settings(10_000, 10_000), run_id="big", backend="c10d", endpoint="h:1")
+    text = view.render()
+    assert len(text.splitlines()) < 60
+    assert "participants (ranks fixed at completion) (9990):" in text
+    assert f"... and {9_990 - LIST_LIMIT} more on 1247 host(s) (--all lists every node)" in text
+    assert "waiting for the next round (10):" in text
+    assert "more on" not in text.split("waiting for the next round")[1]  # 10 fit under the limit
+    everything = view.render(None)
+    assert len(everything.splitlines()) > 10_000
+    assert all(n.id in everything for n in nodes)

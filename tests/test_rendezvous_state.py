@@ -36,9 +36,12 @@ from aelastic.rendezvous.state import (
     decide_join,
     decode_join_request,
     decode_state,
+    decode_view,
     encode_join_request,
     encode_state,
     fold_joins,
+    make_digest,
+    shard_of,
     update_timers,
 )
 
@@ -485,7 +488,7 @@ def test_state_invariants(kwargs: dict[str, object], words: str) -> None:
 # --- codec ------------------------------------------------------------------------------------------------------
 
 ENCODED = (
-    b'{"v":1,"round":3,"complete":true,"closed":false,"nodes":[["10.0.0.1",100,0],["10.0.0.1",200,0],'
+    b'{"v":2,"round":3,"complete":true,"closed":false,"nodes":[["10.0.0.1",100,0],["10.0.0.1",200,0],'
     b'["10.0.0.1",300,0],["::1",7,1]],"participants":[1,0],"wait_list":[3],"redundancy_list":[],'
     b'"rank_order":[2,1,0]}'
 )
@@ -516,10 +519,11 @@ BAD_PAYLOADS: list[tuple[str, bytes, str]] = [
     ("not JSON", b"{round: 3}", "not JSON"),
     ("trailing bytes", ENCODED + b"x", "not JSON"),
     ("an array", b"[1, 2]", "a JSON list, not an object"),
-    ("no version", _doc(v=...), "format v=None is not v=1"),
-    ("another version", _doc(v=2), "format v=2 is not v=1"),
-    ("a boolean version", _doc(v=True), "format v=True is not v=1"),
-    ("a string version", _doc(v="1"), "format v='1' is not v=1"),
+    ("no version", _doc(v=...), "format v=None is not v=2"),
+    ("the previous version", _doc(v=1), "format v=1 is not v=2, the one this aelastic reads (are all nodes"),
+    ("a later version", _doc(v=3), "format v=3 is not v=2"),
+    ("a boolean version", _doc(v=True), "format v=True is not v=2"),
+    ("a string version", _doc(v="2"), "format v='2' is not v=2"),
     ("a missing field", _doc(closed=...), "missing ['closed'], unknown []"),
     ("an unknown field", _doc(deadline=1.5), "missing [], unknown ['deadline']"),
     ("a string round", _doc(round="3"), "round='3': must be an integer >= 0"),
@@ -540,7 +544,7 @@ BAD_PAYLOADS: list[tuple[str, bytes, str]] = [
     ("a node on no list", _doc(wait_list=[]), "nodes [3] are on no list"),
     ("a node on two lists", _doc(wait_list=[3, 0]), "lists 10.0.0.1_100_0 twice"),
     ("a broken invariant", _doc(participants=[0, 1]), "are not in rank_order"),
-    ("a key twice", ENCODED[:-1] + b',"v":1}', "key 'v' twice"),
+    ("a key twice", ENCODED[:-1] + b',"v":2}', "key 'v' twice"),
     ("NaN", _doc(round=float("nan")), "holds NaN"),
 ]
 
@@ -953,3 +957,61 @@ def test_a_dead_member_makes_the_survivors_rerendezvous_in_order() -> None:
         s = apply(s, decide_join(s, n, cfg, T, NOW), n, cfg)
     assert s.complete
     assert [s.rank_of(n) for n in (A, C, D)] == [0, 1, 2]
+
+
+# --- digests ----------------------------------------------------------------------------------------------------
+
+
+def _view_of(state: RendezvousState, node: NodeDesc) -> sm.StateView:
+    digest = make_digest(state)
+    _, shards = decode_view(node, digest.summary, None)
+    assert shards == len(digest.shards)
+    return decode_view(node, digest.summary, digest.shards[shard_of(node.key, shards)])[0]
+
+
+TIMERS_TO_TRY = (T, EXPIRED, CALL_OPEN, CALL_OVER, CALL_OVER_OLD_ROUND)
+
+
+@given(states(), nodes_st)
+def test_a_nodes_view_decides_as_the_whole_state(state: RendezvousState, outsider: NodeDesc) -> None:
+    """Every decision, timer and rank a node takes from its digest's view is the one it takes from the whole
+    state: a node that only waits never needs to read the other nodes' names."""
+    order = sorted(state.all_nodes())
+    for node in {*state.all_nodes(), outsider}:
+        view = _view_of(state, node)
+        for cfg in (CFG, CFG14):
+            for timers in TIMERS_TO_TRY:
+                assert decide_join(view, node, cfg, timers, NOW) == decide_join(state, node, cfg, timers, NOW)
+                assert decide_exit(view, node, cfg, timers, NOW) == decide_exit(state, node, cfg, timers, NOW)
+                assert decide_close(view, cfg, timers, NOW) == decide_close(state, cfg, timers, NOW)
+                assert update_timers(timers, view, cfg, NOW, node=node) == update_timers(
+                    timers, state, cfg, NOW, node=node
+                )
+        assert view.rank_of(node) == state.rank_of(node)
+        assert (view.round, view.world_size, view.num_waiting) == (state.round, state.world_size, state.num_waiting)
+        expected = order[order.index(node) - 1] if node in order and len(order) > 1 else None
+        assert view.neighbour == expected
+
+
+def test_digest_shards_are_bounded_and_cover_every_node() -> None:
+    nodes = [NodeDesc(f"10.0.{i // 250}.{i % 250}", 7, 0) for i in range(1000)]
+    state = sm._completed(RendezvousState(participants=tuple(nodes[:900]), wait_list=tuple(nodes[900:])))
+    digest = make_digest(state)
+    assert len(digest.shards) == 1000 // sm.SHARD_SIZE + 1
+    assert len(digest.summary) < 200  # O(1): the summary names no node
+    assert sum(len(shard.split(b"\n")) for shard in digest.shards) == 1000
+    for i in (0, 899, 900, 999):
+        assert _view_of(state, nodes[i]).rank_of(nodes[i]) == state.rank_of(nodes[i])
+
+
+@pytest.mark.parametrize(
+    ("summary", "words"),
+    [
+        (b'{"v":1,"round":0}', "digest format v=1 is not v=2, the one this aelastic reads (are all nodes"),
+        (b"not json", "digest is not JSON"),
+        (b'{"v":2,"round":0}', "not the v2 summary"),
+    ],
+)
+def test_digest_rejects_other_formats(summary: bytes, words: str) -> None:
+    with pytest.raises(RendezvousStateError, match=words.replace("(", r"\(")):
+        decode_view(A, summary, None)

@@ -327,9 +327,11 @@ async def test_statistics_and_repr(server: StoreServer) -> None:
     await client.send(*requests)
     await wait_until(lambda: server.statistics().waiters == 1, "the WAIT")
     sent = len(wire.encode_request(wire.Validate())) + sum(len(wire.encode_request(r)) for r in requests)
+    kinds = {"Validate": 1, "Set": 2, "QueuePush": 1, "Wait": 1}
     assert server.statistics() == ServerStatistics(
-        connections=1, keys=2, queued=1, waiters=1, ops_served=5, bytes_received=sent
-    )
+        connections=1, keys=2, queued=1, waiters=1, ops_served=5, bytes_received=sent,
+        ops_by_kind=kinds, sent_by_kind=dict.fromkeys(kinds, 0),
+    )  # fmt: skip
     assert repr(server) == (f"<StoreServer [::]:{server.port} connections=1 keys=2 waiters=1 ops_served=5>")
     await client.aclose()
     await wait_until(lambda: server.statistics().connections == 0, "the close")

@@ -12,8 +12,15 @@ Joins are not compare-and-sets: a node adds itself by appending a join request, 
 on is the written state with the pending requests folded in (``state.fold_joins``), so a thousand nodes joining at
 once make a thousand small appends, not a million failed compare-and-sets of a growing value. Appends wake no one;
 when the requests change what others wait for (the round completed, reached ``min_nodes``, or gained a waiting
-node), the node whose request is the newest it read writes the folded state, and that write wakes them. With
-``n = max`` that is one write per round.
+node), one node writes the folded state, and that write wakes them. With ``n = max`` that is one write per round.
+Which node: on a backend with digests (c10d), the one whose request's ticket brings the participants to
+``min_nodes`` or ``max_nodes`` (or any request into a complete round); on others (etcd), the node whose request is
+the newest in its read.
+
+Reads: a node decides on the whole state only before it writes. Where the backend keeps digests, a node that
+waits reads its *view* (``state.StateView``: the summary of the newest version and its own position, O(1) bytes)
+and, after its join request, counts the request in until a write folds it, so a round of N nodes costs O(N)
+requests and bytes in all; without digests every read is of the whole state (O(N) bytes each).
 
 Liveness runs as one task per node from its first join until the handler closes: each interval it beats once
 (a small write of its own) and checks one neighbour: the node just before it in the state's node order (the
@@ -35,9 +42,11 @@ reads the dead attempt's keys.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
@@ -59,20 +68,24 @@ from .bootstrap import BootstrapStores
 from .state import (
     JOIN_REQUESTS,
     Action,
+    Digest,
     JoinRequest,
     NodeDesc,
     NodeTimers,
     RendezvousSettings,
     RendezvousState,
+    StateView,
     apply,
     decide_close,
     decide_exit,
     decide_join,
     decode_join_request,
     decode_state,
+    decode_view,
     encode_join_request,
     encode_state,
     fold_joins,
+    make_digest,
     update_timers,
 )
 
@@ -87,13 +100,19 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-Decide = Callable[[RendezvousState, NodeTimers, float], Action]
+View = RendezvousState | StateView
+Decide = Callable[[View, NodeTimers, float], Action]
 
-JoinObserver = Callable[[NodeDesc, RendezvousState, RendezvousSettings, NodeTimers, float, Action], None]
+JoinObserver = Callable[[NodeDesc, View, RendezvousSettings, NodeTimers, float, Action], None]
 join_observer: ContextVar[JoinObserver | None] = ContextVar("aelastic_join_observer", default=None)
 """Called (synchronously; it must not block) at every step of a node's exit and join in this context, with what
 the step decided on: the node, the state, the settings, the node's timers, its monotonic ``now`` and the action.
 ``aelastic run`` draws its live "waiting for ..." line from it."""
+
+
+counters: Counter[str] = Counter()
+"""What this process's handlers did, for measurements (``benchmarks/rendezvous.py`` reports one round's): state
+reads and their bytes, writes won and lost (CAS retries), wake-ups, join requests, folds and requests folded."""
 
 
 # Nodes simulated as tasks of one process read the same bytes many times: decode each value once.
@@ -118,14 +137,19 @@ class _FoldCache:
         data, pending, folded = self._last
         done = len(pending)
         if seen.data == data and seen.pending[:done] == pending:
-            state = fold_joins(folded, map(_decode_join_request, seen.pending[done:]))
+            todo = seen.pending[done:]
+            state = fold_joins(folded, map(_decode_join_request, todo))
         else:
-            state = fold_joins(committed_state(seen), map(_decode_join_request, seen.pending))
+            todo = seen.pending
+            state = fold_joins(committed_state(seen), map(_decode_join_request, todo))
+        counters["folds"] += bool(todo)
+        counters["requests folded"] += len(todo)
         self._last = (seen.data, seen.pending, state)
         return state
 
 
 _folds = _FoldCache()
+_NO_DIGEST = Digest(b"", ())  # what a backend without digests is handed
 
 
 def state_of(seen: Versioned) -> RendezvousState:
@@ -156,13 +180,18 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._backend_name = backend_name
         self._heartbeat_timeout = heartbeat_timeout
         self._read_timeout = read_timeout
-        self._seen = Versioned(0, None)
-        self._committed = self._state = RendezvousState()
+        self._seen = Versioned(0, None)  # the last whole read: what a write compare-and-sets against
+        self._committed = RendezvousState()
+        self._state: View = self._committed  # what this node decides on: the whole state, or its digest's view
+        self._version = -1  # the newest version this node read, whole or as a digest (-1: none yet)
+        self._joined = 0  # the join requests consumed up to that version (digests)
         self._request: bytes | None = None  # this node's latest join request
+        self._ticket: int | None = None  # its ticket (digests): folded once a version's joined reaches it
+        self._publish = False  # this node's request changes what others wait for: write the folded state
         self._liveness_started = False
         self._bootstrap = BootstrapStores(task_group, bootstrap_host)
         self._round: int | None = None
-        self._members: frozenset[NodeDesc] = frozenset()
+        self._world = 0  # the world size of the round this node finished
 
     def __repr__(self) -> str:
         s = self._state
@@ -183,17 +212,70 @@ class DynamicRendezvousHandler(RendezvousHandler):
         return True
 
     @property
-    def state(self) -> RendezvousState:
-        """The state as this node last read it."""
+    def state(self) -> View:
+        """The state as this node last read it: whole, or as its view from the state's digest."""
         return self._state
 
     # --- reading and writing --------------------------------------------------------------------------------
 
     def _adopt(self, seen: Versioned) -> None:
-        if seen.version >= self._seen.version:
-            self._seen = seen
+        if seen.version >= self._version:
+            self._seen, self._version, self._joined = seen, seen.version, seen.joined
             self._committed = committed_state(seen)
             self._state = state_of(seen)
+
+    async def _look(self, known: int = -1) -> None:
+        """Read what this node decides on: its view from the newest digest (O(1) bytes) where the backend keeps
+        digests, else the whole state. ``known``: a version known to exist (-1: none; the backend then starts
+        from the latest version announced, which also steps over a version whose writer died before announcing
+        it)."""
+        read = await self.backend.read_digest(self.node.key, known) if self.backend.digests else None
+        if read is None:
+            await self._refresh()
+            return
+        counters["digest reads"] += 1
+        counters["digest bytes read"] += len(read.summary or b"") + len(read.shard or b"")
+        # A whole read of the same version holds the pending requests too: keep it.
+        if read.version < self._version or (read.version == self._version and isinstance(self._state, RendezvousState)):
+            return
+        if read.summary is None:
+            view = StateView(self.node, 0, False, False, (0, 0, 0), 0)
+        else:
+            view = decode_view(self.node, read.summary, read.shard)[0]
+        counted = self._with_own_request(view, read.joined)
+        if counted is None:
+            await self._refresh()  # where a late request lands (wait list or reserve) only the fold can tell
+            return
+        self._version, self._joined, self._state = read.version, read.joined, counted
+
+    def _with_own_request(self, view: StateView, joined: int) -> StateView | None:
+        """``view`` (whose version consumed ``joined`` requests) with this node's pending request counted in: it
+        and the requests before it are counted as participants, as fold_joins will admit them (unless one is
+        dropped), so the node does not ask again and its timers run. The count does not depend on the version
+        read, as long as it precedes the request: each request a later version consumed is one more participant
+        and one more consumed. ``None`` when the round is complete or closed: only the fold can tell."""
+        if self._ticket is None or joined >= self._ticket:
+            return view
+        if view.complete or view.closed:
+            return None
+        counted = len(view.participants) + self._ticket - joined
+        return dataclasses.replace(view, sizes=(counted, *view.sizes[1:]), where="participants")
+
+    async def _whole(self) -> RendezvousState:
+        """The whole state, for what a view cannot tell (which members left, and their ranks)."""
+        if isinstance(self._state, StateView):
+            await self._refresh()
+        assert isinstance(self._state, RendezvousState)  # a whole read always replaces a view
+        return self._state
+
+    def _triggers(self, counted: StateView) -> bool:
+        """Whether this node's join request is the one whose fold others wait for, judged from the view that
+        counts it (``_with_own_request``): in a gathering round, the request that brings the participants to
+        ``min_nodes`` (the others start their last call) or to ``max_nodes`` (the round completes). (In a
+        complete round every request may land on the wait list, which members restart for: the node reads the
+        whole state and ``_must_publish`` judges.) A miscount (a request dropped) only delays the publication
+        until a node's deadline or the liveness grace."""
+        return len(counted.participants) in (self.settings.min_nodes, self.settings.max_nodes)
 
     def _must_publish(self) -> bool:
         """Whether the join requests folded into this node's view change what other nodes wait for, so that the
@@ -207,20 +289,31 @@ class DynamicRendezvousHandler(RendezvousHandler):
         dies first, the others see the same view when their wait ends (it never outlasts the liveness grace).
         """
         written, view = self._committed, self._state
-        if view is written or self._seen.pending[-1:] != (self._request,):
+        if not isinstance(view, RendezvousState) or view is written:
+            return False
+        if self.backend.digests:
+            if not self._publish:
+                return False
+        elif self._seen.pending[-1:] != (self._request,):
             return False
         quorum = self.settings.min_nodes
-        return (
+        self._publish = (
             view.complete != written.complete
             or len(view.wait_list) > len(written.wait_list)
             or len(written.participants) < quorum <= len(view.participants)
         )
+        return self._publish
 
     async def _refresh(self) -> None:
-        self._adopt(await self.backend.get_state())
+        seen = await self.backend.get_state()
+        counters["state reads"] += 1
+        counters["state bytes read"] += len(seen.data or b"") + sum(len(r) + 1 for r in seen.pending)
+        self._adopt(seen)
 
     async def _write(self, state: RendezvousState) -> bool:
-        seen, won = await self.backend.set_state(encode_state(state), self._seen)
+        digest = make_digest(state) if self.backend.digests else _NO_DIGEST
+        seen, won = await self.backend.set_state(encode_state(state), self._seen, digest)
+        counters["writes won" if won else "writes lost (CAS retry)"] += 1
         self._adopt(seen)
         return won
 
@@ -230,9 +323,19 @@ class DynamicRendezvousHandler(RendezvousHandler):
         # longer than the liveness grace without re-reading (a safety net; changes normally arrive pushed).
         grace = self.settings.keep_alive_interval * self.settings.keep_alive_max_attempt
         limit = min(until, anyio.current_time() + grace)
+        seen = self._seen if self._seen.version == self._version else Versioned(self._version, None)
+        woke = False
         with anyio.move_on_after(max(0.0, limit - anyio.current_time())):
-            await self.backend.wait_for_change(self._seen)
-        await self._refresh()
+            await self.backend.wait_for_change(seen)
+            woke = True
+        counters["wake-ups"] += 1
+        if not woke and self._ticket is not None and self._joined < self._ticket:
+            # No news while this node's request waits to be folded: the node that was to publish it may hang.
+            # Read the whole state, which holds the request, and publish it if others wait for what it changes.
+            self._publish = True
+            await self._refresh()
+        else:
+            await self._look(seen.version + 1 if woke else -1)
 
     async def _run(
         self, decide: Decide, timers: NodeTimers, node: NodeDesc | None, *, fresh: bool = False
@@ -243,10 +346,11 @@ class DynamicRendezvousHandler(RendezvousHandler):
         ``fresh``: the state was just read (by the operation before), so start from it.
         """
         if not fresh:
-            await self._refresh()
+            await self._look()
         observe = join_observer.get() if node is not None else None
         while True:
             if self._must_publish():
+                assert isinstance(self._state, RendezvousState)  # _must_publish says so
                 await self._write(self._state)
                 continue
             now = anyio.current_time()
@@ -264,7 +368,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 )
             if action is Action.ERROR_TIMEOUT:
                 # The node has already taken itself off the lists: count the others, and itself.
-                joined = 1 + sum(n != self.node for n in self._state.participants)
+                joined = 1 + len(self._state.participants) - (self.node in self._state.participants)
                 raise RendezvousTimeoutError(
                     f"rendezvous {self.settings.run_id!r} did not complete within join_timeout="
                     f"{self.settings.join_timeout:g}s: {joined} node(s) joined, "
@@ -277,8 +381,22 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 await self._wait_for_change(min(deadlines))
             elif action in JOIN_REQUESTS:
                 self._request = encode_join_request(JoinRequest(self.node, self.settings.max_nodes))
-                await self.backend.request_join(self._request)
-                await self._refresh()
+                self._ticket = await self.backend.request_join(self._request)
+                counters["join requests"] += 1
+                counted = None
+                if self._ticket is not None and isinstance(self._state, StateView):
+                    # No read: the view this request was decided on counts it as well as a newer one would.
+                    counted = self._with_own_request(self._state, self._joined)
+                if counted is None:
+                    self._publish = self._ticket is not None
+                    await self._refresh()
+                elif self._triggers(counted):
+                    self._publish = True
+                    await self._refresh()
+                else:
+                    self._state = counted
+            elif isinstance(self._state, StateView):
+                await self._refresh()  # a write is decided again on the whole state it replaces
             else:
                 await self._write(apply(self._state, action, self.node, self.settings))
 
@@ -318,6 +436,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 await self._evict(frozenset({neighbour}))
 
     def _neighbour(self) -> NodeDesc | None:
+        if isinstance(self._state, StateView):
+            return self._state.neighbour
         nodes = sorted(self._state.all_nodes())
         if self.node not in nodes or len(nodes) < 2:
             return None
@@ -325,12 +445,13 @@ class DynamicRendezvousHandler(RendezvousHandler):
 
     async def _evict(self, dead: frozenset[NodeDesc]) -> None:
         while True:
-            present = dead & set(self._state.all_nodes())
+            state = await self._whole()
+            present = dead & set(state.all_nodes())
             if not present:
                 return
             names = sorted(n.id for n in present)
             logger.warning("rendezvous %s: removing dead node(s) %s", self.settings.run_id, names)
-            if await self._write(apply(self._state, Action.REMOVE_DEAD, self.node, self.settings, present)):
+            if await self._write(apply(state, Action.REMOVE_DEAD, self.node, self.settings, present)):
                 record_rendezvous(
                     "member_dead", self.settings.run_id, self.node.id, backend=self._backend_name, round=self._round,
                     dead=names,
@@ -353,8 +474,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             raise RendezvousClosedError(f"rendezvous {settings.run_id!r}: join finished without a rank")
         round_store = self.backend.store.prefixed(f"torch.rendezvous.{settings.run_id}.{state.round}")
         bootstrap = await self._bootstrap.publish(round_store, rank)
-        self._round = state.round
-        self._members = frozenset(state.participants)
+        self._round, self._world = state.round, state.world_size
         record_rendezvous(
             "round_complete", settings.run_id, node.id, backend=self._backend_name, round=state.round, rank=rank,
             world_size=state.world_size, duration_ms=(anyio.current_time() - began) * 1000,
@@ -367,29 +487,34 @@ class DynamicRendezvousHandler(RendezvousHandler):
         return RendezvousInfo(round_store, rank, state.world_size, bootstrap, state.round)
 
     async def num_nodes_waiting(self) -> int:
-        await self._refresh()
+        await self._look()
         return self._state.num_waiting
 
     async def wait_for_membership_change(self) -> str:
         while True:
-            reason = self._restart_reason()
+            reason = await self._restart_reason()
             if reason is not None:
                 return reason
             await self._wait_for_change(math.inf)
 
     async def wait_for_member_ranks(self, known: frozenset[int]) -> frozenset[int]:
-        while (ranks := self._member_ranks()) == known:
+        while (ranks := await self._member_ranks()) == known:
             await self._wait_for_change(math.inf)
         return ranks
 
-    def _member_ranks(self) -> frozenset[int]:
+    async def _member_ranks(self) -> frozenset[int]:
         s = self._state
         if self._round is None or s.round != self._round or not s.complete:
+            return frozenset()
+        if len(s.participants) == self._world:  # no member left (members are never added): all ranks
+            return frozenset(range(self._world))
+        s = await self._whole()
+        if s.round != self._round or not s.complete:
             return frozenset()
         rank = {node: i for i, node in enumerate(s.rank_order)}
         return frozenset(rank[node] for node in s.participants)
 
-    def _restart_reason(self) -> str | None:
+    async def _restart_reason(self) -> str | None:
         s = self._state
         if s.closed:
             return "the rendezvous was closed"
@@ -397,15 +522,19 @@ class DynamicRendezvousHandler(RendezvousHandler):
             return None
         if s.round != self._round:
             return f"round {self._round} is over (now round {s.round})"
-        gone = self._members - set(s.participants)
-        if gone:
-            return f"round {self._round} lost {len(gone)} member(s): {', '.join(sorted(n.id for n in gone))}"
-        if s.wait_list:
+        if len(s.participants) < self._world:  # who left is in the whole state only
+            whole = await self._whole()
+            if whole.round == self._round and whole.complete:
+                gone = set(whole.rank_order) - set(whole.participants)
+                names = ", ".join(sorted(n.id for n in gone))
+                return f"round {self._round} lost {len(gone)} member(s): {names}"
+            return await self._restart_reason()
+        if len(s.wait_list):
             return f"{len(s.wait_list)} node(s) waiting to join"
         return None
 
     async def is_closed(self) -> bool:
-        await self._refresh()
+        await self._look()
         return self._state.closed
 
     async def set_closed(self) -> None:

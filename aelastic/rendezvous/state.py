@@ -40,6 +40,7 @@ import dataclasses
 import enum
 import json
 import math
+import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -52,25 +53,31 @@ __all__ = [
     "JOIN_REQUESTS",
     "WRITE_ACTIONS",
     "Action",
+    "Digest",
     "JoinRequest",
     "NodeDesc",
     "NodeTimers",
     "RendezvousSettings",
     "RendezvousState",
+    "StateView",
     "apply",
     "decide_close",
     "decide_exit",
     "decide_join",
     "decode_join_request",
     "decode_state",
+    "decode_view",
     "encode_join_request",
     "encode_state",
     "fold_joins",
+    "make_digest",
+    "shard_of",
     "update_timers",
 ]
 
-FORMAT_VERSION: Final = 1
-"""The ``"v"`` field of the encoded state; a reader rejects any other value."""
+FORMAT_VERSION: Final = 2
+"""The ``"v"`` field of the encoded state and of its digest; a reader rejects any other value. v2 added the digest
+(:func:`make_digest`): a reader of v1 state would not publish one, so the two must not share a run."""
 
 
 class Action(enum.Enum):
@@ -394,7 +401,7 @@ class NodeTimers:
 
 
 def _facts(
-    state: RendezvousState,
+    state: RendezvousState | StateView,
     node: NodeDesc | None,
     settings: RendezvousSettings,
     dead: frozenset[NodeDesc] = frozenset(),
@@ -430,7 +437,7 @@ def _first(rules: Iterable[_Rule], facts: frozenset[Fact]) -> Action:
 
 
 def decide_join(
-    state: RendezvousState,
+    state: RendezvousState | StateView,
     node: NodeDesc,
     settings: RendezvousSettings,
     timers: NodeTimers,
@@ -448,7 +455,7 @@ def decide_join(
 
 
 def decide_exit(
-    state: RendezvousState,
+    state: RendezvousState | StateView,
     node: NodeDesc,
     settings: RendezvousSettings,
     timers: NodeTimers,
@@ -462,7 +469,9 @@ def decide_exit(
     return _first(EXIT_RULES, _facts(state, node, settings, timers=timers, now=now))
 
 
-def decide_close(state: RendezvousState, settings: RendezvousSettings, timers: NodeTimers, now: float) -> Action:
+def decide_close(
+    state: RendezvousState | StateView, settings: RendezvousSettings, timers: NodeTimers, now: float
+) -> Action:
     """The next step of closing the rendezvous: ``MARK_CLOSED`` until it is closed, then ``FINISH``.
 
     ``timers.join_deadline`` is the close deadline (``now + close_timeout`` when the operation began); past it,
@@ -634,7 +643,7 @@ def fold_joins(state: RendezvousState, requests: Iterable[JoinRequest]) -> Rende
 
 def update_timers(
     timers: NodeTimers,
-    state: RendezvousState,
+    state: RendezvousState | StateView,
     settings: RendezvousSettings,
     now: float,
     *,
@@ -719,7 +728,7 @@ def decode_state(data: bytes) -> RendezvousState:
     """The state that :func:`encode_state` encoded as ``data``.
 
     Raises:
-        RendezvousStateError: ``data`` is not the v1 JSON format (not UTF-8 JSON, another version, a missing,
+        RendezvousStateError: ``data`` is not the v2 JSON format (not UTF-8 JSON, another version, a missing,
             unknown or ill-typed field, an index out of range) or breaks a state invariant; the message says which.
     """
     if not isinstance(data, (bytes, bytearray, memoryview)):
@@ -742,7 +751,7 @@ def decode_state(data: bytes) -> RendezvousState:
         )
     if doc.keys() != _KEYS:
         missing, unknown = sorted(_KEYS - doc.keys()), sorted(doc.keys() - _KEYS)
-        raise RendezvousStateError(f"rendezvous state v1 fields: missing {missing}, unknown {unknown}")
+        raise RendezvousStateError(f"rendezvous state v{FORMAT_VERSION} fields: missing {missing}, unknown {unknown}")
     rnd = doc["round"]
     if not _is_int(rnd) or rnd < 0:
         raise RendezvousStateError(f"rendezvous state round={rnd!r}: must be an integer >= 0")
@@ -813,3 +822,175 @@ def decode_join_request(data: bytes) -> JoinRequest:
         return JoinRequest(NodeDesc(doc[0], doc[1], doc[2]), doc[3])
     except ConfigurationError as exc:
         raise RendezvousStateError(f"rendezvous join request {bytes(data)[:60]!r}: {exc}") from exc
+
+
+# --- digests: what a node reads instead of the whole state -----------------------------------------------------------
+# Every node re-reading a state that lists every node costs O(N) bytes per node per change, O(N^2) per round. So
+# each write also publishes a digest of the state it wrote: a summary of O(1) bytes (the round, its flags and the
+# size of each list) and each node's position (its list, its rank, its liveness neighbour) in shards of at most
+# SHARD_SIZE nodes, the node's shard chosen by a hash of its key. A node that only waits reads the summary and its
+# shard, O(1) bytes, and decides on a StateView; a node about to write reads the whole state and decides again on it.
+# "summary": {"v":2,"round":3,"complete":true,"closed":false,"participants":2,"wait_list":1,"redundancy_list":0,
+#             "world_size":3,"shards":1}
+# a shard:   one line per node: "<key> <p|w|r> <rank or -> <neighbour key or ->"
+
+SHARD_SIZE: Final = 64
+_WHERE: Final = {"p": "participants", "w": "wait_list", "r": "redundancy_list"}
+_SUMMARY_KEYS: Final = frozenset(
+    {"v", "round", "complete", "closed", "participants", "wait_list", "redundancy_list", "world_size", "shards"}
+)
+
+
+def shard_of(key: str, shards: int) -> int:
+    """The shard that holds the position of the node whose :attr:`NodeDesc.key` is ``key``."""
+    return zlib.crc32(key.encode()) % shards
+
+
+@dataclass(frozen=True, slots=True)
+class Digest:
+    """What a write publishes beside the state: the summary and the position shards (see above)."""
+
+    summary: bytes
+    shards: tuple[bytes, ...]
+
+
+def make_digest(state: RendezvousState) -> Digest:
+    """The digest of ``state``: O(1) bytes of summary and O(N) bytes of positions in ``ceil(N / SHARD_SIZE)`` shards.
+
+    A node's liveness neighbour is the node before it in :class:`NodeDesc` order (the first watches the last), as
+    the handler's liveness has it; ``-`` when the node is alone.
+    """
+    listed = state.all_nodes()
+    count = max(1, -(-len(listed) // SHARD_SIZE))
+    order = sorted(listed)
+    before = {n: order[i - 1] for i, n in enumerate(order)} if len(order) > 1 else {}
+    rank = {n: i for i, n in enumerate(state.rank_order)} if state.complete else {}
+    lines: list[list[str]] = [[] for _ in range(count)]
+    for code, name in _WHERE.items():
+        for node in getattr(state, name):
+            r = rank.get(node) if code == "p" else None
+            n = before.get(node)
+            lines[shard_of(node.key, count)].append(
+                f"{node.key} {code} {'-' if r is None else r} {'-' if n is None else n.key}"
+            )
+    doc = {
+        "v": FORMAT_VERSION,
+        "round": state.round,
+        "complete": state.complete,
+        "closed": state.closed,
+        "participants": len(state.participants),
+        "wait_list": len(state.wait_list),
+        "redundancy_list": len(state.redundancy_list),
+        "world_size": state.world_size,
+        "shards": count,
+    }
+    summary = json.dumps(doc, separators=(",", ":")).encode()
+    return Digest(summary, tuple("\n".join(ls).encode() for ls in lines))
+
+
+class _Listed:
+    """One list of a :class:`StateView`: its length, and whether the viewing node is on it."""
+
+    __slots__ = ("_length", "_node")
+
+    def __init__(self, length: int, node: NodeDesc | None) -> None:
+        self._length, self._node = length, node
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __contains__(self, item: object) -> bool:
+        return self._node is not None and item == self._node
+
+
+@dataclass(frozen=True, slots=True)
+class StateView:
+    """One node's view of a state, from its digest: what :func:`decide_join`, :func:`decide_exit`,
+    :func:`decide_close` and :func:`update_timers` look at, without the other nodes' names.
+
+    Attributes:
+        node: The viewing node; ``where`` is the list it is on (``None``: on none), ``rank`` its rank in a
+            complete round, ``neighbour`` the node its liveness watches.
+        summary: The decoded summary (round, flags, list sizes, world size, shard count).
+    """
+
+    node: NodeDesc
+    round: int
+    complete: bool
+    closed: bool
+    sizes: tuple[int, int, int]
+    world_size: int
+    where: str | None = None
+    rank: int | None = None
+    neighbour: NodeDesc | None = None
+
+    def _list(self, index: int, name: str) -> _Listed:
+        return _Listed(self.sizes[index], self.node if self.where == name else None)
+
+    @property
+    def participants(self) -> _Listed:
+        return self._list(0, "participants")
+
+    @property
+    def wait_list(self) -> _Listed:
+        return self._list(1, "wait_list")
+
+    @property
+    def redundancy_list(self) -> _Listed:
+        return self._list(2, "redundancy_list")
+
+    @property
+    def num_waiting(self) -> int:
+        return self.sizes[1]
+
+    def all_nodes(self) -> tuple[NodeDesc, ...]:
+        """The nodes this view knows are listed: the viewing node, if it is."""
+        return (self.node,) if self.where is not None else ()
+
+    def rank_of(self, node: NodeDesc) -> int | None:
+        return self.rank if node == self.node and self.complete and self.where == "participants" else None
+
+
+def decode_view(node: NodeDesc, summary: bytes, shard: bytes | None) -> tuple[StateView, int]:
+    """``node``'s view of a state from the digest's summary and the shard that holds ``node`` (``None`` when the
+    state lists no node); also the number of shards, to find the shard of a later version.
+
+    Raises:
+        RendezvousStateError: the summary or the shard is not the v2 format; the message says which.
+    """
+    try:
+        doc = json.loads(summary)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RendezvousStateError(f"rendezvous digest is not JSON: {bytes(summary)[:60]!r}") from exc
+    version = doc.get("v") if isinstance(doc, dict) else None
+    if version != FORMAT_VERSION or not _is_int(version):
+        raise RendezvousStateError(
+            f"rendezvous digest format v={version!r} is not v={FORMAT_VERSION}, the one this aelastic reads "
+            "(are all nodes running the same aelastic version?)"
+        )
+    ints = ("round", "participants", "wait_list", "redundancy_list", "world_size", "shards")
+    if doc.keys() != _SUMMARY_KEYS or not all(_is_int(doc[k]) and doc[k] >= 0 for k in ints):
+        raise RendezvousStateError(f"rendezvous digest {bytes(summary)[:120]!r}: not the v{FORMAT_VERSION} summary")
+    where = rank = neighbour = None
+    key = node.key
+    for line in (shard or b"").decode(errors="replace").split("\n"):
+        if line.startswith(key + " "):
+            fields = line.split(" ")
+            if len(fields) != 4 or fields[1] not in _WHERE:
+                raise RendezvousStateError(f"rendezvous digest shard line {line[:120]!r}: not '<key> <p|w|r> ...'")
+            where = _WHERE[fields[1]]
+            rank = None if fields[2] == "-" else int(fields[2])
+            neighbour = None if fields[3] == "-" else NodeDesc.from_key(fields[3])
+            break
+    view = StateView(
+        node,
+        doc["round"],
+        bool(doc["complete"]),
+        bool(doc["closed"]),
+        (doc["participants"], doc["wait_list"], doc["redundancy_list"]),
+        doc["world_size"],
+        where,
+        rank,
+        neighbour,
+    )
+    return view, doc["shards"]

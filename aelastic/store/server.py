@@ -55,8 +55,8 @@ import math
 import resource
 import socket
 import struct
-from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections import Counter, deque
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
@@ -149,6 +149,9 @@ class ServerStatistics:
         waiters: connections registered as waiting for a key (an outstanding WAIT, BARRIER or blocking pop).
         ops_served: requests handled since the server started.
         bytes_received: bytes received from clients since the server started.
+        bytes_sent: bytes of replies queued to clients since the server started (wake-ups included).
+        ops_by_kind: requests handled per request kind (``"Get"``, ``"CompareSet"``, ...), for measurements.
+        sent_by_kind: reply bytes per request kind; a WAIT's wake-up counts under ``"Wait"``.
     """
 
     connections: int
@@ -157,6 +160,9 @@ class ServerStatistics:
     waiters: int
     ops_served: int
     bytes_received: int
+    bytes_sent: int = 0
+    ops_by_kind: Mapping[str, int] = field(default_factory=dict)
+    sent_by_kind: Mapping[str, int] = field(default_factory=dict)
 
 
 class _Refused(StoreProtocolError):
@@ -371,6 +377,8 @@ class StoreServer:
         self._auth_token = None if settings.auth_token is None else settings.auth_token.encode()
         self._ops = 0
         self._bytes_received = 0
+        self._ops_by_kind: Counter[str] = Counter()
+        self._sent_by_kind: Counter[str] = Counter()
         self._handlers: dict[type[Any], Callable[[_Connection, Any], None]] = {
             wire.Validate: self._validate,
             wire.Set: self._set,
@@ -411,6 +419,9 @@ class StoreServer:
             waiters=len(waiting),
             ops_served=self._ops,
             bytes_received=self._bytes_received,
+            bytes_sent=sum(self._sent_by_kind.values()),
+            ops_by_kind=dict(self._ops_by_kind),
+            sent_by_kind=dict(self._sent_by_kind),
         )
 
     # --- connections ----------------------------------------------------------------------------------------
@@ -524,10 +535,14 @@ class StoreServer:
         outbox = conn.outbox
         while (request := parser.next_request()) is not wire.NEED_DATA:
             self._ops += 1
+            kind = type(request).__name__
+            self._ops_by_kind[kind] += 1
+            queued = len(outbox)
             if conn.established:
                 handlers[type(request)](conn, request)
             else:
                 self._handshake(conn, request)
+            self._sent_by_kind[kind] += len(outbox) - queued
             if len(outbox) >= _FLUSH_AT:
                 return True
         return False
@@ -556,6 +571,7 @@ class StoreServer:
     def _deliver(self, conn: _Connection, data: bytes) -> None:
         """Queue a reply caused by another request (possibly another connection's) and wake the writer."""
         conn.outbox += data
+        self._sent_by_kind["Wait"] += len(data)
         if (backlog := conn.backlog()) > self._max_buffered:
             logger.warning(
                 "closing store connection from %s: %d bytes of replies unsent; the limit is %d "

@@ -22,8 +22,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ...store.api import Store
+from ..state import Digest
 
-__all__ = ["RendezvousBackend", "Versioned"]
+__all__ = ["DigestRead", "RendezvousBackend", "Versioned"]
+
+
+@dataclass(frozen=True, slots=True)
+class DigestRead:
+    """One node's read of the newest digest (``state.make_digest``): ``summary`` is ``None`` at version 0 (nothing
+    written yet), ``shard`` the position shard that holds the node (``None``: no node is listed)."""
+
+    version: int
+    joined: int
+    summary: bytes | None
+    shard: bytes | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +46,7 @@ class Versioned:
     data: bytes | None
     token: object = None  # what the backend needs to compare-and-set against this version
     pending: tuple[bytes, ...] = ()  # join requests appended since this version was written, oldest first
+    joined: int = 0  # join requests consumed by the writes up to this version (backends with digests count them)
 
     def __repr__(self) -> str:
         size = 0 if self.data is None else len(self.data)
@@ -46,22 +59,34 @@ class RendezvousBackend(abc.ABC):
     name: str
     store: Store
     location: str  # where the shared state lives, for messages: "the rendezvous store at 10.0.0.1:29400"
+    digests: bool = False  # whether it keeps digests (read_digest) and tickets (request_join) for cheap reads
 
     @abc.abstractmethod
     async def get_state(self) -> Versioned:
         """The current state."""
 
     @abc.abstractmethod
-    async def set_state(self, data: bytes, expected: Versioned) -> tuple[Versioned, bool]:
+    async def set_state(self, data: bytes, expected: Versioned, digest: Digest) -> tuple[Versioned, bool]:
         """Write ``data`` as the next version if the state is still at ``expected`` and no join request was
-        appended since it was read; the write consumes ``expected.pending``.
+        appended since it was read; the write consumes ``expected.pending``. A backend with digests publishes
+        ``digest`` (of ``data``) before the change wakes anyone; others ignore it.
 
         Returns the state now current and whether this write is it.
         """
 
     @abc.abstractmethod
-    async def request_join(self, request: bytes) -> None:
-        """Append a join request (one line: no ``\n``); the next read returns it among ``pending``."""
+    async def request_join(self, request: bytes) -> int | None:
+        """Append a join request (one line: no ``\n``); the next read returns it among ``pending``.
+
+        A backend with digests returns the request's ticket: how many requests were appended by the time this
+        one was counted, this one included (at least that many are in any read that follows); others ``None``.
+        """
+
+    async def read_digest(self, node_key: str, known: int) -> DigestRead | None:
+        """The newest digest, with the shard of ``node_key``; ``known``: a version known to exist (-1: none).
+        ``None`` when this backend keeps no digests, or when the shard was overwritten by a newer version while
+        it was read: then read the state."""
+        return None
 
     @abc.abstractmethod
     async def wait_for_change(self, seen: Versioned) -> None:

@@ -63,7 +63,7 @@ from ...etcd.client import (
 from ...etcd.store import EtcdStore
 from ..api import RendezvousHandler, RendezvousParameters, conf_float
 from ..dynamic import open_dynamic_rendezvous
-from ..state import NodeDesc
+from ..state import Digest, NodeDesc
 from . import C10dSettings  # the timing keys' one definition (that package imports this module on first use)
 from .base import RendezvousBackend, Versioned
 
@@ -168,7 +168,7 @@ class EtcdBackend(RendezvousBackend):
         """The state and the join requests pending on it, read at one revision (a txn of two ranges)."""
         return self._versioned(await self.client.txn([], self._read_ops))
 
-    async def set_state(self, data: bytes, expected: Versioned) -> tuple[Versioned, bool]:
+    async def set_state(self, data: bytes, expected: Versioned, digest: Digest) -> tuple[Versioned, bool]:
         """A txn: if the state is unchanged and no join request is newer than the read, write the state and delete
         the requests (the writer folded them); else read both back."""
         token = expected.token

@@ -18,7 +18,7 @@ import anyio
 from ...store.api import Store
 from ..api import RendezvousHandler, RendezvousParameters
 from ..dynamic import open_dynamic_rendezvous
-from ..state import NodeDesc
+from ..state import Digest, NodeDesc
 from .base import RendezvousBackend, Versioned
 
 __all__ = ["MemoryBackend", "MemoryRendezvous", "open_memory_rendezvous"]
@@ -51,7 +51,7 @@ class MemoryBackend(RendezvousBackend):
         await anyio.lowlevel.checkpoint()
         return self._shared.current
 
-    async def set_state(self, data: bytes, expected: Versioned) -> tuple[Versioned, bool]:
+    async def set_state(self, data: bytes, expected: Versioned, digest: Digest) -> tuple[Versioned, bool]:
         await anyio.lowlevel.checkpoint()
         shared = self._shared
         # Requests are only ever appended between writes: the same version and count means the same requests.
