@@ -312,6 +312,18 @@ def config_from_args(args: argparse.Namespace) -> tuple[LaunchConfig, str | Call
         raise ConfigurationError("-m/--module and --no-python cannot be used together: -m runs python")
     backend, endpoint, run_id = args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id
     rdzv_configs: dict[str, Any] = parse_rdzv_conf(args.rdzv_conf)
+    if endpoint.startswith("etcd://"):
+        # torch's legacy URL: it names the endpoint, the run id, the node counts and the timeouts; --rdzv-conf
+        # keys given beside it win, a different --rdzv-id or --nnodes is refused.
+        if backend not in ("etcd", "etcd-v2"):
+            raise ConfigurationError(f"--rdzv-endpoint {endpoint!r}: an etcd:// URL needs --rdzv-backend etcd")
+        legacy = RendezvousParameters.from_url(endpoint)
+        if run_id not in ("none", legacy.run_id):
+            raise ConfigurationError(f"--rdzv-id {run_id!r}: the URL {endpoint!r} names the run {legacy.run_id!r}")
+        if args.nnodes != "1:1" and (min_nodes, max_nodes) != (legacy.min_nodes, legacy.max_nodes):
+            raise ConfigurationError(f"--nnodes {args.nnodes!r}: the URL {endpoint!r} gives the node counts")
+        endpoint, run_id, min_nodes, max_nodes = legacy.endpoint, legacy.run_id, legacy.min_nodes, legacy.max_nodes
+        rdzv_configs = {**legacy.config, **rdzv_configs}
     auto_standalone = backend == "static" and not endpoint and args.master_port is None and max_nodes == 1
     standalone_ignores = args.standalone and (endpoint or backend != "static")
     if args.standalone or auto_standalone:

@@ -399,3 +399,23 @@ def test_run_hosting_the_rendezvous_on_an_address_not_this_hosts_is_one_line_nam
         "Cannot assign requested address"
     ], result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_etcd_on_a_port_in_use_is_one_line_naming_the_address(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import socket
+
+    import aelastic.etcd.server
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        # The free ports `aelastic etcd` picks are taken between the pick and etcd's bind (a race made certain).
+        monkeypatch.setattr(aelastic.etcd.server, "_free_ports", lambda count: [port] * count)
+        code = main(["etcd"])
+    assert code == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"aelastic etcd: error: etcd aelastic0 (http://127.0.0.1:{port}) exited with"), line
+    assert f"listen tcp 127.0.0.1:{port}: bind: address already in use" in line

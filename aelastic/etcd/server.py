@@ -128,7 +128,10 @@ class LocalEtcdMember:
         if not text:
             return
         try:
-            message = str(json.loads(text).get("msg", text))
+            entry = json.loads(text)
+            message = str(entry.get("msg", text))
+            if entry.get("error"):  # etcd's reason: "listen tcp 127.0.0.1:2380: bind: address already in use"
+                message = f"{message}: {entry['error']}"
         except (ValueError, AttributeError):
             message = text
         self._log.append(message)

@@ -20,6 +20,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 from .._groups import single_error
 from ..errors import ConfigurationError
@@ -94,6 +95,48 @@ class RendezvousParameters:
         if not 1 <= min_nodes <= max_nodes:
             raise ConfigurationError(f"nodes '{min_nodes}:{max_nodes}': need 1 <= min_nodes <= max_nodes")
 
+    @classmethod
+    def from_url(cls, url: str, *, local_addr: str | None = None) -> RendezvousParameters:
+        """torch's legacy etcd rendezvous URL on the v3 ``etcd`` backend:
+        ``etcd://HOST[:PORT]/JOB_ID?min_workers=N&max_workers=M&timeout=S&last_call_timeout=S&etcd_prefix=/P``.
+
+        ``JOB_ID`` is the run id, ``min_workers``/``max_workers`` the node counts (``max_workers`` defaults to
+        ``min_workers``), ``timeout`` the join timeout, ``etcd_prefix`` the key prefix; the port defaults to 2379.
+        Any other query key (``protocol``, ``cacert``, ``cert``, ``key``, or an ``--rdzv-conf`` key) is passed on
+        as is.
+
+        Raises:
+            ConfigurationError: naming the URL and the rule it breaks.
+        """
+        parts = urlsplit(url)
+        if parts.scheme != "etcd":
+            raise ConfigurationError(f"rendezvous URL {url!r}: must start with etcd://")
+        try:
+            host, port = parts.hostname, parts.port or 2379
+        except ValueError:
+            raise ConfigurationError(f"rendezvous URL {url!r}: the port must be an integer 0..65535") from None
+        run_id = parts.path.strip("/")
+        if not host or not run_id:
+            raise ConfigurationError(f"rendezvous URL {url!r}: must be etcd://HOST[:PORT]/JOB_ID?min_workers=N...")
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        conf = dict(query)
+        if len(conf) != len(query) or not all(conf.values()):
+            raise ConfigurationError(f"rendezvous URL {url!r}: each query key once, each with a value")
+
+        def workers(key: str, default: str | None) -> int:
+            raw = conf.pop(key, default)
+            if raw is None or not raw.isdigit() or int(raw) < 1:
+                raise ConfigurationError(f"rendezvous URL {url!r}: {key} must be an integer >= 1")
+            return int(raw)
+
+        low = workers("min_workers", None)
+        high = workers("max_workers", str(low))
+        for legacy, key in _LEGACY_URL_KEYS.items():
+            if legacy in conf:
+                conf[key] = conf.pop(legacy)
+        endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return cls("etcd", endpoint, run_id, low, high, local_addr, **conf)
+
     def warn_unknown(self, known: set[str]) -> None:
         """Log one warning per ``config`` key outside ``known`` (once per process and key), naming the known keys.
 
@@ -108,6 +151,9 @@ class RendezvousParameters:
                     key, self.backend, ", ".join(sorted(known)),
                 )  # fmt: skip
 
+
+# torch's legacy etcd URL keys -> the etcd backend's --rdzv-conf keys (min/max_workers are the node counts).
+_LEGACY_URL_KEYS = {"timeout": "join_timeout", "etcd_prefix": "key_prefix"}
 
 # (backend, key) pairs already warned about: the command line checks its parameters before it opens them.
 _warned_keys: set[tuple[str, str]] = set()
