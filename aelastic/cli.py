@@ -190,6 +190,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default: none)")  # fmt: skip
     _add(compat, "--signals-to-handle", dest="signals_to_handle", default=DEFAULT_SIGNALS,
          help="signals that stop the workers and then the agent (default: %(default)s)")  # fmt: skip
+    _add(compat, "--watchdog-timeout", dest="watchdog_timeout", default=None, type=float,
+         help="aelastic: kill (stack dumped first) a worker whose aelastic.worker.heartbeat() calls stop for this "
+         "many seconds; it then fails like any worker (default: off)")  # fmt: skip
     _add(compat, "--shutdown-timeout", dest="shutdown_timeout", default=None, type=float,
          help="seconds between SIGTERM and SIGKILL when stopping workers (default: "
          "$TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30)")  # fmt: skip
@@ -340,6 +343,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[LaunchConfig, str | Call
         log_line_prefix_template=template,
         shutdown_timeout=shutdown,
         signals_to_handle=args.signals_to_handle,
+        watchdog_timeout=args.watchdog_timeout,
     )
     check_parameters(rendezvous_parameters(config, run_id))
     script, script_args = args.training_script, list(args.training_script_args)

@@ -86,6 +86,8 @@ class LaunchConfig:
     shutdown_timeout: float = 30.0
     signals_to_handle: str = DEFAULT_SIGNALS
     metrics_cfg: Mapping[str, str] = field(default_factory=dict)
+    # aelastic's: kill a worker whose aelastic.worker.heartbeat() calls stop for this many seconds (None: off).
+    watchdog_timeout: float | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_nodes <= self.max_nodes:
@@ -103,6 +105,8 @@ class LaunchConfig:
         for name in ("exit_barrier_timeout", "shutdown_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"LaunchConfig {name}={getattr(self, name)!r}: must be > 0")
+        if self.watchdog_timeout is not None and self.watchdog_timeout <= 0:
+            raise ConfigurationError(f"LaunchConfig watchdog_timeout={self.watchdog_timeout!r}: must be > 0")
         parse_signals(self.signals_to_handle)
 
     @property

@@ -96,6 +96,7 @@ async def launch(config: LaunchConfig, entrypoint: str | Callable[..., Any], *ar
                 run_dir=run_dir,
                 exit_barrier_timeout=config.exit_barrier_timeout,
                 shutdown_timeout=config.shutdown_timeout,
+                watchdog_timeout=config.watchdog_timeout,
             )
             try:
                 result = await agent.run()

@@ -42,11 +42,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import anyio
 import anyio.abc
@@ -62,6 +62,8 @@ __all__ = [
     "ReaperError",
     "WorkerCommand",
     "WorkerExit",
+    "WorkerHook",
+    "WorkerProcess",
     "open_reaper",
     "run_workers",
 ]
@@ -101,6 +103,19 @@ class WorkerCommand:
             raise ConfigurationError(
                 f"worker local_rank {self.local_rank}, rank {self.global_rank}: ranks must be >= 0"
             )
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerProcess:
+    """A started worker, as :func:`run_workers` shows it to its hooks: ``pid`` leads the worker's process group."""
+
+    local_rank: int
+    global_rank: int
+    pid: int
+
+
+# A hook of run_workers: called with the workers it concerns (see run_workers' ``watch`` and ``before_kill``).
+WorkerHook = Callable[[Sequence[WorkerProcess]], Coroutine[Any, Any, None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,6 +356,9 @@ class _Worker:
     def pid(self) -> int:
         return self.process.pid
 
+    def handle(self) -> WorkerProcess:
+        return WorkerProcess(self.command.local_rank, self.command.global_rank, self.pid)
+
     def observe(self, exitcode: int) -> None:
         if self.exitcode is None:
             self.exitcode = exitcode
@@ -360,7 +378,13 @@ class _Worker:
 
 
 async def run_workers(
-    commands: Sequence[WorkerCommand], logs: LogSpec, *, grace: float, reaper: Reaper | None
+    commands: Sequence[WorkerCommand],
+    logs: LogSpec,
+    *,
+    grace: float,
+    reaper: Reaper | None,
+    watch: WorkerHook | None = None,
+    before_kill: WorkerHook | None = None,
 ) -> GroupOutcome:
     """Run one node's workers until all exit 0, or the first fails; then stop the rest.
 
@@ -371,6 +395,11 @@ async def run_workers(
         grace: seconds between SIGTERM and SIGKILL when stopping workers.
         reaper: the agent's reaper sidecar (:func:`open_reaper`); ``None`` relies on the parent-death signal
             alone, which leaves a worker's own children alive if the agent is SIGKILLed.
+        watch: run beside the waiters once every worker has started, with all of them (e.g. the expiration timer
+            server, which may kill a worker: that worker's exit is then a failure like any other); cancelled when
+            the waiters end. Its exceptions propagate after the stop.
+        before_kill: awaited, shielded, with the workers still alive when ``grace`` has run out, right before
+            SIGKILL (e.g. a stack dump); it must bound its own time, and its exceptions are logged, not raised.
 
     Returns:
         Every worker's exit, in command order. Workers stopped by the agent after the first failure are reported
@@ -406,9 +435,9 @@ async def run_workers(
                 logger.debug("started worker local_rank %d (pid %d)", command.local_rank, process.pid)
         except BaseException:
             with anyio.CancelScope(shield=True):
-                await _stop(workers, grace, reaper)
+                await _stop(workers, grace, reaper, before_kill)
             raise
-        first_failure = await _supervise(workers, grace, reaper)
+        first_failure = await _supervise(workers, grace, reaper, watch, before_kill)
         exits = tuple(w.to_exit() for w in workers)
         first = None if first_failure is None else exits[workers.index(first_failure)]
         return GroupOutcome(exits=exits, first_failure=first)
@@ -418,7 +447,13 @@ async def run_workers(
             worker.process.close()
 
 
-async def _supervise(workers: list[_Worker], grace: float, reaper: Reaper | None) -> _Worker | None:
+async def _supervise(
+    workers: list[_Worker],
+    grace: float,
+    reaper: Reaper | None,
+    watch: WorkerHook | None,
+    before_kill: WorkerHook | None,
+) -> _Worker | None:
     first_failure: list[_Worker] = []
 
     async def wait_worker(worker: _Worker, waiters: anyio.CancelScope) -> None:
@@ -448,19 +483,26 @@ async def _supervise(workers: list[_Worker], grace: float, reaper: Reaper | None
                 pumps.start_soon(shielded_pump, scope, stream, worker.log, std)
         try:
             async with anyio.create_task_group() as waiters:
-                for worker in workers:
-                    waiters.start_soon(wait_worker, worker, waiters.cancel_scope)
+                if watch is not None:
+                    waiters.start_soon(watch, [w.handle() for w in workers])
+                async with anyio.create_task_group() as exits:
+                    for worker in workers:
+                        exits.start_soon(wait_worker, worker, waiters.cancel_scope)
+                waiters.cancel_scope.cancel()  # every worker exited: the watch ends too
         finally:
             with anyio.CancelScope(shield=True):
-                await _stop(workers, grace, reaper)
+                await _stop(workers, grace, reaper, before_kill)
             deadline = anyio.current_time() + _DRAIN_LIMIT
             for scope in drains:
                 scope.deadline = deadline
     return first_failure[0] if first_failure else None
 
 
-async def _stop(workers: list[_Worker], grace: float, reaper: Reaper | None) -> None:
-    """TERM every group, wait up to ``grace`` for the leaders, KILL every group, reap. Call it shielded."""
+async def _stop(
+    workers: list[_Worker], grace: float, reaper: Reaper | None, before_kill: WorkerHook | None = None
+) -> None:
+    """TERM every group, wait up to ``grace`` for the leaders, ``before_kill`` the survivors, KILL every group,
+    reap. Call it shielded."""
     for worker in workers:
         _signal_group(worker.pid, signal.SIGTERM)
     with anyio.move_on_after(grace) as waited:
@@ -473,6 +515,12 @@ async def _stop(workers: list[_Worker], grace: float, reaper: Reaper | None) -> 
             [w.command.local_rank for w in workers if w.exitcode is None],
             grace,
         )
+        survivors = [w.handle() for w in workers if w.exitcode is None]
+        if before_kill is not None and survivors:
+            try:
+                await before_kill(survivors)
+            except Exception:  # the kill must happen whatever the hook did
+                logger.exception("before_kill hook failed; killing workers %s", [w.local_rank for w in survivors])
     for worker in workers:
         _signal_group(worker.pid, signal.SIGKILL)
     for worker in workers:
