@@ -121,7 +121,10 @@ class StackDumper:
                     self.note(worker.pid, text.strip().splitlines()[0] if text.strip() else "no stack dump")
 
     async def _dump_one(self, py_spy: str, worker: WorkerProcess, dumps: dict[int, str]) -> None:
-        result = await anyio.run_process([py_spy, "dump", "--pid", str(worker.pid)], check=False)
+        args = [py_spy, "dump", "--pid", str(worker.pid)]
+        if _stopped(worker.pid):
+            args.append("--nonblocking")  # py-spy cannot suspend a stopped process; it can still read its memory
+        result = await anyio.run_process(args, check=False)
         out = result.stdout.decode(errors="replace")
         if result.returncode != 0:
             out = f"no stack dump: py-spy exited with {result.returncode}: {result.stderr.decode(errors='replace')}"
@@ -138,3 +141,12 @@ class StackDumper:
                 file.write(f"=== {stamp} pid {worker.pid} rank {worker.global_rank}: {reason}\n{text.rstrip()}\n\n")
         except OSError as exc:
             logger.warning("cannot write the stacks of pid %d to %s: %s", worker.pid, path, exc)
+
+
+def _stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped (SIGSTOP, a debugger): state ``T`` or ``t`` in ``/proc/<pid>/stat``."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2 :][:1] in ("T", "t")

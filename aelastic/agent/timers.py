@@ -235,9 +235,8 @@ class FileTimerServer:
 
 
 def _owner(pid: int, groups: dict[int, WorkerProcess]) -> WorkerProcess | None:
-    """The worker whose process group holds ``pid`` (workers lead their groups), or ``None``."""
-    if pid in groups:
-        return groups[pid]
+    """The worker whose process group holds ``pid`` (workers lead their groups), or ``None`` (also when ``pid``
+    is gone: a worker that exited with a timer armed, torch's "drop dead pids")."""
     try:
         return groups.get(os.getpgid(pid))
     except ProcessLookupError:
