@@ -190,9 +190,6 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default: none)")  # fmt: skip
     _add(compat, "--signals-to-handle", dest="signals_to_handle", default=DEFAULT_SIGNALS,
          help="signals that stop the workers and then the agent (default: %(default)s)")  # fmt: skip
-    _add(compat, "--watchdog-timeout", dest="watchdog_timeout", default=None, type=float,
-         help="aelastic: kill (stack dumped first) a worker whose aelastic.worker.heartbeat() calls stop for this "
-         "many seconds; it then fails like any worker (default: off)")  # fmt: skip
     _add(compat, "--shutdown-timeout", dest="shutdown_timeout", default=None, type=float,
          help="seconds between SIGTERM and SIGKILL when stopping workers (default: "
          "$TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30)")  # fmt: skip
@@ -207,6 +204,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     own.add_argument("--async-backend", choices=_BACKENDS, default=argparse.SUPPRESS,
                      help="event loop to run on, as 'aelastic --async-backend' (default: asyncio; env "
                      "AELASTIC_ASYNC_BACKEND)")  # fmt: skip
+    own.add_argument("--watchdog-timeout", dest="watchdog_timeout", default=None, type=float,
+                     help="kill (its stack dumped first) a worker whose aelastic.worker.heartbeat() calls stop for "
+                     "this many seconds; it then fails like any worker (default: off)")  # fmt: skip
 
     parser.add_argument("training_script", help="the script (or module, or executable) every worker runs")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="its arguments")

@@ -67,6 +67,12 @@ worker.heartbeat()
 """
 
 
+@pytest.fixture(params=["asyncio", "trio"])
+def backend(request: pytest.FixtureRequest) -> str:
+    """The agent's event loop (``AELASTIC_ASYNC_BACKEND``): the FIFO and the dumps are awaited on both."""
+    return str(request.param)
+
+
 def _run(tmp_path: Path, script: str, *flags: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     path = tmp_path / "worker.py"
     path.write_text(script)
@@ -98,10 +104,14 @@ def _gone(pid: int) -> bool:
 
 
 @needs_py_spy
-def test_file_timer_client_kills_only_the_hung_worker_and_the_group_restarts(tmp_path: Path) -> None:
+def test_file_timer_client_kills_only_the_hung_worker_and_the_group_restarts(tmp_path: Path, backend: str) -> None:
     fifo = tmp_path / "timer.fifo"
-    result = _run(tmp_path, TIMER_SCRIPT, "--max-restarts", "1", "--shutdown-timeout", "5",
-                  env={"TORCHELASTIC_ENABLE_FILE_TIMER": "1", "TORCHELASTIC_TIMER_FILE": str(fifo)})  # fmt: skip
+    env = {
+        "TORCHELASTIC_ENABLE_FILE_TIMER": "1",
+        "TORCHELASTIC_TIMER_FILE": str(fifo),
+        "AELASTIC_ASYNC_BACKEND": backend,
+    }
+    result = _run(tmp_path, TIMER_SCRIPT, "--max-restarts", "1", "--shutdown-timeout", "5", env=env)
     assert result.returncode == 0, result.stderr
     # Killed within after + 1 s of entering the block (the failure is logged once its exit was seen).
     started = float((tmp_path / "start_1_0").read_text())
@@ -117,8 +127,16 @@ def test_file_timer_client_kills_only_the_hung_worker_and_the_group_restarts(tmp
 
 
 @needs_py_spy
-def test_worker_ignoring_sigterm_has_its_stack_dumped_before_sigkill(tmp_path: Path) -> None:
-    result = _run(tmp_path, IGNORES_TERM, "--max-restarts", "0", "--shutdown-timeout", "1", env={})
+def test_worker_ignoring_sigterm_has_its_stack_dumped_before_sigkill(tmp_path: Path, backend: str) -> None:
+    result = _run(
+        tmp_path,
+        IGNORES_TERM,
+        "--max-restarts",
+        "0",
+        "--shutdown-timeout",
+        "1",
+        env={"AELASTIC_ASYNC_BACKEND": backend},
+    )
     assert result.returncode == 1, result.stderr
     stacks = _stacks(tmp_path, 0, 0)
     assert "still running 1 s after the stop; SIGKILL next" in stacks
@@ -128,8 +146,10 @@ def test_worker_ignoring_sigterm_has_its_stack_dumped_before_sigkill(tmp_path: P
 
 
 @needs_py_spy
-def test_watchdog_kills_a_stopped_worker_and_the_group_restarts(tmp_path: Path) -> None:
-    result = _run(tmp_path, WATCHDOG, "--max-restarts", "1", "--watchdog-timeout", "1", env={})
+def test_watchdog_kills_a_stopped_worker_and_the_group_restarts(tmp_path: Path, backend: str) -> None:
+    result = _run(
+        tmp_path, WATCHDOG, "--max-restarts", "1", "--watchdog-timeout", "1", env={"AELASTIC_ASYNC_BACKEND": backend}
+    )
     assert result.returncode == 0, result.stderr
     assert "expiration timer 'aelastic.heartbeat' expired: killed with SIGKILL" in result.stderr
     assert "restart 1 of 1" in result.stderr
