@@ -212,6 +212,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     _add(own, "--metrics-port", dest="metrics_port", default=None, type=_port,
          help="serve this agent's Prometheus /metrics and /health on this port (0: a free one, logged); needs "
          "aelastic[metrics]. TORCHELASTIC_HEALTH_CHECK_PORT serves /health alone (default: off)")  # fmt: skip
+    own.add_argument("--watchdog-timeout", dest="watchdog_timeout", default=None, type=float,
+                     help="kill (its stack dumped first) a worker whose aelastic.worker.heartbeat() calls stop for "
+                     "this many seconds; it then fails like any worker (default: off)")  # fmt: skip
 
     parser.add_argument("training_script", help="the script (or module, or executable) every worker runs")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="its arguments")
@@ -365,6 +368,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[LaunchConfig, str | Call
         event_log_handler=args.event_log_handler,
         metrics_port=args.metrics_port,
         virtual_local_rank=args.virtual_local_rank,
+        watchdog_timeout=args.watchdog_timeout,
     )
     check_event_handler(config.event_log_handler)
     if config.metrics_port is not None:

@@ -92,6 +92,8 @@ class LaunchConfig:
     event_log_handler: str = "null"
     metrics_port: int | None = None
     virtual_local_rank: bool = False
+    # aelastic's: kill a worker whose aelastic.worker.heartbeat() calls stop for this many seconds (None: off).
+    watchdog_timeout: float | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_nodes <= self.max_nodes:
@@ -109,6 +111,8 @@ class LaunchConfig:
         for name in ("exit_barrier_timeout", "shutdown_timeout"):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"LaunchConfig {name}={getattr(self, name)!r}: must be > 0")
+        if self.watchdog_timeout is not None and self.watchdog_timeout <= 0:
+            raise ConfigurationError(f"LaunchConfig watchdog_timeout={self.watchdog_timeout!r}: must be > 0")
         parse_signals(self.signals_to_handle)
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigurationError(f"LaunchConfig metrics_port={self.metrics_port}: must be a port (0..65535)")

@@ -137,6 +137,7 @@ async def _run_agent(
             reaper,
             run_dir=run_dir,
             exit_barrier_timeout=config.exit_barrier_timeout,
+            watchdog_timeout=config.watchdog_timeout,
             shutdown_timeout=config.shutdown_timeout,
         )
         try:

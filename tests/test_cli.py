@@ -72,7 +72,8 @@ def test_every_torchrun_flag_with_its_spellings_default_and_choices() -> None:
         assert is_switch(mine) == is_switch(action), dest
         assert mine.choices == action.choices, dest
     extra = sorted(set(ours) - set(theirs))
-    assert extra == ["async_backend", "log_line_prefix_template", "metrics_port"], extra  # torch 2.14 template; ours
+    # torch 2.14's template flag, and ours
+    assert extra == ["async_backend", "log_line_prefix_template", "metrics_port", "watchdog_timeout"], extra
 
 
 @pytest.mark.torch

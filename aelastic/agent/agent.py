@@ -27,10 +27,12 @@ world size and waits out its timeout.)
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from string import Template
@@ -41,11 +43,14 @@ import anyio
 from ..errors import AelasticError, RendezvousClosedError, StoreConnectionError
 from ..metrics import AgentMetrics
 from ..rendezvous.api import RendezvousHandler, RendezvousInfo
-from .errors import ProcessFailure
+from ..worker import WATCHDOG_ENV
+from .errors import ChildFailedError, ProcessFailure
 from .logs import LogSpec
-from .processes import GroupOutcome, Reaper, WorkerCommand, run_workers
+from .processes import GroupOutcome, Reaper, WorkerCommand, WorkerProcess, run_workers
 from .ranks import RankAssignment, RoleInfo, exchange_ranks
+from .stacks import DEFAULT_DUMP_TIMEOUT, StackDumper
 from .status_events import record_agent, record_started, record_workers
+from .timers import ENABLE_ENV, FILE_ENV, Expiry, FileTimerServer, signal_name
 
 __all__ = ["ElasticAgent", "RunResult", "Worker", "WorkerGroup", "WorkerSpec", "WorkerState"]
 
@@ -167,6 +172,8 @@ class ElasticAgent:
         exit_barrier_timeout: float = 300.0,
         shutdown_timeout: float = 30.0,
         base_env: Mapping[str, str] | None = None,
+        watchdog_timeout: float | None = None,
+        stack_dump_timeout: float = DEFAULT_DUMP_TIMEOUT,
     ) -> None:
         self.spec = spec
         self.handler = handler
@@ -176,6 +183,14 @@ class ElasticAgent:
         self.exit_barrier_timeout = exit_barrier_timeout
         self.shutdown_timeout = shutdown_timeout
         self.base_env = dict(os.environ if base_env is None else base_env)
+        if watchdog_timeout is not None and watchdog_timeout <= 0:
+            raise AelasticError(f"watchdog_timeout={watchdog_timeout!r}: must be > 0 seconds")
+        self.watchdog_timeout = watchdog_timeout
+        self.stack_dump_timeout = stack_dump_timeout
+        # torch's rule: the timer server runs when its variable is exactly "1"; aelastic's watchdog needs it too.
+        self.timer_file: Path | None = None
+        if self.base_env.get(ENABLE_ENV) == "1" or watchdog_timeout is not None:
+            self.timer_file = Path(self.base_env.get(FILE_ENV) or run_dir / "watchdog_timer")
         self.group = WorkerGroup(spec)
         self.failure_restarts = 0
         self.membership_restarts = 0
@@ -185,6 +200,7 @@ class ElasticAgent:
         # of torch's total_run_time.
         self.metrics = AgentMetrics(spec.role, spec.max_restarts)
         self.started_at = time.monotonic()
+        self._dumper: StackDumper | None = None  # the last attempt's: its notes go into the failure report
 
     def __repr__(self) -> str:
         g = self.group
@@ -238,9 +254,9 @@ class ElasticAgent:
                     anyio.current_time(),
                 )
                 logger.warning(
-                    "[%s] worker rank %s failed (exitcode %s); restart %d of %d",
+                    "[%s] worker rank %s failed (exitcode %s); restart %d of %d:%s",
                     self.spec.role, failed and failed.global_rank, failed and failed.exitcode,
-                    self.failure_restarts, self.spec.max_restarts,
+                    self.failure_restarts, self.spec.max_restarts, self._attempt_report(outcome),
                 )  # fmt: skip
             else:
                 self.group.state = WorkerState.FAILED
@@ -275,12 +291,23 @@ class ElasticAgent:
         commands = [self._command(worker, logs) for worker in self.group.workers]
         outcome: GroupOutcome | None = None
         reason: str | None = None
-        async with anyio.create_task_group() as tg:
+        dumper = self._dumper = StackDumper(logs, self.stack_dump_timeout)
+
+        async def before_kill(survivors: Sequence[WorkerProcess]) -> None:
+            for worker in survivors:
+                dumper.note(worker.pid, f"did not exit within {self.shutdown_timeout:g} s of the stop: SIGKILLed")
+            await dumper.dump(survivors, f"still running {self.shutdown_timeout:g} s after the stop; SIGKILL next")
+
+        async with self._timer_server() as timers, anyio.create_task_group() as tg:
 
             async def watch() -> None:
                 nonlocal reason
                 reason = await self.handler.wait_for_membership_change()
                 tg.cancel_scope.cancel()
+
+            async def serve_timers(workers: Sequence[WorkerProcess]) -> None:
+                assert timers is not None
+                await timers.serve(workers, functools.partial(self._on_expired, dumper))
 
             tg.start_soon(watch)
             self.group.state = WorkerState.HEALTHY
@@ -292,9 +319,29 @@ class ElasticAgent:
                 grace=self.shutdown_timeout,
                 reaper=self.reaper,
                 finish_together=callable(self.spec.entrypoint),  # as torch's multiprocessing runs functions
+                watch=None if timers is None else serve_timers,
+                before_kill=before_kill,
             )
             tg.cancel_scope.cancel()
         return (outcome, None) if reason is None else (None, reason)
+
+    @asynccontextmanager
+    async def _timer_server(self) -> AsyncIterator[FileTimerServer | None]:
+        """The attempt's expiration-timer FIFO (:mod:`~aelastic.agent.timers`), or ``None`` when it is off."""
+        if self.timer_file is None:
+            yield None
+            return
+        async with FileTimerServer(self.timer_file) as server:
+            yield server
+
+    async def _on_expired(
+        self, dumper: StackDumper, expiry: Expiry, worker: WorkerProcess, workers: Sequence[WorkerProcess]
+    ) -> None:
+        """Before the timer server kills ``worker``: say why, and dump the stacks of every local worker."""
+        what = f"expiration timer {expiry.scope_id!r} expired: killed with {signal_name(expiry.signal)}"
+        logger.warning("[%s] worker rank %d (pid %d): %s", self.spec.role, worker.global_rank, expiry.pid, what)
+        dumper.note(worker.pid, what)
+        await dumper.dump(workers, f"rank {worker.global_rank}: {what}", report=(worker.pid,))
 
     def _command(self, worker: Worker, logs: LogSpec) -> WorkerCommand:
         if callable(self.spec.entrypoint):
@@ -343,6 +390,10 @@ class ElasticAgent:
             devices = visible_devices(self.base_env)
             if devices:  # as torch: each worker sees only its own device, as device 0
                 env["CUDA_VISIBLE_DEVICES"] = devices[worker.local_rank % len(devices)]
+        if self.timer_file is not None:
+            env[FILE_ENV] = str(self.timer_file)
+        if self.watchdog_timeout is not None:
+            env[WATCHDOG_ENV] = repr(self.watchdog_timeout)
         return env
 
     async def _exit_barrier(self, info: RendezvousInfo) -> None:
@@ -412,9 +463,7 @@ class ElasticAgent:
             values = {w.global_rank: read_result(self._result_path(w.local_rank)) for w in self.group.workers}
         elif state is WorkerState.SUCCEEDED:
             values = {w.global_rank: None for w in self.group.workers}
-        failures = {
-            e.global_rank: ProcessFailure.from_exit(e, self.logs_error_file(e.local_rank)) for e in outcome.failures
-        }
+        failures = self._failures(outcome)
         first = outcome.first_failure
         return RunResult(
             state,
@@ -424,6 +473,24 @@ class ElasticAgent:
             self.membership_restarts,
             None if first is None else first.global_rank,
         )
+
+    def _failures(self, outcome: GroupOutcome) -> dict[int, ProcessFailure]:
+        dumper = self._dumper
+        return {
+            e.global_rank: ProcessFailure.from_exit(
+                e, self.logs_error_file(e.local_rank), () if dumper is None else dumper.notes(e.pid)
+            )
+            for e in outcome.failures
+        }
+
+    def _attempt_report(self, outcome: GroupOutcome) -> str:
+        """The failure report of an attempt that is restarted (the run's final report is the caller's)."""
+        failures = self._failures(outcome)
+        if not failures:
+            return " no worker failed"
+        first = outcome.first_failure
+        root = None if first is None or first.global_rank not in failures else first.global_rank
+        return ChildFailedError(self.spec.get_entrypoint_name(), failures, root_rank=root).format_report()
 
     def logs_error_file(self, local_rank: int) -> Path | None:
         return replace(self.logs, attempt=self._attempt).error_file_path(local_rank)

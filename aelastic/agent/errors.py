@@ -25,8 +25,8 @@ import signal
 import socket
 import time
 import traceback as traceback_module
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from string import Template
@@ -102,12 +102,23 @@ class ProcessFailure:
     error_data: Mapping[str, Any]
 
     @classmethod
-    def from_exit(cls, worker: WorkerExit, error_file: str | os.PathLike[str] | None) -> ProcessFailure:
+    def from_exit(
+        cls, worker: WorkerExit, error_file: str | os.PathLike[str] | None, notes: Sequence[str] = ()
+    ) -> ProcessFailure:
         """Build the failure of ``worker`` from its exit and, if it exists, its error file.
 
         A file that exists but is not torch's JSON is reported as such in the message (the report must still be
-        written); a missing file is the ordinary case of a worker without ``@record``.
+        written); a missing file is the ordinary case of a worker without ``@record``. ``notes`` (what the agent
+        knows of a worker it killed: an expired timer's scope, the top frames of its stack) end the traceback
+        field.
         """
+        failure = cls._from_exit(worker, error_file)
+        if not notes:
+            return failure
+        return replace(failure, traceback="\n  ".join([failure.traceback, *notes]))
+
+    @classmethod
+    def _from_exit(cls, worker: WorkerExit, error_file: str | os.PathLike[str] | None) -> ProcessFailure:
         data: dict[str, Any] = {}
         path = None if error_file is None else Path(error_file)
         if path is not None and path.is_file():

@@ -46,12 +46,12 @@ import subprocess
 import sys
 import termios
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import anyio
 import anyio.abc
@@ -69,6 +69,8 @@ __all__ = [
     "StopSignal",
     "WorkerCommand",
     "WorkerExit",
+    "WorkerHook",
+    "WorkerProcess",
     "open_reaper",
     "run_workers",
     "stop_signal",
@@ -123,6 +125,19 @@ class WorkerCommand:
             raise ConfigurationError(
                 f"worker local_rank {self.local_rank}, rank {self.global_rank}: ranks must be >= 0"
             )
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerProcess:
+    """A started worker, as :func:`run_workers` shows it to its hooks: ``pid`` leads the worker's process group."""
+
+    local_rank: int
+    global_rank: int
+    pid: int
+
+
+# A hook of run_workers: called with the workers it concerns (see run_workers' ``watch`` and ``before_kill``).
+WorkerHook = Callable[[Sequence[WorkerProcess]], Coroutine[Any, Any, None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -406,6 +421,9 @@ class _Worker:
     def pid(self) -> int:
         return self.process.pid
 
+    def handle(self) -> WorkerProcess:
+        return WorkerProcess(self.command.local_rank, self.command.global_rank, self.pid)
+
     def observe(self, exitcode: int) -> None:
         if self.exitcode is None:
             self.exitcode = exitcode
@@ -482,6 +500,8 @@ async def run_workers(
     grace: float,
     reaper: Reaper | None,
     finish_together: bool = False,
+    watch: WorkerHook | None = None,
+    before_kill: WorkerHook | None = None,
 ) -> GroupOutcome:
     """Run one node's workers until all exit 0, or the first fails; then stop the rest.
 
@@ -494,6 +514,11 @@ async def run_workers(
             alone, which leaves a worker's own children alive if the agent is SIGKILLed.
         finish_together: the workers run the callable bootstrap, which waits after the call returned until every
             local worker's has (:mod:`aelastic.agent._finish`), as torch's multiprocessing does.
+        watch: run beside the waiters once every worker has started, with all of them (e.g. the expiration timer
+            server, which may kill a worker: that worker's exit is then a failure like any other); cancelled when
+            the waiters end. Its exceptions propagate after the stop.
+        before_kill: awaited, shielded, with the workers still alive when ``grace`` has run out, right before
+            SIGKILL (e.g. a stack dump); it must bound its own time, and its exceptions are logged, not raised.
 
     Returns:
         Every worker's exit, in command order. Workers stopped by the agent after the first failure are reported
@@ -536,9 +561,9 @@ async def run_workers(
                 finish.spawned()
         except BaseException:
             with anyio.CancelScope(shield=True):
-                await _stop(workers, grace, reaper, _requested_stop_signal())
+                await _stop(workers, grace, reaper, _requested_stop_signal(), before_kill)
             raise
-        first_failure = await _supervise(workers, grace, reaper, finish)
+        first_failure = await _supervise(workers, grace, reaper, finish, watch, before_kill)
         exits = tuple(w.to_exit() for w in workers)
         first = None if first_failure is None else exits[workers.index(first_failure)]
         return GroupOutcome(exits=exits, first_failure=first)
@@ -556,7 +581,12 @@ def _requested_stop_signal() -> signal.Signals:
 
 
 async def _supervise(
-    workers: list[_Worker], grace: float, reaper: Reaper | None, finish: _FinishLine | None
+    workers: list[_Worker],
+    grace: float,
+    reaper: Reaper | None,
+    finish: _FinishLine | None,
+    watch: WorkerHook | None,
+    before_kill: WorkerHook | None,
 ) -> _Worker | None:
     first_failure: list[_Worker] = []
 
@@ -589,23 +619,34 @@ async def _supervise(
                 pumps.start_soon(shielded_pump, scope, stream, worker.log, std)
         try:
             async with anyio.create_task_group() as waiters:
-                for worker in workers:
-                    waiters.start_soon(wait_worker, worker, waiters.cancel_scope)
+                if watch is not None:
+                    waiters.start_soon(watch, [w.handle() for w in workers])
                 if finish is not None:
                     waiters.start_soon(finish.serve)
+                async with anyio.create_task_group() as exits:
+                    for worker in workers:
+                        exits.start_soon(wait_worker, worker, waiters.cancel_scope)
+                waiters.cancel_scope.cancel()  # every worker exited: the watch ends too
         finally:
             # A peer's failure stops the others with SIGTERM (torch does); a cancellation with what was asked.
             signum = signal.SIGTERM if first_failure else _requested_stop_signal()
             with anyio.CancelScope(shield=True):
-                await _stop(workers, grace, reaper, signum)
+                await _stop(workers, grace, reaper, signum, before_kill)
             deadline = anyio.current_time() + _DRAIN_LIMIT
             for scope in drains:
                 scope.deadline = deadline
     return first_failure[0] if first_failure else None
 
 
-async def _stop(workers: list[_Worker], grace: float, reaper: Reaper | None, signum: signal.Signals) -> None:
-    """``signum`` to every group, wait up to ``grace`` for the leaders, KILL every group, reap. Call it shielded."""
+async def _stop(
+    workers: list[_Worker],
+    grace: float,
+    reaper: Reaper | None,
+    signum: signal.Signals,
+    before_kill: WorkerHook | None = None,
+) -> None:
+    """``signum`` to every group, wait up to ``grace`` for the leaders, ``before_kill`` the survivors, KILL every
+    group, reap. Call it shielded."""
     for worker in workers:
         _signal_group(worker.pid, signum)
     with anyio.move_on_after(grace) as waited:
@@ -619,6 +660,12 @@ async def _stop(workers: list[_Worker], grace: float, reaper: Reaper | None, sig
             grace,
             signum.name,
         )
+        survivors = [w.handle() for w in workers if w.exitcode is None]
+        if before_kill is not None and survivors:
+            try:
+                await before_kill(survivors)
+            except Exception:  # the kill must happen whatever the hook did
+                logger.exception("before_kill hook failed; killing workers %s", [w.local_rank for w in survivors])
     for worker in workers:
         _signal_group(worker.pid, signal.SIGKILL)
     for worker in workers:

@@ -1,0 +1,152 @@
+"""Python stacks of a worker the agent is about to kill, captured with py-spy within a bounded time.
+
+Whenever the agent kills a worker that did not exit by itself (an expired timer or progress watchdog, a worker
+that outlived the stop's grace), :class:`StackDumper` first runs ``py-spy dump --pid <pid>`` on it: py-spy reads
+the interpreter's memory from outside (ptrace), so the worker needs no cooperation and may be stuck anywhere,
+in C code included. Every thread's stack is appended to ``<log_dir>/attempt_<n>/<local_rank>/stacks.txt`` under
+a header saying why, and the top frames of the worker's first thread (its main thread) become notes that the
+failure report shows under that worker (:meth:`StackDumper.notes`).
+
+The dumps of several workers run concurrently and all of them are cut off at ``timeout``: the kill that follows
+is never delayed by more. py-spy is optional (the ``stacks`` extra); without it the agent says once how to get it,
+writes the note instead of stacks, and kills as before. It is found on ``PATH`` or beside the agent's interpreter
+(a virtual environment that is not activated).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Collection, Sequence
+from pathlib import Path
+from typing import Final
+
+import anyio
+
+from .logs import LogSpec
+from .processes import WorkerProcess
+
+__all__ = ["DEFAULT_DUMP_TIMEOUT", "StackDumper", "find_py_spy", "top_frames"]
+
+logger = logging.getLogger(__name__)
+
+# Long enough for py-spy on a busy 2-core machine (about 50 ms idle), short against any kill it precedes.
+DEFAULT_DUMP_TIMEOUT: Final = 2.0
+_TOP_FRAMES: Final = 5
+_MISSING: Final = "no stack dump: py-spy is not installed (pip install 'aelastic[stacks]')"
+
+
+def find_py_spy() -> str | None:
+    """The py-spy executable: on ``PATH``, else beside ``sys.executable``; ``None`` if not installed."""
+    return shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))
+
+
+def top_frames(dump: str, count: int = _TOP_FRAMES) -> list[str]:
+    """The innermost ``count`` frames of the first thread of a ``py-spy dump`` (its main thread)."""
+    frames: list[str] = []
+    in_thread = False
+    for line in dump.splitlines():
+        if line.startswith("Thread "):
+            if in_thread:
+                break
+            in_thread = True
+        elif in_thread and line.startswith("    ") and line.strip():
+            frames.append(line.strip())
+            if len(frames) == count:
+                break
+    return frames
+
+
+class StackDumper:
+    """Dumps the stacks of one attempt's workers before they are killed; see the module docstring.
+
+    Args:
+        logs: the attempt's log spec (``stacks.txt`` goes to its rank directories; none without a log dir).
+        timeout: the most seconds one :meth:`dump` may take.
+    """
+
+    _warned_missing = False  # say once per agent process, not per kill
+
+    def __init__(self, logs: LogSpec, timeout: float = DEFAULT_DUMP_TIMEOUT) -> None:
+        self.logs = logs
+        self.timeout = timeout
+        self._py_spy = find_py_spy()
+        self._notes: defaultdict[int, list[str]] = defaultdict(list)
+
+    def notes(self, pid: int) -> list[str]:
+        """What the failure report adds under worker ``pid``: why it was killed and its top frames."""
+        return list(self._notes.get(pid, ()))
+
+    def note(self, pid: int, text: str) -> None:
+        """Add a line to worker ``pid``'s part of the failure report."""
+        self._notes[pid].append(text)
+
+    async def dump(
+        self, workers: Sequence[WorkerProcess], reason: str, *, report: Collection[int] | None = None
+    ) -> None:
+        """Capture the stacks of ``workers`` (concurrently, within ``timeout``) and write them to the log dir.
+
+        Args:
+            reason: the header line in ``stacks.txt`` (why the agent is about to kill).
+            report: the pids whose top frames go into the failure report; ``None``: every worker's.
+        """
+        if self._py_spy is None:
+            if not StackDumper._warned_missing:
+                StackDumper._warned_missing = True
+                logger.warning("%s: workers are killed without their stacks", _MISSING)
+            for worker in workers:
+                if report is None or worker.pid in report:
+                    self.note(worker.pid, _MISSING)
+            return
+        dumps: dict[int, str] = {}
+        with anyio.move_on_after(self.timeout) as scope:
+            async with anyio.create_task_group() as tg:
+                for worker in workers:
+                    tg.start_soon(self._dump_one, self._py_spy, worker, dumps)
+        for worker in workers:
+            text = dumps.get(worker.pid)
+            if text is None:
+                text = f"no stack dump: py-spy did not finish within {self.timeout:g} s" if scope.cancel_called else ""
+            self._write(worker, reason, text)
+            if report is None or worker.pid in report:
+                frames = top_frames(text)
+                if frames:
+                    self.note(worker.pid, "top frames (innermost first, py-spy):")
+                    self._notes[worker.pid].extend(f"  {frame}" for frame in frames)
+                else:
+                    self.note(worker.pid, text.strip().splitlines()[0] if text.strip() else "no stack dump")
+
+    async def _dump_one(self, py_spy: str, worker: WorkerProcess, dumps: dict[int, str]) -> None:
+        args = [py_spy, "dump", "--pid", str(worker.pid)]
+        if _stopped(worker.pid):
+            args.append("--nonblocking")  # py-spy cannot suspend a stopped process; it can still read its memory
+        result = await anyio.run_process(args, check=False)
+        out = result.stdout.decode(errors="replace")
+        if result.returncode != 0:
+            out = f"no stack dump: py-spy exited with {result.returncode}: {result.stderr.decode(errors='replace')}"
+        dumps[worker.pid] = out
+
+    def _write(self, worker: WorkerProcess, reason: str, text: str) -> None:
+        rank_dir = self.logs.rank_dir(worker.local_rank)
+        if rank_dir is None:
+            return
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        path = Path(rank_dir) / "stacks.txt"
+        try:
+            with path.open("a", encoding="utf-8") as file:
+                file.write(f"=== {stamp} pid {worker.pid} rank {worker.global_rank}: {reason}\n{text.rstrip()}\n\n")
+        except OSError as exc:
+            logger.warning("cannot write the stacks of pid %d to %s: %s", worker.pid, path, exc)
+
+
+def _stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped (SIGSTOP, a debugger): state ``T`` or ``t`` in ``/proc/<pid>/stat``."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2 :][:1] in ("T", "t")
