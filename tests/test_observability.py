@@ -345,3 +345,50 @@ async def test_prometheus_scrapes_two_agents_through_a_failure_restart(
 def test_ci_installs_prometheus() -> None:
     ci = (Path(__file__).resolve().parent.parent / ".ci" / "run").read_text()
     assert "prometheus" in ci
+
+
+# Under --watchdog-timeout: node 0's worker heartbeats, then SIGSTOPs itself on the first attempt (hung, no more
+# heartbeats); node 1's worker ignores SIGTERM on the first attempt, so the new round waits --shutdown-timeout for it.
+STOPS_ITSELF = """
+import signal
+from aelastic import worker
+restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
+first = restart == "0" and os.environ["AELASTIC_MEMBERSHIP_RESTARTS"] == "0"
+report("start", attempt=restart)
+worker.heartbeat()
+if first and os.environ["GROUP_RANK"] == "0":
+    os.kill(os.getpid(), signal.SIGSTOP)
+if first:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+while not os.path.exists(os.path.join(OUT, "go")):
+    worker.heartbeat()
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.torch
+async def test_health_is_503_after_the_watchdog_kills_a_stopped_worker_then_200(
+    job: Job, rendezvous_store: str
+) -> None:
+    script = job.script("stops_itself.py", STOPS_ITSELF)
+    ports = [free_port(), free_port()]
+    flags = [*c10d(rendezvous_store, "2"), *common(1), "--max-restarts", "1", "--shutdown-timeout", "5",
+             "--watchdog-timeout", "2"]  # fmt: skip
+    agents = []
+    for port in ports:
+        os.environ["TORCHELASTIC_HEALTH_CHECK_PORT"] = str(port)
+        try:
+            agents.append(await job.agent(*flags, script, job.out))
+        finally:
+            del os.environ["TORCHELASTIC_HEALTH_CHECK_PORT"]
+    async with httpx.AsyncClient() as client:
+        await job.wait_records("start", 2)
+        hung, stopped = await wait_health(client, ports, 503, "workers stopped: worker rank 0 failed (exitcode -9)")
+        assert stopped["workers_alive"] == 0, stopped  # the hung worker's node, whichever agent it is
+        _, running = await wait_health(client, [hung], 200, "workers running")
+        assert running["state"] == "HEALTHY"
+        await job.wait_records("start", 2, restarted)
+        (job.out / "go").touch()
+        outputs = "\n".join(a.output for a in agents)
+        assert [await a.wait() for a in agents] == [0, 0], outputs
+    assert "expiration timer 'aelastic.heartbeat' expired: killed with SIGKILL" in outputs
