@@ -166,8 +166,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
          "[<role><local_rank>]:)")  # fmt: skip
     for stream in ("stdout", "stderr"):
         _add(user, f"--duplicate-{stream}-filters", dest=f"duplicate_{stream}_filters", default=[],
-             type=_comma_list, help="accepted for torchrun compatibility, not implemented: lines are not "
-             "duplicated (default: none)")  # fmt: skip
+             type=_comma_list, help=f"{stream} lines (of any worker) containing one of these strings are also "
+             f"written to <log dir>/attempt_<n>/filtered_{stream}.log (default: none)")  # fmt: skip
 
     compat = parser.add_argument_group("Backwards compatible parameters with caffe2.distributed.launch")
     _add(compat, "--node-rank", dest="node_rank", default=0, type=int,
@@ -291,8 +291,6 @@ def _explain_ignored(args: argparse.Namespace) -> None:
         "--numa-binding": (args.numa_binding, "aelastic does not bind workers to NUMA nodes"),
         "--logs-specs": (args.logs_specs not in (None, "default") and args.logs_specs, "only torch's default "
                          "log layout exists"),
-        "--duplicate-stdout-filters": (",".join(args.duplicate_stdout_filters), "lines are not duplicated"),
-        "--duplicate-stderr-filters": (",".join(args.duplicate_stderr_filters), "lines are not duplicated"),
         "--start-method": (args.start_method != "spawn" and args.start_method, "workers always start as fresh "
                            "processes"),
     }  # fmt: skip
@@ -362,6 +360,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[LaunchConfig, str | Call
         tee=_std("--tee", str(args.tee)),
         local_addr=args.local_addr,
         local_ranks_filter=_ranks_filter(args.local_ranks_filter),
+        duplicate_stdout_filters=tuple(f for f in args.duplicate_stdout_filters if f),  # torch: '' filters nothing
+        duplicate_stderr_filters=tuple(f for f in args.duplicate_stderr_filters if f),
         log_line_prefix_template=template,
         shutdown_timeout=shutdown,
         signals_to_handle=args.signals_to_handle,

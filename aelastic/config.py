@@ -84,6 +84,8 @@ class LaunchConfig:
     tee: StdSpec = Std.NONE
     local_addr: str | None = None
     local_ranks_filter: frozenset[int] | None = None
+    duplicate_stdout_filters: tuple[str, ...] = ()
+    duplicate_stderr_filters: tuple[str, ...] = ()
     log_line_prefix_template: str | None = None
     exit_barrier_timeout: float = 300.0
     shutdown_timeout: float = 30.0

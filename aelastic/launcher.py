@@ -109,6 +109,8 @@ async def launch(config: LaunchConfig, entrypoint: str | Callable[..., Any], *ar
         redirects=config.redirects,
         tee=config.tee,
         local_ranks_filter=config.local_ranks_filter,
+        duplicate_stdout_filters=config.duplicate_stdout_filters,
+        duplicate_stderr_filters=config.duplicate_stderr_filters,
         line_prefix_template=config.log_line_prefix_template,
     )
     run_dir = Path(tempfile.mkdtemp(prefix="aelastic_run_"))

@@ -278,3 +278,24 @@ def test_no_terminal_for_a_teed_stream_or_a_pipe_console(tmp_path: Path) -> None
     assert WorkerLog(LogSpec(console=ConsoleSinks(stdout=Sink(), stderr=Sink())), 0, 0).terminal_size(Std.OUT) is None
     unprefixed = WorkerLog(LogSpec(line_prefix_template="", console=ConsoleSinks(stdout=tty, stderr=tty)), 0, 0)
     assert unprefixed.terminal_size(Std.OUT) == (24, 80)
+
+
+def test_duplicate_filters_append_matching_lines_of_every_worker_to_one_file(tmp_path: Path) -> None:
+    spec = LogSpec(log_dir=tmp_path, duplicate_stdout_filters=("loss", "nan"), console=ConsoleSinks(Sink(), Sink()))
+    spec.prepare_attempt_dir([0, 1])
+    logs = [WorkerLog(spec, rank, rank) for rank in (0, 1)]
+    try:
+        logs[0].feed(Std.OUT, b"step 1 loss 0.5\nstep 1 acc")
+        logs[1].feed(Std.OUT, b"grad nan\n")
+        logs[0].feed(Std.OUT, b" 0.9\n")
+        logs[0].feed(Std.ERR, b"loss on stderr is not filtered\n")
+    finally:
+        for log in logs:
+            log.close()
+    path = spec.filtered_path(Std.OUT)
+    assert path is not None
+    assert path.read_text() == "[default0]:step 1 loss 0.5\n[default1]:grad nan\n"
+    assert spec.filtered_path(Std.ERR) is not None
+    assert not spec.filtered_path(Std.ERR).exists()  # type: ignore[union-attr]
+    with pytest.raises(ConfigurationError, match="empty string"):
+        LogSpec(duplicate_stderr_filters=("",))

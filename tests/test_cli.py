@@ -206,12 +206,12 @@ def probe_records(out: Path) -> dict[int, dict[str, Any]]:
 
 def test_flags_that_do_nothing_here_are_accepted_and_explained(tmp_path: Path) -> None:
     flags = ["--numa-binding", "node", "--logs-specs", "default", "--start-method", "fork",
-             "--event-log-handler", "console", "--duplicate-stdout-filters", "loss"]  # fmt: skip
+             "--event-log-handler", "console"]  # fmt: skip
     env = {"PROBE_OUT": str(tmp_path)}
     env.pop("OMP_NUM_THREADS", None)
     result = aelastic("run", "--standalone", "--nproc-per-node", "2", *flags, PROBE, env=env)
     assert result.returncode == 0, result.stderr
-    for flag in ["--numa-binding node", "--start-method fork", "--duplicate-stdout-filters loss"]:
+    for flag in ["--numa-binding node", "--start-method fork"]:
         assert f"{flag}: accepted for torchrun compatibility and ignored" in result.stderr, flag
     # --event-log-handler has its effect now (tests/test_observability.py): torch's events on stderr.
     assert '{"name": "torchelastic.worker.status.SUCCEEDED", "source": "WORKER"' in result.stderr
@@ -219,6 +219,29 @@ def test_flags_that_do_nothing_here_are_accepted_and_explained(tmp_path: Path) -
     records = probe_records(tmp_path)
     assert sorted(records) == [0, 1]
     assert {r["env"]["LOCAL_RANK"] for r in records.values()} == {"0", "1"}
+
+
+CHATTY = """
+import os, sys
+rank = os.environ["RANK"]
+print(f"step 1 loss 0.5{rank}", flush=True)
+print(f"step 1 acc 0.9{rank}", flush=True)
+print(f"warning: slow, rank {rank}", file=sys.stderr, flush=True)
+"""
+
+
+def test_duplicate_filters_copy_matching_lines_of_every_worker_to_the_attempt_file(tmp_path: Path) -> None:
+    script = tmp_path / "chatty.py"
+    script.write_text(CHATTY)
+    flags = ["--duplicate-stdout-filters", "loss,nan", "--duplicate-stderr-filters", "warning", "--log-dir", tmp_path]
+    result = aelastic("run", "--standalone", "--nproc-per-node", "2", *map(str, flags), str(script))
+    assert result.returncode == 0, result.stderr
+    assert "step 1 acc 0.90" in result.stdout  # the console is unchanged
+    (attempt,) = tmp_path.glob("*/attempt_0")
+    stdout_lines = sorted((attempt / "filtered_stdout.log").read_text().splitlines())
+    assert stdout_lines == ["[default0]:step 1 loss 0.50", "[default1]:step 1 loss 0.51"]
+    stderr_lines = sorted((attempt / "filtered_stderr.log").read_text().splitlines())
+    assert stderr_lines == ["[default0]:warning: slow, rank 0", "[default1]:warning: slow, rank 1"]
 
 
 def test_virtual_local_rank_gives_local_rank_0_and_one_device_each(tmp_path: Path) -> None:

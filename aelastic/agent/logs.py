@@ -132,6 +132,9 @@ class LogSpec:
         attempt: the restart count; names the attempt directory.
         console: the agent's console destinations.
         stderr_tail_lines: how many last stderr lines of each worker are kept for the failure report.
+        duplicate_stdout_filters: torch's ``--duplicate-stdout-filters``: every stdout line of any worker that
+            contains one of these strings is also written, prefixed, to ``attempt_<n>/filtered_stdout.log``.
+        duplicate_stderr_filters: the same for stderr lines and ``filtered_stderr.log``.
     """
 
     role: str = "default"
@@ -144,12 +147,16 @@ class LogSpec:
     attempt: int = 0
     console: ConsoleSinks = field(default_factory=ConsoleSinks)
     stderr_tail_lines: int = 20
+    duplicate_stdout_filters: tuple[str, ...] = ()
+    duplicate_stderr_filters: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.attempt < 0:
             raise ConfigurationError(f"attempt {self.attempt}: must be >= 0")
         if self.stderr_tail_lines < 0:
             raise ConfigurationError(f"stderr_tail_lines {self.stderr_tail_lines}: must be >= 0")
+        if "" in (*self.duplicate_stdout_filters, *self.duplicate_stderr_filters):
+            raise ConfigurationError("duplicate filters: an empty string would match every line")
         if self.log_dir is None and (_any_std(self.redirects) or _any_std(self.tee)):
             raise ConfigurationError(
                 f"redirects={self.redirects!r}, tee={self.tee!r}: writing worker output to files needs a log_dir"
@@ -183,6 +190,15 @@ class LogSpec:
     def stderr_path(self, local_rank: int) -> Path | None:
         rank_dir = self.rank_dir(local_rank)
         return None if rank_dir is None else rank_dir / "stderr.log"
+
+    def filtered_path(self, std: Std) -> Path | None:
+        """``<log_dir>/attempt_<n>/filtered_stdout.log`` (or ``_stderr``), shared by the attempt's workers."""
+        attempt_dir = self.attempt_dir()
+        name = "filtered_stdout.log" if std == Std.OUT else "filtered_stderr.log"
+        return None if attempt_dir is None else attempt_dir / name
+
+    def duplicate_filters_for(self, std: Std) -> tuple[str, ...]:
+        return self.duplicate_stdout_filters if std == Std.OUT else self.duplicate_stderr_filters
 
     def error_file_path(self, local_rank: int) -> Path | None:
         """The worker's ``TORCHELASTIC_ERROR_FILE``: ``<log_dir>/attempt_<n>/<local_rank>/error.json``."""
@@ -241,7 +257,7 @@ def _console_key(sink: TextSink) -> object:
 class _Stream:
     """One of a worker's two streams: its file, its console, its partial line."""
 
-    __slots__ = ("at_line_start", "console", "decoder", "file", "pending", "prefix", "tail", "terminal")
+    __slots__ = ("at_line_start", "console", "decoder", "duplicate", "file", "pending", "prefix", "tail", "terminal")
 
     def __init__(
         self,
@@ -251,8 +267,10 @@ class _Stream:
         tail: deque[str] | None,
         *,
         terminal: bool = False,
+        duplicate: tuple[BinaryIO, tuple[str, ...]] | None = None,
     ) -> None:
         self.file = file
+        self.duplicate = duplicate  # the attempt's filtered_*.log and the strings a line must contain to go there
         self.console = console  # None: not shown (redirected, or filtered out)
         self.prefix = prefix
         self.tail = tail
@@ -263,7 +281,7 @@ class _Stream:
 
     @property
     def needs_lines(self) -> bool:
-        return (self.console is not None and not self.terminal) or self.tail is not None
+        return (self.console is not None and not self.terminal) or self.tail is not None or self.duplicate is not None
 
     def feed(self, data: bytes) -> None:
         if self.file is not None:
@@ -309,6 +327,18 @@ class _Stream:
         if self.console is not None and not self.terminal:
             # One write per batch of whole lines: nothing else can write to the sink in between.
             self._write("".join(self.prefix + line for line in lines))
+        if self.duplicate is not None:
+            self._duplicate(lines, *self.duplicate)
+
+    def _duplicate(self, lines: list[str], file: BinaryIO, needles: tuple[str, ...]) -> None:
+        matching = "".join(self.prefix + line for line in lines if any(needle in line for needle in needles))
+        if not matching:
+            return
+        try:
+            file.write(matching.encode())  # one append: the attempt's workers share the file (O_APPEND)
+        except OSError as exc:
+            logger.warning("cannot write filtered lines to %s (%s): no more go there", file.name, exc)
+            self.duplicate = None
 
     def _forward(self, text: str) -> None:
         if not text or self.console is None:
@@ -377,7 +407,15 @@ class WorkerLog:
                     rows, columns = size
                     self._terminal_sizes[std] = (rows, max(columns - len(prefix), 20))
                 tail = self._tail if std == Std.ERR else None
-                self._streams[std] = _Stream(file, console, prefix, tail, terminal=size is not None)
+                duplicate = None
+                needles, filtered = spec.duplicate_filters_for(std), spec.filtered_path(std)
+                if needles and filtered is not None:
+                    shared = open(filtered, "ab", buffering=0)  # noqa: SIM115 - closed by close()
+                    self._files.append(shared)
+                    duplicate = (shared, needles)
+                self._streams[std] = _Stream(
+                    file, console, prefix, tail, terminal=size is not None, duplicate=duplicate
+                )
         except BaseException:
             self.close()
             raise
