@@ -190,8 +190,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default: default)")  # fmt: skip
     compat.add_argument(*_spellings(("--numa-binding",)), dest="numa_binding", default=None,
                         choices=["node", "socket", "exclusive", "core-complex"],
-                        help="accepted for torchrun compatibility; aelastic does not bind workers to NUMA nodes "
-                        "(default: none)")  # fmt: skip
+                        help="accepted for torchrun compatibility; torchrun binds each worker to the CPUs of its "
+                        "GPU's NUMA node with numactl, aelastic binds nothing (default: none)")  # fmt: skip
     _add(compat, "--signals-to-handle", dest="signals_to_handle", default=DEFAULT_SIGNALS,
          help="signals that stop the workers and then the agent (default: %(default)s)")  # fmt: skip
     _add(compat, "--shutdown-timeout", dest="shutdown_timeout", default=None, type=float,
@@ -288,7 +288,9 @@ def _check_logs_specs(name: str | None) -> None:
 def _explain_ignored(args: argparse.Namespace) -> None:
     """torchrun flags accepted for compatibility that do nothing here: say so once, never fail on them."""
     ignored = {
-        "--numa-binding": (args.numa_binding, "aelastic does not bind workers to NUMA nodes"),
+        "--numa-binding": (args.numa_binding, "torchrun would start each worker under 'numactl --physcpubind' "
+                           "with the CPUs of its GPU's NUMA node (or socket, core complex); aelastic binds nothing "
+                           "(no GPU to bind by on a CPU-only build)"),
         "--logs-specs": (args.logs_specs not in (None, "default") and args.logs_specs, "only torch's default "
                          "log layout exists"),
         "--start-method": (args.start_method != "spawn" and args.start_method, "workers always start as fresh "
