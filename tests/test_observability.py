@@ -38,15 +38,23 @@ TORCH_KEYS = [
 TORCH_INNER = ["group_world_size", "entry_point"]
 TORCH_WORKER_INNER = [*TORCH_INNER, "local_rank", "role_rank", "role_world_size", "exit_code", "worker_pid"]
 
-# Worker: rank 0 fails on the first attempt; on the next one every worker waits for <out>/go.
+# Worker: rank 0 fails on the first attempt, once rank 1 is armed (ignoring SIGTERM where IGNORE_TERM asks: the
+# crash must not reach rank 1 before that, or its stop is quick and the window the health test watches is gone);
+# on the next attempt every worker waits for <out>/go.
 CRASH_ONCE = """
 restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
 report("start", attempt=restart)
-if os.environ["RANK"] == "0" and restart == "0" and os.environ["AELASTIC_MEMBERSHIP_RESTARTS"] == "0":
+first = restart == "0" and os.environ["AELASTIC_MEMBERSHIP_RESTARTS"] == "0"
+armed = os.path.join(OUT, "armed")
+if first and os.environ["RANK"] == "0":
+    while not os.path.exists(armed):
+        time.sleep(0.05)
     sys.exit(3)
-if os.environ.get("IGNORE_TERM") and restart == "0":
-    import signal
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if first:
+    if os.environ.get("IGNORE_TERM"):
+        import signal
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    open(armed, "w").close()
 while not os.path.exists(os.path.join(OUT, "go")):
     time.sleep(0.05)
 """
