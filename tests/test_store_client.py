@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack
 from datetime import timedelta
 
 import anyio
@@ -25,9 +26,11 @@ def torch_server() -> Iterator[dist.TCPStore]:
 
 @pytest.fixture
 async def client(torch_server: dist.TCPStore) -> AsyncIterator[StoreClient]:
-    with anyio.fail_after(10):
-        async with open_store_client("127.0.0.1", torch_server.port) as client:
-            yield client
+    # The deadline bounds the connect only: around the yield it would cancel the test running inside it.
+    async with AsyncExitStack() as stack:
+        with anyio.fail_after(10):
+            client = await stack.enter_async_context(open_store_client("127.0.0.1", torch_server.port))
+        yield client
 
 
 async def test_set_get_seen_by_torch(client: StoreClient, torch_server: dist.TCPStore) -> None:

@@ -45,9 +45,9 @@ def peers() -> Iterator[tuple[TorchPeer, TorchPeer]]:
 
 @pytest.fixture
 async def server() -> AsyncIterator[StoreServer]:
-    with anyio.fail_after(5):
-        async with open_store_server("::", 0) as server:
-            yield server
+    # No deadline around the yield: it would cancel the test running inside it (binding cannot hang).
+    async with open_store_server("::", 0) as server:
+        yield server
 
 
 async def wait_until(predicate: Callable[[], bool], what: str) -> None:
