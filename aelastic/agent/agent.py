@@ -288,10 +288,18 @@ class ElasticAgent:
         self, info: RendezvousInfo, assignment: RankAssignment
     ) -> tuple[GroupOutcome | None, str | None]:
         logs = replace(self.logs, attempt=self._attempt)
-        commands = [self._command(worker, logs) for worker in self.group.workers]
+        dumper = self._dumper = StackDumper(logs, self.stack_dump_timeout)
+        try:
+            commands = [dumper.command(self._command(worker, logs)) for worker in self.group.workers]
+            return await self._run_attempt(commands, logs, dumper)
+        finally:
+            dumper.close()
+
+    async def _run_attempt(
+        self, commands: Sequence[WorkerCommand], logs: LogSpec, dumper: StackDumper
+    ) -> tuple[GroupOutcome | None, str | None]:
         outcome: GroupOutcome | None = None
         reason: str | None = None
-        dumper = self._dumper = StackDumper(logs, self.stack_dump_timeout)
 
         async def before_kill(survivors: Sequence[WorkerProcess]) -> None:
             for worker in survivors:

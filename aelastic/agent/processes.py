@@ -111,12 +111,14 @@ class WorkerCommand:
         global_rank: rank in the job.
         args: the command line (``args[0]`` looked up on ``PATH`` of ``env``).
         env: the worker's full environment (nothing is inherited).
+        pass_fds: file descriptors the worker inherits (e.g. the pipe of :mod:`~aelastic.agent.faultstacks`).
     """
 
     local_rank: int
     global_rank: int
     args: tuple[str, ...]
     env: Mapping[str, str]
+    pass_fds: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.args:
@@ -547,9 +549,10 @@ async def run_workers(
                 try:
                     await anyio.lowlevel.checkpoint()
                     if finish is None:
-                        process = _Child(args, command.env, log)
+                        process = _Child(args, command.env, log, command.pass_fds)
                     else:
-                        process = _Child(args, finish.worker_env(command.env), log, finish.worker_fds)
+                        env = finish.worker_env(command.env)
+                        process = _Child(args, env, log, (*command.pass_fds, *finish.worker_fds))
                 except BaseException:
                     log.close()
                     raise
