@@ -24,6 +24,8 @@ from aelastic.agent.control import health, serve_control
 from aelastic.errors import ConfigurationError
 from aelastic.events import Event, EventSource, check_event_handler, open_event_log, record, register_event_handler
 from aelastic.metrics import AgentMetrics
+from aelastic.store import wire
+from aelastic.store.server import ServerSettings, StoreServer, open_store_server
 
 pytestmark = pytest.mark.anyio
 
@@ -198,6 +200,75 @@ async def test_endpoint_serves_health_and_metrics_over_keep_alive_and_survives_g
             assert (await client.head("/health")).status_code == 200
             assert (await client.post("/health")).status_code == 405
             assert (await client.get("/nope")).status_code == 404
+        tg.cancel_scope.cancel()
+
+
+def store_series(page: str, server: StoreServer) -> dict[str, float]:
+    """``name{labels}`` → value for ``server``'s series on a /metrics page (labels other than store/port kept)."""
+    own = f'port="{server.port}",store="{server.name}"'
+    series = {}
+    for line in page.splitlines():
+        if line.startswith("aelastic_store_") and own in line:
+            name, value = line.rsplit(" ", 1)
+            series[name.replace(own, "").replace(",}", "}").replace("{}", "")] = float(value)
+    return series
+
+
+async def exchange(stream: anyio.abc.SocketStream, requests: list[wire.Request], reply_bytes: int) -> bytes:
+    """Send ``requests`` as torch's client would and read ``reply_bytes`` of replies: once they are in, the server
+    has handled every request (one connection is served in order)."""
+    await stream.send(b"".join(wire.encode_request(r) for r in requests))
+    data = b""
+    with anyio.fail_after(DEADLINE):
+        while len(data) < reply_bytes:
+            data += await stream.receive()
+    return data
+
+
+async def test_metrics_expose_the_statistics_of_the_stores_this_process_serves() -> None:
+    metrics = AgentMetrics("trainer", 0)
+    settings = ServerSettings(name="rendezvous")
+    async with open_store_server("127.0.0.1", 0, settings) as server, anyio.create_task_group() as tg:
+        port = await tg.start(lambda task_status: serve_control(metrics, 0, host="127.0.0.1", with_metrics=True,
+                                                                 task_status=task_status))  # fmt: skip
+        async with (
+            await anyio.connect_tcp("127.0.0.1", server.port) as first_client,
+            await anyio.connect_tcp("127.0.0.1", server.port) as waiter,
+            httpx.AsyncClient() as http,
+        ):
+            sets = [wire.Set(key, b"v") for key in (b"a", b"b", b"c")]
+            requests = [wire.Validate(), *sets, wire.Get(b"a"), wire.Get(b"b"), wire.Add(b"n", 5)]
+            await exchange(first_client, requests, 9 + 9 + 8)  # two values (length + byte), one int64
+            # Nothing answers a WAIT for a missing key; the PING after it is answered once the WAIT was handled.
+            waiting = [wire.Validate(), wire.Wait((b"late",)), wire.Ping(7)]
+            assert await exchange(waiter, waiting, 4) == b"\x07\x00\x00\x00"
+            first = store_series((await http.get(f"http://127.0.0.1:{port}/metrics")).text, server)
+            assert {name: value for name, value in first.items() if "requests" in name} == {
+                'aelastic_store_requests_total{command="Add"}': 1,
+                'aelastic_store_requests_total{command="Get"}': 2,
+                'aelastic_store_requests_total{command="Ping"}': 1,
+                'aelastic_store_requests_total{command="Set"}': 3,
+                'aelastic_store_requests_total{command="Validate"}': 2,
+                'aelastic_store_requests_total{command="Wait"}': 1,
+            }
+            sent_in = sum(map(len, map(wire.encode_request, [*requests, *waiting])))
+            assert first["aelastic_store_received_bytes_total"] == sent_in
+            assert first["aelastic_store_sent_bytes_total"] == 26 + 4
+            assert (first["aelastic_store_keys"], first["aelastic_store_waiters"]) == (4, 1)
+            assert first["aelastic_store_connections"] == 2
+            # SET: 1 + 8 + 4 + 8 + 0 bytes, no reply, and it wakes the waiter (STOP_WAITING, 1 byte out);
+            # GETNUMKEYS: 1 byte in, an int64 out.
+            await exchange(first_client, [wire.Set(b"late", b""), wire.GetNumKeys()], 8)
+            assert await exchange(waiter, [], 1) == b"\x00"  # STOP_WAITING
+            second = store_series((await http.get(f"http://127.0.0.1:{port}/metrics")).text, server)
+            assert second["aelastic_store_received_bytes_total"] - sent_in == 21 + 1
+            assert second["aelastic_store_sent_bytes_total"] - 30 == 1 + 8
+            assert (second["aelastic_store_keys"], second["aelastic_store_waiters"]) == (5, 0)
+        tg.cancel_scope.cancel()
+    async with httpx.AsyncClient() as http, anyio.create_task_group() as tg:  # a stopped server is not scraped
+        port = await tg.start(lambda task_status: serve_control(metrics, 0, host="127.0.0.1", with_metrics=True,
+                                                                 task_status=task_status))  # fmt: skip
+        assert "aelastic_store_keys{" not in (await http.get(f"http://127.0.0.1:{port}/metrics")).text
         tg.cancel_scope.cancel()
 
 
