@@ -122,6 +122,41 @@ async def test_two_node_job_with_a_crash_prints_torch_events_and_rendezvous_even
     assert all(r["duration_ms"] >= 0 for r in rounds)
 
 
+# Report, then wait for <out>/go.
+WAITS = """
+report("start")
+while not os.path.exists(os.path.join(OUT, "go")):
+    time.sleep(0.05)
+"""
+
+
+async def test_a_sigkilled_peer_is_a_member_dead_event_and_start_events_carry_the_pids(
+    job: Job, rendezvous_store: str
+) -> None:
+    script = job.script("waits.py", WAITS)
+    conf = ("keep_alive_interval=0.5", "keep_alive_max_attempt=3")  # dead: no heartbeat for 1.5 s
+    flags = [*c10d(rendezvous_store, "1:2", *conf), *common(1), "--max-restarts", "0", "--event-log-handler", "console"]
+    survivor, victim = [await job.agent(*flags, script, job.out) for _ in range(2)]
+    first = await job.wait_records("start", 2)
+    victim.process.kill()
+    again = await job.wait_records("start", 1, lambda r: r["WORLD_SIZE"] == "1")
+    (job.out / "go").touch()
+    assert await survivor.wait() == 0, survivor.output
+    lines = event_lines(survivor.output)
+    (dead,) = [e["metadata"] for e in lines if e["name"] == "aelastic.rendezvous.member_dead"]
+    assert dead["run_id"] == "e2e"
+    assert dead["round"] == 0  # the first round lost a member
+    assert len(dead["dead"]) == 1
+    assert dead["dead"][0].split("_")[-2] == str(victim.process.pid)  # addr_pid_localid of the killed agent
+    assert dead["node"].split("_")[-2] == str(survivor.process.pid)  # reported by the node that removed it
+    # START events: torch's worker_id is the worker's pid (inner worker_pid stays [null], as torch's START).
+    starts = [e["metadata"] for e in lines if e["name"] == "torchelastic.worker.status.START"]
+    survivor_pids = {r["pid"] for r in (*first, *again) if r["ppid"] == survivor.process.pid}
+    assert {int(m["worker_id"]) for m in starts} == survivor_pids
+    assert len(starts) == 2  # one worker, two attempts
+    assert all(json.loads(m["metadata"])["worker_pid"] == [None] for m in starts)
+
+
 async def test_file_and_registered_handlers_get_every_event(tmp_path: Path) -> None:
     with open_event_log("file", tmp_path):
         record("torchelastic.worker.status.START", EventSource.WORKER, {"role": "r"})

@@ -328,7 +328,6 @@ class ElasticAgent:
             tg.start_soon(watch)
             self.group.state = WorkerState.HEALTHY
             self.metrics.running(len(commands), anyio.current_time())
-            record_started(self)
             outcome = await run_workers(
                 commands,
                 logs,
@@ -337,9 +336,16 @@ class ElasticAgent:
                 finish_together=callable(self.spec.entrypoint),  # as torch's multiprocessing runs functions
                 watch=None if timers is None else serve_timers,
                 before_kill=before_kill,
+                started=self._started,
             )
             tg.cancel_scope.cancel()
         return (outcome, None) if reason is None else (None, reason)
+
+    def _started(self, processes: Sequence[WorkerProcess]) -> None:
+        """The workers were spawned: their pids are torch's worker ids, and its START events carry them."""
+        pids = {process.local_rank: process.pid for process in processes}
+        self.group.workers = [replace(w, id=pids.get(w.local_rank)) for w in self.group.workers]
+        record_started(self)
 
     @asynccontextmanager
     async def _timer_server(self) -> AsyncIterator[FileTimerServer | None]:

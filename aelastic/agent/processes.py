@@ -504,6 +504,7 @@ async def run_workers(
     finish_together: bool = False,
     watch: WorkerHook | None = None,
     before_kill: WorkerHook | None = None,
+    started: Callable[[Sequence[WorkerProcess]], None] | None = None,
 ) -> GroupOutcome:
     """Run one node's workers until all exit 0, or the first fails; then stop the rest.
 
@@ -521,6 +522,7 @@ async def run_workers(
             the waiters end. Its exceptions propagate after the stop.
         before_kill: awaited, shielded, with the workers still alive when ``grace`` has run out, right before
             SIGKILL (e.g. a stack dump); it must bound its own time, and its exceptions are logged, not raised.
+        started: called once every worker has been spawned, with all of them (their pids), before any is awaited.
 
     Returns:
         Every worker's exit, in command order. Workers stopped by the agent after the first failure are reported
@@ -562,6 +564,8 @@ async def run_workers(
                 logger.debug("started worker local_rank %d (pid %d)", command.local_rank, process.pid)
             if finish is not None:
                 finish.spawned()
+            if started is not None:
+                started([w.handle() for w in workers])
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await _stop(workers, grace, reaper, _requested_stop_signal(), before_kill)
