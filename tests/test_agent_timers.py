@@ -202,12 +202,26 @@ def test_without_py_spy_faulthandler_dumps_a_worker_ignoring_sigterm(tmp_path: P
     assert "ignore_term_and_sleep (worker.py:8)" in result.stderr  # the report's top frames
 
 
+def test_without_py_spy_a_worker_that_replaced_the_handler_is_killed_after_the_deadline(tmp_path: Path) -> None:
+    # Rank 0 ignores SIGTERM and the dump's signal: nothing answers, the 2 s deadline passes, SIGKILL ends it.
+    script = IGNORES_TERM.replace(
+        "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n",
+        "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n    signal.signal(signal.SIGRTMIN + 5, signal.SIG_IGN)\n",
+    )
+    result = _run(tmp_path, script, "--max-restarts", "0", "--shutdown-timeout", "1", env={}, py_spy=False)
+    assert result.returncode == 1, result.stderr
+    assert "no stack dump: the worker did not answer (its handler was replaced" in _stacks(tmp_path, 0, 0)
+    assert re.search(r"rank\s+: 0 .*\n\s+exitcode\s+: -9", result.stderr), result.stderr  # SIGKILL, not the signal
+
+
 def test_without_py_spy_a_stopped_worker_does_not_delay_its_kill(tmp_path: Path, backend: str) -> None:
     flags = ("--max-restarts", "1", "--watchdog-timeout", "1")
     result = _run(tmp_path, WATCHDOG, *flags, env={"AELASTIC_ASYNC_BACKEND": backend}, py_spy=False)
     assert result.returncode == 0, result.stderr
-    # A SIGSTOPped worker cannot run its handler: the dump's deadline (2 s) passes, then the kill and the restart.
-    assert "no stack dump: the worker did not answer (stopped, or its handler was replaced)" in _stacks(tmp_path, 0, 1)
+    # A SIGSTOPped worker cannot run its handler: it is not signalled, and the kill and the restart follow.
+    stopped = "no stack dump: the worker is stopped (SIGSTOP, a debugger) and cannot run its handler"
+    assert stopped in _stacks(tmp_path, 0, 1)
+    assert stopped in result.stderr  # the report's note
     assert _log_time(result.stderr, "restart 1 of 1") - _log_time(result.stderr, "expired: killed with") < 4.0
 
 

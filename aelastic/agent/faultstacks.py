@@ -17,8 +17,8 @@ another process's stacks, so the worker has to write them, without any cooperati
 The hook writes ``armed`` when registered; the agent signals a worker only after reading it, so a worker that is
 not a Python process (a shell wrapper, ``python -I``) is never sent a signal whose default action would kill it.
 Then the dump is read from the pipe as it arrives, until the pipe has been quiet for :data:`_QUIET` seconds: the
-handler writes the whole dump at once, so a pause means the end. Everything is bounded by the caller's deadline;
-a stopped worker (SIGSTOP) does not run its handler and gets no dump, and the kill comes on time.
+handler writes the whole dump at once, so a pause means the end. Everything is bounded by the caller's deadline.
+A stopped worker (SIGSTOP) would not run its handler until resumed: it is not signalled, and gets a note at once.
 
 The signal is a real-time one, which no common library handles (SIGUSR1 and SIGUSR2 are taken by SLURM and
 Lightning's requeue handlers); if the user's code replaces its handler, that is the code that runs instead.
@@ -35,7 +35,7 @@ import anyio
 
 from .processes import WorkerCommand, WorkerProcess
 
-__all__ = ["STACKS_ENV", "STACKS_SIGNAL", "FaultStacks", "fault_top_frames"]
+__all__ = ["STACKS_ENV", "STACKS_SIGNAL", "FaultStacks", "fault_top_frames", "process_state"]
 
 STACKS_ENV: Final = "AELASTIC_STACKS"
 STACKS_SIGNAL: Final = int(signal.SIGRTMIN) + 5
@@ -96,12 +96,19 @@ class FaultStacks:
                 return
             self._armed.add(worker.local_rank)
         _read_available(read_end)  # nothing is expected; a dump that came late for a previous request is stale
+        state = process_state(worker.pid)
+        if state in ("T", "t"):
+            dumps[worker.pid] = "no stack dump: the worker is stopped (SIGSTOP, a debugger) and cannot run its handler"
+            return
+        if state in ("Z", ""):
+            dumps[worker.pid] = "no stack dump: the worker had already exited"
+            return
         try:
             os.kill(worker.pid, STACKS_SIGNAL)
         except ProcessLookupError:
             dumps[worker.pid] = "no stack dump: the worker had already exited"
             return
-        dumps[worker.pid] = "no stack dump: the worker did not answer (stopped, or its handler was replaced)"
+        dumps[worker.pid] = "no stack dump: the worker did not answer (its handler was replaced, or it was stopped)"
         await anyio.wait_readable(read_end)
         text = b""
         while True:
@@ -118,6 +125,16 @@ class FaultStacks:
             os.close(read_end)
             os.close(write_end)
         self._pipes.clear()
+
+
+def process_state(pid: int) -> str:
+    """The state letter of ``pid`` in ``/proc/<pid>/stat`` (``R``, ``S``, ``T`` stopped, ``Z`` exited, ...); ``""``
+    if there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat[stat.rindex(")") + 2 :][:1]
 
 
 def _read_available(fd: int) -> bytes:

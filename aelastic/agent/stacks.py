@@ -30,7 +30,7 @@ from typing import Final
 
 import anyio
 
-from .faultstacks import FaultStacks, fault_top_frames
+from .faultstacks import FaultStacks, fault_top_frames, process_state
 from .logs import LogSpec
 from .processes import WorkerCommand, WorkerProcess
 
@@ -161,9 +161,5 @@ class StackDumper:
 
 
 def _stopped(pid: int) -> bool:
-    """Whether ``pid`` is stopped (SIGSTOP, a debugger): state ``T`` or ``t`` in ``/proc/<pid>/stat``."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2 :][:1] in ("T", "t")
+    """Whether ``pid`` is stopped (SIGSTOP, a debugger): state ``T`` or ``t``."""
+    return process_state(pid) in ("T", "t")
