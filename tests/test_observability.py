@@ -307,6 +307,39 @@ async def test_metrics_expose_the_statistics_of_the_stores_this_process_serves()
         tg.cancel_scope.cancel()
 
 
+# Two gloo workers meet on the workers' store, then wait for <out>/go.
+GLOO_WAITS = """
+import torch.distributed as dist
+dist.init_process_group("gloo")
+dist.barrier()
+report("ready")
+while not os.path.exists(os.path.join(OUT, "go")):
+    time.sleep(0.05)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.torch
+async def test_a_standalone_agent_exposes_its_rendezvous_store_and_the_workers_store(job: Job) -> None:
+    script = job.script("gloo.py", GLOO_WAITS)
+    port = free_port()
+    agent = await job.agent("--standalone", *common(2), "--metrics-port", str(port), script, job.out)
+    await job.wait_records("ready", 2)
+    async with httpx.AsyncClient() as http:
+        page = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
+    (job.out / "go").touch()
+    assert await agent.wait() == 0, agent.output
+    series = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in page.splitlines()
+              if line.startswith("aelastic_store_")}  # fmt: skip
+    stores = {name.split('store="')[1].split('"')[0] for name in series}
+    assert stores == {"rendezvous", "workers"}, page
+    workers = {name: value for name, value in series.items() if 'store="workers"' in name}
+    # torch's TCPStore client in each worker: one connection, one VALIDATE each, and every waiter answered.
+    assert next(v for n, v in workers.items() if n.startswith("aelastic_store_connections")) == 2
+    assert next(v for n, v in workers.items() if 'command="Validate"' in n) == 2
+    assert next(v for n, v in workers.items() if n.startswith("aelastic_store_waiters")) == 0
+
+
 def test_endpoint_off_imports_neither_prometheus_nor_the_endpoint() -> None:
     code = (
         "import sys, aelastic\n"
