@@ -7,6 +7,7 @@ and no traceback is shown. The library never installs log handlers: this module 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -186,8 +187,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
          "connection to the rendezvous store: routable by construction, never a reverse lookup)")  # fmt: skip
     # torchrun reads no PET_* variable for these two.
     compat.add_argument(*_spellings(("--logs-specs",)), dest="logs_specs", default=None,
-                        help="accepted for torchrun compatibility; aelastic has torch's default log layout only "
-                        "(default: default)")  # fmt: skip
+                        help="a LogsSpecs class registered under the entry-point group 'torchrun.logs_specs' decides "
+                        "where workers' output and error files go, as with torchrun (imports torch); "
+                        "(default: default, torch's layout under --log-dir)")  # fmt: skip
     compat.add_argument(*_spellings(("--numa-binding",)), dest="numa_binding", default=None,
                         choices=["node", "socket", "exclusive", "core-complex"],
                         help="accepted for torchrun compatibility; torchrun binds each worker to the CPUs of its "
@@ -270,29 +272,12 @@ def _run_script_path(script: str, *args: str) -> None:
     runpy.run_path(script, run_name="__main__")
 
 
-def _check_logs_specs(name: str | None) -> None:
-    """torch's rule: ``--logs-specs NAME`` names an entry point of the ``torchrun.logs_specs`` group, or it is an
-    error (torch registers ``default`` itself)."""
-    if name is None:
-        return
-    from importlib.metadata import entry_points  # scans the installed packages: only when the flag is given
-
-    known = sorted({ep.name for ep in entry_points(group="torchrun.logs_specs")} | {"default"})
-    if name not in known:
-        raise ConfigurationError(
-            f"--logs-specs {name!r}: no entry point of that name in the group 'torchrun.logs_specs' "
-            f"(installed: {', '.join(known)})"
-        )
-
-
 def _explain_ignored(args: argparse.Namespace) -> None:
     """torchrun flags accepted for compatibility that do nothing here: say so once, never fail on them."""
     ignored = {
         "--numa-binding": (args.numa_binding, "torchrun would start each worker under 'numactl --physcpubind' "
                            "with the CPUs of its GPU's NUMA node (or socket, core complex); aelastic binds nothing "
                            "(no GPU to bind by on a CPU-only build)"),
-        "--logs-specs": (args.logs_specs not in (None, "default") and args.logs_specs, "only torch's default "
-                         "log layout exists"),
         "--start-method": (args.start_method != "spawn" and args.start_method, "workers always start as fresh "
                            "processes"),
     }  # fmt: skip
@@ -338,7 +323,6 @@ def config_from_args(args: argparse.Namespace) -> tuple[LaunchConfig, str | Call
     if not endpoint and backend != "c10d":
         raise ConfigurationError(f"--rdzv-endpoint '': the {backend!r} backend needs HOST[:PORT]")
     parse_signals(args.signals_to_handle)
-    _check_logs_specs(args.logs_specs)
     shutdown = args.shutdown_timeout
     if shutdown is None:
         shutdown = float(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30"))
@@ -372,6 +356,17 @@ def config_from_args(args: argparse.Namespace) -> tuple[LaunchConfig, str | Call
         virtual_local_rank=args.virtual_local_rank,
         watchdog_timeout=args.watchdog_timeout,
     )
+    if args.logs_specs not in (None, "default"):  # torch's entry-point group; importing the class imports torch
+        from .agent.logs_specs import load_logs_specs
+
+        specs = load_logs_specs(
+            args.logs_specs,
+            log_dir=config.log_dir,
+            redirects=config.redirects,
+            tee=config.tee,
+            local_ranks_filter=config.local_ranks_filter,
+        )
+        config = dataclasses.replace(config, logs_specs=specs)
     check_event_handler(config.event_log_handler)
     if config.metrics_port is not None:
         from .agent.control import check_metrics_available  # prometheus-client only where the endpoint is on

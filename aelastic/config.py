@@ -96,6 +96,8 @@ class LaunchConfig:
     virtual_local_rank: bool = False
     # aelastic's: kill a worker whose aelastic.worker.heartbeat() calls stop for this many seconds (None: off).
     watchdog_timeout: float | None = None
+    # torch's: a custom LogsSpecs instance (aelastic.agent.logs_specs); None is the default layout under log_dir.
+    logs_specs: Any = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_nodes <= self.max_nodes:

@@ -141,6 +141,7 @@ async def _run_agent(
             exit_barrier_timeout=config.exit_barrier_timeout,
             watchdog_timeout=config.watchdog_timeout,
             shutdown_timeout=config.shutdown_timeout,
+            logs_specs=config.logs_specs,
         )
         try:
             if ports:

@@ -4,8 +4,10 @@ in-memory sink."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -299,3 +301,90 @@ def test_duplicate_filters_append_matching_lines_of_every_worker_to_one_file(tmp
     assert not spec.filtered_path(Std.ERR).exists()  # type: ignore[union-attr]
     with pytest.raises(ConfigurationError, match="empty string"):
         LogSpec(duplicate_stderr_filters=("",))
+
+
+# --- --logs-specs: a custom torch LogsSpecs found through its entry point --------------------------------------
+
+FLAT_LOGS_SPECS = '''
+import json
+import os
+import subprocess
+from torch.distributed.elastic.multiprocessing.api import LogsDest, LogsSpecs
+
+
+class FlatLogsSpecs(LogsSpecs):
+    """Every rank's files side by side in <log_dir>/flat_<attempt>/; only rank 0's stdout teed to the console."""
+
+    @property
+    def root_log_dir(self):
+        return str(self._root_log_dir)
+
+    def reify(self, envs):
+        where = os.path.join(self._root_log_dir, "flat_" + envs[0]["TORCHELASTIC_RESTART_COUNT"])
+        os.makedirs(where, exist_ok=True)
+        path = {r: os.path.join(where, "rank" + env["RANK"]) for r, env in envs.items()}
+        for r, env in envs.items():
+            env["TORCHELASTIC_ERROR_FILE"] = path[r] + ".json"
+        return LogsDest(
+            stdouts={r: p + ".out" for r, p in path.items()},
+            stderrs={r: p + ".err" for r, p in path.items()},
+            tee_stdouts={0: path[0] + ".out"},
+            error_files={r: p + ".json" for r, p in path.items()},
+        )
+'''
+
+FLAT_WORKER = """
+import os, sys
+from torch.distributed.elastic.multiprocessing.errors import record
+
+@record
+def main():
+    rank = os.environ["RANK"]
+    print(f"out of rank {rank}", flush=True)
+    print(f"err of rank {rank}", file=sys.stderr, flush=True)
+    if rank == "1":
+        raise RuntimeError("boom in rank 1")
+
+main()
+"""
+
+
+@pytest.mark.torch
+def test_a_registered_logs_specs_decides_where_worker_logs_go(tmp_path: Path) -> None:
+    plugin = tmp_path / "plugin"
+    (plugin / "flatlogs-1.0.dist-info").mkdir(parents=True)
+    (plugin / "flatlogs-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: flatlogs\nVersion: 1.0\n")
+    (plugin / "flatlogs-1.0.dist-info" / "entry_points.txt").write_text(
+        "[torchrun.logs_specs]\nflat = flatlogs:FlatLogsSpecs\n"
+    )
+    (plugin / "flatlogs.py").write_text(FLAT_LOGS_SPECS)
+    (tmp_path / "worker.py").write_text(FLAT_WORKER)
+    logs = tmp_path / "logs"
+    done = subprocess.run(
+        [sys.executable, "-m", "aelastic", "run", "--nproc-per-node", "2", "--max-restarts", "0",
+         "--log-dir", str(logs), "--logs-specs", "flat", str(tmp_path / "worker.py")],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin), os.environ.get("PYTHONPATH", "")])},
+        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    flat = logs / "flat_0"
+    assert (flat / "rank0.out").read_text() == "out of rank 0\n"
+    assert (flat / "rank1.out").read_text() == "out of rank 1\n"
+    assert "err of rank 1" in (flat / "rank1.err").read_text()
+    assert "RuntimeError: boom in rank 1" in (flat / "rank1.err").read_text()
+    assert "[default0]:out of rank 0" in done.stdout  # teed
+    assert "out of rank 1" not in done.stdout  # redirected only
+    assert "err of rank" not in done.stderr
+    # The worker's error file is where the spec put it, and the failure report read it from there.
+    assert json.loads((flat / "rank1.json").read_text())["message"]["message"] == "RuntimeError: boom in rank 1"
+    assert "error_file: " + str(flat / "rank1.json") in done.stderr, done.stderr
+    assert not list(logs.glob("*/attempt_0"))  # nothing in aelastic's own layout
+
+
+def test_an_unknown_logs_specs_name_is_refused_before_anything_starts() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "aelastic", "run", "--logs-specs", "nosuch", "-m", "json.tool"],
+        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "--logs-specs 'nosuch': no entry point of that name in the group 'torchrun.logs_specs'" in done.stderr

@@ -1,5 +1,5 @@
 """Expiration timers, the progress watchdog and stack dumps before kills, through ``aelastic run`` (real workers,
-torch's unmodified FileTimerClient, real signals, py-spy)."""
+torch's unmodified FileTimerClient, real signals, py-spy, and faulthandler where py-spy is hidden)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from aelastic.agent.faultstacks import fault_top_frames
 from aelastic.agent.stacks import find_py_spy, top_frames
 from aelastic.agent.timers import TimerRequest, TimerTable, parse_request
 
@@ -73,11 +74,21 @@ def backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def _run(tmp_path: Path, script: str, *flags: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+# The agent as ``aelastic`` runs it, but blind to py-spy even where it is installed: the faulthandler fallback.
+WITHOUT_PY_SPY = (
+    "import sys; import aelastic.agent.stacks as stacks; stacks.find_py_spy = lambda: None; "
+    "from aelastic.cli import main; sys.exit(main())"
+)
+
+
+def _run(
+    tmp_path: Path, script: str, *flags: str, env: dict[str, str], py_spy: bool = True
+) -> subprocess.CompletedProcess[str]:
     path = tmp_path / "worker.py"
     path.write_text(script)
+    agent = ("-m", "aelastic") if py_spy else ("-c", WITHOUT_PY_SPY)
     return subprocess.run(
-        [sys.executable, "-m", "aelastic", "run", "--nproc-per-node", "2", "--log-dir", str(tmp_path / "logs"),
+        [sys.executable, *agent, "run", "--nproc-per-node", "2", "--log-dir", str(tmp_path / "logs"),
          *flags, str(path)],
         env={**os.environ, "OUT": str(tmp_path), **env},
         capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL,
@@ -157,6 +168,89 @@ def test_watchdog_kills_a_stopped_worker_and_the_group_restarts(tmp_path: Path, 
     assert stacks.startswith("=== ")
     assert "rank 1: expiration timer 'aelastic.heartbeat' expired" in stacks
     assert "<module> (worker.py:5)" in stacks
+
+
+def test_without_py_spy_faulthandler_dumps_the_hung_worker_before_the_timer_kills_it(
+    tmp_path: Path, backend: str
+) -> None:
+    env = {"TORCHELASTIC_ENABLE_FILE_TIMER": "1", "AELASTIC_ASYNC_BACKEND": backend}
+    result = _run(tmp_path, TIMER_SCRIPT, "--max-restarts", "1", "--shutdown-timeout", "5", env=env, py_spy=False)
+    assert result.returncode == 0, result.stderr
+    assert "py-spy is not installed (pip install 'aelastic[stacks]'): worker stacks come from faulthandler" in (
+        result.stderr
+    )
+    report = result.stderr[result.stderr.index("restart 1 of 1") :]
+    assert "expiration timer 'train_step' expired: killed with SIGKILL" in report
+    assert "top frames (innermost first, faulthandler):" in report
+    assert re.search(r"hang_here \(worker\.py:10\)\n\s+<module> \(worker\.py:18\)", report), report
+    hung = _stacks(tmp_path, 0, 1)
+    assert re.search(r'Current thread 0x[0-9a-f]+ \(most recent call first\):\n  File ".*worker.py", line 10 in '
+                     r"hang_here", hung), hung  # fmt: skip
+    peer = _stacks(tmp_path, 0, 0)  # every local worker is dumped for a hang; the peer kept running until the stop
+    assert 'worker.py", line 14 in <module>' in peer
+    assert (tmp_path / "start_0_1").exists()
+    assert (tmp_path / "start_1_1").exists()
+
+
+def test_without_py_spy_faulthandler_dumps_a_worker_ignoring_sigterm(tmp_path: Path, backend: str) -> None:
+    flags = ("--max-restarts", "0", "--shutdown-timeout", "1")
+    result = _run(tmp_path, IGNORES_TERM, *flags, env={"AELASTIC_ASYNC_BACKEND": backend}, py_spy=False)
+    assert result.returncode == 1, result.stderr
+    stacks = _stacks(tmp_path, 0, 0)
+    assert "still running 1 s after the stop; SIGKILL next" in stacks
+    assert 'worker.py", line 8 in ignore_term_and_sleep' in stacks
+    assert "ignore_term_and_sleep (worker.py:8)" in result.stderr  # the report's top frames
+
+
+def test_without_py_spy_a_worker_that_replaced_the_handler_is_killed_after_the_deadline(tmp_path: Path) -> None:
+    # Rank 0 ignores SIGTERM and the dump's signal: nothing answers, the 2 s deadline passes, SIGKILL ends it.
+    script = IGNORES_TERM.replace(
+        "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n",
+        "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n    signal.signal(signal.SIGRTMIN + 5, signal.SIG_IGN)\n",
+    )
+    result = _run(tmp_path, script, "--max-restarts", "0", "--shutdown-timeout", "1", env={}, py_spy=False)
+    assert result.returncode == 1, result.stderr
+    assert "no stack dump: the worker did not answer (its handler was replaced" in _stacks(tmp_path, 0, 0)
+    assert re.search(r"rank\s+: 0 .*\n\s+exitcode\s+: -9", result.stderr), result.stderr  # SIGKILL, not the signal
+
+
+def test_without_py_spy_a_stopped_worker_does_not_delay_its_kill(tmp_path: Path, backend: str) -> None:
+    flags = ("--max-restarts", "1", "--watchdog-timeout", "1")
+    result = _run(tmp_path, WATCHDOG, *flags, env={"AELASTIC_ASYNC_BACKEND": backend}, py_spy=False)
+    assert result.returncode == 0, result.stderr
+    # A SIGSTOPped worker cannot run its handler: it is not signalled, and the kill and the restart follow.
+    stopped = "no stack dump: the worker is stopped (SIGSTOP, a debugger) and cannot run its handler"
+    assert stopped in _stacks(tmp_path, 0, 1)
+    assert stopped in result.stderr  # the report's note
+    assert _log_time(result.stderr, "restart 1 of 1") - _log_time(result.stderr, "expired: killed with") < 4.0
+
+
+def test_without_py_spy_a_non_python_worker_is_not_signalled(tmp_path: Path) -> None:
+    # Rank 1 is a sleep(1) that ignores SIGTERM: it never armed faulthandler, so the dump's signal (whose default
+    # action would kill it) is not sent, and the SIGKILL after the grace is what ends it.
+    script = (
+        'if [ "$RANK" = 1 ]; then trap "" TERM; touch "$OUT/ready"; exec sleep 3600; fi; '
+        'while [ ! -e "$OUT/ready" ]; do sleep 0.05; done; exit 3'
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", WITHOUT_PY_SPY, "run", "--nproc-per-node", "2", "--log-dir", str(tmp_path / "logs"),
+         "--max-restarts", "0", "--shutdown-timeout", "1", "--no-python", "bash", "-c", script],
+        env={**os.environ, "OUT": str(tmp_path)}, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    assert "did not arm faulthandler" in _stacks(tmp_path, 0, 1)
+    assert "Signal 9 (SIGKILL) received by PID" in result.stderr, result.stderr
+
+
+def test_fault_top_frames_takes_the_thread_that_handled_the_signal() -> None:
+    dump = (
+        'Thread 0x00007f0000000002 (most recent call first):\n  File "/a/t.py", line 9 in loop\n\n'
+        'Current thread 0x00007f0000000001 (most recent call first):\n  File "/a/x.py", line 3 in f\n'
+        '  File "/a/x.py", line 5 in <module>\n'
+    )
+    assert fault_top_frames(dump, 5) == ["f (x.py:3)", "<module> (x.py:5)"]
+    assert fault_top_frames(dump, 1) == ["f (x.py:3)"]
+    assert fault_top_frames("no stack dump: the worker had already exited", 5) == []
 
 
 def test_timer_table_follows_torch_rules() -> None:

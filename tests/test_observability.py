@@ -24,6 +24,8 @@ from aelastic.agent.control import health, serve_control
 from aelastic.errors import ConfigurationError
 from aelastic.events import Event, EventSource, check_event_handler, open_event_log, record, register_event_handler
 from aelastic.metrics import AgentMetrics
+from aelastic.store import wire
+from aelastic.store.server import ServerSettings, StoreServer, open_store_server
 
 pytestmark = pytest.mark.anyio
 
@@ -120,6 +122,41 @@ async def test_two_node_job_with_a_crash_prints_torch_events_and_rendezvous_even
     assert all(r["duration_ms"] >= 0 for r in rounds)
 
 
+# Report, then wait for <out>/go.
+WAITS = """
+report("start")
+while not os.path.exists(os.path.join(OUT, "go")):
+    time.sleep(0.05)
+"""
+
+
+async def test_a_sigkilled_peer_is_a_member_dead_event_and_start_events_carry_the_pids(
+    job: Job, rendezvous_store: str
+) -> None:
+    script = job.script("waits.py", WAITS)
+    conf = ("keep_alive_interval=0.5", "keep_alive_max_attempt=3")  # dead: no heartbeat for 1.5 s
+    flags = [*c10d(rendezvous_store, "1:2", *conf), *common(1), "--max-restarts", "0", "--event-log-handler", "console"]
+    survivor, victim = [await job.agent(*flags, script, job.out) for _ in range(2)]
+    first = await job.wait_records("start", 2)
+    victim.process.kill()
+    again = await job.wait_records("start", 1, lambda r: r["WORLD_SIZE"] == "1")
+    (job.out / "go").touch()
+    assert await survivor.wait() == 0, survivor.output
+    lines = event_lines(survivor.output)
+    (dead,) = [e["metadata"] for e in lines if e["name"] == "aelastic.rendezvous.member_dead"]
+    assert dead["run_id"] == "e2e"
+    assert dead["round"] == 0  # the first round lost a member
+    assert len(dead["dead"]) == 1
+    assert dead["dead"][0].split("_")[-2] == str(victim.process.pid)  # addr_pid_localid of the killed agent
+    assert dead["node"].split("_")[-2] == str(survivor.process.pid)  # reported by the node that removed it
+    # START events: torch's worker_id is the worker's pid (inner worker_pid stays [null], as torch's START).
+    starts = [e["metadata"] for e in lines if e["name"] == "torchelastic.worker.status.START"]
+    survivor_pids = {r["pid"] for r in (*first, *again) if r["ppid"] == survivor.process.pid}
+    assert {int(m["worker_id"]) for m in starts} == survivor_pids
+    assert len(starts) == 2  # one worker, two attempts
+    assert all(json.loads(m["metadata"])["worker_pid"] == [None] for m in starts)
+
+
 async def test_file_and_registered_handlers_get_every_event(tmp_path: Path) -> None:
     with open_event_log("file", tmp_path):
         record("torchelastic.worker.status.START", EventSource.WORKER, {"role": "r"})
@@ -199,6 +236,108 @@ async def test_endpoint_serves_health_and_metrics_over_keep_alive_and_survives_g
             assert (await client.post("/health")).status_code == 405
             assert (await client.get("/nope")).status_code == 404
         tg.cancel_scope.cancel()
+
+
+def store_series(page: str, server: StoreServer) -> dict[str, float]:
+    """``name{labels}`` → value for ``server``'s series on a /metrics page (labels other than store/port kept)."""
+    own = f'port="{server.port}",store="{server.name}"'
+    series = {}
+    for line in page.splitlines():
+        if line.startswith("aelastic_store_") and own in line:
+            name, value = line.rsplit(" ", 1)
+            series[name.replace(own, "").replace(",}", "}").replace("{}", "")] = float(value)
+    return series
+
+
+async def exchange(stream: anyio.abc.SocketStream, requests: list[wire.Request], reply_bytes: int) -> bytes:
+    """Send ``requests`` as torch's client would and read ``reply_bytes`` of replies: once they are in, the server
+    has handled every request (one connection is served in order)."""
+    await stream.send(b"".join(wire.encode_request(r) for r in requests))
+    data = b""
+    with anyio.fail_after(DEADLINE):
+        while len(data) < reply_bytes:
+            data += await stream.receive()
+    return data
+
+
+async def test_metrics_expose_the_statistics_of_the_stores_this_process_serves() -> None:
+    metrics = AgentMetrics("trainer", 0)
+    settings = ServerSettings(name="rendezvous")
+    async with open_store_server("127.0.0.1", 0, settings) as server, anyio.create_task_group() as tg:
+        port = await tg.start(lambda task_status: serve_control(metrics, 0, host="127.0.0.1", with_metrics=True,
+                                                                 task_status=task_status))  # fmt: skip
+        async with (
+            await anyio.connect_tcp("127.0.0.1", server.port) as first_client,
+            await anyio.connect_tcp("127.0.0.1", server.port) as waiter,
+            httpx.AsyncClient() as http,
+        ):
+            sets = [wire.Set(key, b"v") for key in (b"a", b"b", b"c")]
+            requests = [wire.Validate(), *sets, wire.Get(b"a"), wire.Get(b"b"), wire.Add(b"n", 5)]
+            await exchange(first_client, requests, 9 + 9 + 8)  # two values (length + byte), one int64
+            # Nothing answers a WAIT for a missing key; the PING after it is answered once the WAIT was handled.
+            waiting = [wire.Validate(), wire.Wait((b"late",)), wire.Ping(7)]
+            assert await exchange(waiter, waiting, 4) == b"\x07\x00\x00\x00"
+            first = store_series((await http.get(f"http://127.0.0.1:{port}/metrics")).text, server)
+            assert {name: value for name, value in first.items() if "requests" in name} == {
+                'aelastic_store_requests_total{command="Add"}': 1,
+                'aelastic_store_requests_total{command="Get"}': 2,
+                'aelastic_store_requests_total{command="Ping"}': 1,
+                'aelastic_store_requests_total{command="Set"}': 3,
+                'aelastic_store_requests_total{command="Validate"}': 2,
+                'aelastic_store_requests_total{command="Wait"}': 1,
+            }
+            sent_in = sum(map(len, map(wire.encode_request, [*requests, *waiting])))
+            assert first["aelastic_store_received_bytes_total"] == sent_in
+            assert first["aelastic_store_sent_bytes_total"] == 26 + 4
+            assert (first["aelastic_store_keys"], first["aelastic_store_waiters"]) == (4, 1)
+            assert first["aelastic_store_connections"] == 2
+            # SET: 1 + 8 + 4 + 8 + 0 bytes, no reply, and it wakes the waiter (STOP_WAITING, 1 byte out);
+            # GETNUMKEYS: 1 byte in, an int64 out.
+            await exchange(first_client, [wire.Set(b"late", b""), wire.GetNumKeys()], 8)
+            assert await exchange(waiter, [], 1) == b"\x00"  # STOP_WAITING
+            second = store_series((await http.get(f"http://127.0.0.1:{port}/metrics")).text, server)
+            assert second["aelastic_store_received_bytes_total"] - sent_in == 21 + 1
+            assert second["aelastic_store_sent_bytes_total"] - 30 == 1 + 8
+            assert (second["aelastic_store_keys"], second["aelastic_store_waiters"]) == (5, 0)
+        tg.cancel_scope.cancel()
+    async with httpx.AsyncClient() as http, anyio.create_task_group() as tg:  # a stopped server is not scraped
+        port = await tg.start(lambda task_status: serve_control(metrics, 0, host="127.0.0.1", with_metrics=True,
+                                                                 task_status=task_status))  # fmt: skip
+        assert "aelastic_store_keys{" not in (await http.get(f"http://127.0.0.1:{port}/metrics")).text
+        tg.cancel_scope.cancel()
+
+
+# Two gloo workers meet on the workers' store, then wait for <out>/go.
+GLOO_WAITS = """
+import torch.distributed as dist
+dist.init_process_group("gloo")
+dist.barrier()
+report("ready")
+while not os.path.exists(os.path.join(OUT, "go")):
+    time.sleep(0.05)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.torch
+async def test_a_standalone_agent_exposes_its_rendezvous_store_and_the_workers_store(job: Job) -> None:
+    script = job.script("gloo.py", GLOO_WAITS)
+    port = free_port()
+    agent = await job.agent("--standalone", *common(2), "--metrics-port", str(port), script, job.out)
+    await job.wait_records("ready", 2)
+    async with httpx.AsyncClient() as http:
+        page = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
+    (job.out / "go").touch()
+    assert await agent.wait() == 0, agent.output
+    series = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in page.splitlines()
+              if line.startswith("aelastic_store_")}  # fmt: skip
+    stores = {name.split('store="')[1].split('"')[0] for name in series}
+    assert stores == {"rendezvous", "workers"}, page
+    workers = {name: value for name, value in series.items() if 'store="workers"' in name}
+    # torch's TCPStore client in each worker: one connection, one VALIDATE each, and every waiter answered.
+    assert next(v for n, v in workers.items() if n.startswith("aelastic_store_connections")) == 2
+    assert next(v for n, v in workers.items() if 'command="Validate"' in n) == 2
+    assert next(v for n, v in workers.items() if n.startswith("aelastic_store_waiters")) == 0
 
 
 def test_endpoint_off_imports_neither_prometheus_nor_the_endpoint() -> None:

@@ -46,6 +46,7 @@ from ..rendezvous.api import RendezvousHandler, RendezvousInfo
 from ..worker import WATCHDOG_ENV
 from .errors import ChildFailedError, ProcessFailure
 from .logs import LogSpec
+from .logs_specs import LogsSpecs, reify
 from .processes import GroupOutcome, Reaper, WorkerCommand, WorkerProcess, run_workers
 from .ranks import RankAssignment, RoleInfo, exchange_ranks
 from .stacks import DEFAULT_DUMP_TIMEOUT, StackDumper
@@ -174,6 +175,7 @@ class ElasticAgent:
         base_env: Mapping[str, str] | None = None,
         watchdog_timeout: float | None = None,
         stack_dump_timeout: float = DEFAULT_DUMP_TIMEOUT,
+        logs_specs: LogsSpecs | None = None,
     ) -> None:
         self.spec = spec
         self.handler = handler
@@ -187,6 +189,7 @@ class ElasticAgent:
             raise AelasticError(f"watchdog_timeout={watchdog_timeout!r}: must be > 0 seconds")
         self.watchdog_timeout = watchdog_timeout
         self.stack_dump_timeout = stack_dump_timeout
+        self.logs_specs = logs_specs  # a custom torch LogsSpecs (--logs-specs): reify() routes each attempt's logs
         # torch's rule: the timer server runs when its variable is exactly "1"; aelastic's watchdog needs it too.
         self.timer_file: Path | None = None
         if self.base_env.get(ENABLE_ENV) == "1" or watchdog_timeout is not None:
@@ -288,10 +291,23 @@ class ElasticAgent:
         self, info: RendezvousInfo, assignment: RankAssignment
     ) -> tuple[GroupOutcome | None, str | None]:
         logs = replace(self.logs, attempt=self._attempt)
-        commands = [self._command(worker, logs) for worker in self.group.workers]
+        envs = {worker.local_rank: self._environment(worker, logs) for worker in self.group.workers}
+        if self.logs_specs is not None:
+            for env in envs.values():
+                del env["TORCHELASTIC_ERROR_FILE"]  # as torch's: the spec's reify() sets it, if it wants one
+            logs = replace(logs, custom=reify(self.logs_specs, envs))
+        dumper = self._dumper = StackDumper(logs, self.stack_dump_timeout)
+        try:
+            commands = [dumper.command(self._command(w, envs[w.local_rank])) for w in self.group.workers]
+            return await self._run_attempt(commands, logs, dumper)
+        finally:
+            dumper.close()
+
+    async def _run_attempt(
+        self, commands: Sequence[WorkerCommand], logs: LogSpec, dumper: StackDumper
+    ) -> tuple[GroupOutcome | None, str | None]:
         outcome: GroupOutcome | None = None
         reason: str | None = None
-        dumper = self._dumper = StackDumper(logs, self.stack_dump_timeout)
 
         async def before_kill(survivors: Sequence[WorkerProcess]) -> None:
             for worker in survivors:
@@ -312,7 +328,6 @@ class ElasticAgent:
             tg.start_soon(watch)
             self.group.state = WorkerState.HEALTHY
             self.metrics.running(len(commands), anyio.current_time())
-            record_started(self)
             outcome = await run_workers(
                 commands,
                 logs,
@@ -321,9 +336,16 @@ class ElasticAgent:
                 finish_together=callable(self.spec.entrypoint),  # as torch's multiprocessing runs functions
                 watch=None if timers is None else serve_timers,
                 before_kill=before_kill,
+                started=self._started,
             )
             tg.cancel_scope.cancel()
         return (outcome, None) if reason is None else (None, reason)
+
+    def _started(self, processes: Sequence[WorkerProcess]) -> None:
+        """The workers were spawned: their pids are torch's worker ids, and its START events carry them."""
+        pids = {process.local_rank: process.pid for process in processes}
+        self.group.workers = [replace(w, id=pids.get(w.local_rank)) for w in self.group.workers]
+        record_started(self)
 
     @asynccontextmanager
     async def _timer_server(self) -> AsyncIterator[FileTimerServer | None]:
@@ -343,7 +365,7 @@ class ElasticAgent:
         dumper.note(worker.pid, what)
         await dumper.dump(workers, f"rank {worker.global_rank}: {what}", report=(worker.pid,))
 
-    def _command(self, worker: Worker, logs: LogSpec) -> WorkerCommand:
+    def _command(self, worker: Worker, env: dict[str, str]) -> WorkerCommand:
         if callable(self.spec.entrypoint):
             from ._bootstrap import bootstrap_args, write_payload  # cloudpickle: only callables need it
 
@@ -356,7 +378,7 @@ class ElasticAgent:
             local_rank = str(worker.local_rank)
             substituted = (Template(str(a)).safe_substitute(local_rank=local_rank) for a in self.spec.args)
             args = (self.spec.entrypoint, *substituted)
-        return WorkerCommand(worker.local_rank, worker.global_rank, args, self._environment(worker, logs))
+        return WorkerCommand(worker.local_rank, worker.global_rank, args, env)
 
     def _result_path(self, local_rank: int) -> Path:
         return self.run_dir / f"result_{self._attempt}_{local_rank}.pkl"
@@ -493,4 +515,6 @@ class ElasticAgent:
         return ChildFailedError(self.spec.get_entrypoint_name(), failures, root_rank=root).format_report()
 
     def logs_error_file(self, local_rank: int) -> Path | None:
-        return replace(self.logs, attempt=self._attempt).error_file_path(local_rank)
+        """The error file of ``local_rank`` in the current (or last) attempt."""
+        logs = self._dumper.logs if self._dumper is not None else replace(self.logs, attempt=self._attempt)
+        return logs.error_file_path(local_rank)

@@ -28,8 +28,10 @@ import h11
 
 from ..errors import AelasticError, ConfigurationError
 from ..metrics import RESTART_CAUSES, AgentMetrics
+from ..store.server import serving
 
 if TYPE_CHECKING:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
     from prometheus_client.registry import CollectorRegistry
 
     from .agent import ElasticAgent, RunResult
@@ -59,7 +61,7 @@ def health(metrics: AgentMetrics) -> tuple[int, dict[str, Any]]:
 
 def _registry(metrics: AgentMetrics) -> CollectorRegistry:
     try:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
         from prometheus_client.registry import Collector, CollectorRegistry
     except ImportError:
         raise ConfigurationError(
@@ -109,10 +111,37 @@ def _registry(metrics: AgentMetrics) -> CollectorRegistry:
             healthy = GaugeMetricFamily("aelastic_healthy", "1 when /health answers 200", labels=["role"])
             healthy.add_metric(role, int(status == 200))
             yield healthy
+            yield from _store_metrics(CounterMetricFamily, GaugeMetricFamily)
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(AgentCollector())
     return registry
+
+
+def _store_metrics(counter: type[CounterMetricFamily], gauge: type[GaugeMetricFamily]) -> Iterator[Metric]:
+    """The statistics of the store servers this agent's process hosts (the rendezvous store on the c10d host, the
+    workers' store of the round on group rank 0), labelled by what the store is for and its port. Each server
+    counts as it serves (O(1) per request); this reads the counts. The workers' store is new every round, so its
+    counters start again at 0 under a new port."""
+    servers = serving()
+    labels = ["store", "port"]
+    requests = counter("aelastic_store_requests", "requests handled, by request kind", labels=[*labels, "command"])
+    received = counter("aelastic_store_received_bytes", "bytes received from clients", labels=labels)
+    sent = counter("aelastic_store_sent_bytes", "bytes of replies sent to clients", labels=labels)
+    connections = gauge("aelastic_store_connections", "clients connected", labels=labels)
+    keys = gauge("aelastic_store_keys", "keys in the store (queues not counted)", labels=labels)
+    waiters = gauge("aelastic_store_waiters", "clients blocked in WAIT, BARRIER or a queue pop", labels=labels)
+    for server in servers:
+        stats = server.statistics()
+        store = [server.name, str(server.port)]
+        for command, count in sorted(stats.ops_by_kind.items()):
+            requests.add_metric([*store, command], count)
+        received.add_metric(store, stats.bytes_received)
+        sent.add_metric(store, stats.bytes_sent)
+        connections.add_metric(store, stats.connections)
+        keys.add_metric(store, stats.keys)
+        waiters.add_metric(store, stats.waiters)
+    yield from (requests, received, sent, connections, keys, waiters)
 
 
 def check_metrics_available() -> None:

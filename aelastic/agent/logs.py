@@ -41,7 +41,7 @@ import shutil
 import socket
 import sys
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from string import Template
@@ -52,7 +52,7 @@ import anyio.abc
 
 from ..errors import ConfigurationError
 
-__all__ = ["ConsoleSinks", "LogSpec", "Std", "TextSink", "WorkerLog", "pump"]
+__all__ = ["ConsoleSinks", "CustomLogs", "LogSpec", "Std", "TextSink", "WorkerLog", "pump"]
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +113,31 @@ def _default_hostname() -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class CustomLogs:
+    """Where one attempt's output goes by a custom torch ``LogsSpecs`` (``--logs-specs``): its ``LogsDest``.
+
+    torch's meaning, per local rank: ``stdouts[r]`` is the file stdout goes to (``""``: the console), and ``r`` in
+    ``tee_stdouts`` shows it on the console too; the same for stderr. ``error_files[r]`` is the worker's error file;
+    ``filtered_*`` the attempt's duplicate-filter files (``""``: none). See :mod:`aelastic.agent.logs_specs`.
+    """
+
+    stdouts: Mapping[int, str] = field(default_factory=dict)
+    stderrs: Mapping[int, str] = field(default_factory=dict)
+    tee_stdouts: Mapping[int, str] = field(default_factory=dict)
+    tee_stderrs: Mapping[int, str] = field(default_factory=dict)
+    error_files: Mapping[int, str] = field(default_factory=dict)
+    filtered_stdout: str = ""
+    filtered_stderr: str = ""
+
+    def path(self, std: Std, local_rank: int) -> Path | None:
+        path = (self.stdouts if std == Std.OUT else self.stderrs).get(local_rank, "")
+        return Path(path) if path else None
+
+    def teed(self, std: Std, local_rank: int) -> bool:
+        return local_rank in (self.tee_stdouts if std == Std.OUT else self.tee_stderrs)
+
+
+@dataclass(frozen=True, slots=True)
 class LogSpec:
     """How one attempt of a node's workers is logged.
 
@@ -135,6 +160,8 @@ class LogSpec:
         duplicate_stdout_filters: torch's ``--duplicate-stdout-filters``: every stdout line of any worker that
             contains one of these strings is also written, prefixed, to ``attempt_<n>/filtered_stdout.log``.
         duplicate_stderr_filters: the same for stderr lines and ``filtered_stderr.log``.
+        custom: this attempt's destinations from a custom torch ``LogsSpecs``; when set they replace the layout
+            under ``log_dir`` and the redirects, tee and rank filter (the custom spec applied those itself).
     """
 
     role: str = "default"
@@ -149,6 +176,7 @@ class LogSpec:
     stderr_tail_lines: int = 20
     duplicate_stdout_filters: tuple[str, ...] = ()
     duplicate_stderr_filters: tuple[str, ...] = ()
+    custom: CustomLogs | None = None
 
     def __post_init__(self) -> None:
         if self.attempt < 0:
@@ -164,35 +192,52 @@ class LogSpec:
 
     def redirects_for(self, local_rank: int) -> Std:
         """The streams of ``local_rank`` that go to its files only."""
+        if (custom := self.custom) is not None:
+            return _streams(lambda std: custom.path(std, local_rank) is not None)
         return _std_for(self.redirects, local_rank)
 
     def tee_for(self, local_rank: int) -> Std:
         """The streams of ``local_rank`` that go to its files and the console."""
+        if (custom := self.custom) is not None:
+            return _streams(lambda std: custom.teed(std, local_rank))
         return _std_for(self.tee, local_rank)
 
     def shows_on_console(self, local_rank: int) -> bool:
         """Whether ``local_rank`` passes ``local_ranks_filter``."""
-        return self.local_ranks_filter is None or local_rank in self.local_ranks_filter
+        return self.custom is not None or self.local_ranks_filter is None or local_rank in self.local_ranks_filter
 
     def attempt_dir(self) -> Path | None:
-        """``<log_dir>/attempt_<attempt>``, or ``None`` without a log_dir."""
-        return None if self.log_dir is None else self.log_dir / f"attempt_{self.attempt}"
+        """``<log_dir>/attempt_<attempt>``, or ``None`` without a log_dir (or with custom destinations)."""
+        if self.log_dir is None or self.custom is not None:
+            return None
+        return self.log_dir / f"attempt_{self.attempt}"
 
     def rank_dir(self, local_rank: int) -> Path | None:
-        """``<log_dir>/attempt_<attempt>/<local_rank>``, or ``None`` without a log_dir."""
+        """``<log_dir>/attempt_<attempt>/<local_rank>``, or ``None`` without a log_dir; with custom destinations,
+        the directory of the rank's error file (where ``stacks.txt`` goes)."""
+        if self.custom is not None:
+            error_file = self.error_file_path(local_rank)
+            return None if error_file is None else error_file.parent
         attempt_dir = self.attempt_dir()
         return None if attempt_dir is None else attempt_dir / str(local_rank)
 
     def stdout_path(self, local_rank: int) -> Path | None:
+        if self.custom is not None:
+            return self.custom.path(Std.OUT, local_rank)
         rank_dir = self.rank_dir(local_rank)
         return None if rank_dir is None else rank_dir / "stdout.log"
 
     def stderr_path(self, local_rank: int) -> Path | None:
+        if self.custom is not None:
+            return self.custom.path(Std.ERR, local_rank)
         rank_dir = self.rank_dir(local_rank)
         return None if rank_dir is None else rank_dir / "stderr.log"
 
     def filtered_path(self, std: Std) -> Path | None:
         """``<log_dir>/attempt_<n>/filtered_stdout.log`` (or ``_stderr``), shared by the attempt's workers."""
+        if self.custom is not None:
+            path = self.custom.filtered_stdout if std == Std.OUT else self.custom.filtered_stderr
+            return Path(path) if path else None
         attempt_dir = self.attempt_dir()
         name = "filtered_stdout.log" if std == Std.OUT else "filtered_stderr.log"
         return None if attempt_dir is None else attempt_dir / name
@@ -202,6 +247,9 @@ class LogSpec:
 
     def error_file_path(self, local_rank: int) -> Path | None:
         """The worker's ``TORCHELASTIC_ERROR_FILE``: ``<log_dir>/attempt_<n>/<local_rank>/error.json``."""
+        if self.custom is not None:
+            path = self.custom.error_files.get(local_rank, "")
+            return Path(path) if path and path != os.devnull else None
         rank_dir = self.rank_dir(local_rank)
         return None if rank_dir is None else rank_dir / "error.json"
 
@@ -231,6 +279,10 @@ def _any_std(spec: StdSpec) -> bool:
     if isinstance(spec, Std):
         return spec != Std.NONE
     return any(value != Std.NONE for value in spec.values())
+
+
+def _streams(selected: Callable[[Std], bool]) -> Std:
+    return Std(sum(std for std in (Std.OUT, Std.ERR) if selected(std)))
 
 
 def _std_for(spec: StdSpec, local_rank: int) -> Std:

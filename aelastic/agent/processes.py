@@ -111,12 +111,14 @@ class WorkerCommand:
         global_rank: rank in the job.
         args: the command line (``args[0]`` looked up on ``PATH`` of ``env``).
         env: the worker's full environment (nothing is inherited).
+        pass_fds: file descriptors the worker inherits (e.g. the pipe of :mod:`~aelastic.agent.faultstacks`).
     """
 
     local_rank: int
     global_rank: int
     args: tuple[str, ...]
     env: Mapping[str, str]
+    pass_fds: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.args:
@@ -502,6 +504,7 @@ async def run_workers(
     finish_together: bool = False,
     watch: WorkerHook | None = None,
     before_kill: WorkerHook | None = None,
+    started: Callable[[Sequence[WorkerProcess]], None] | None = None,
 ) -> GroupOutcome:
     """Run one node's workers until all exit 0, or the first fails; then stop the rest.
 
@@ -519,6 +522,7 @@ async def run_workers(
             the waiters end. Its exceptions propagate after the stop.
         before_kill: awaited, shielded, with the workers still alive when ``grace`` has run out, right before
             SIGKILL (e.g. a stack dump); it must bound its own time, and its exceptions are logged, not raised.
+        started: called once every worker has been spawned, with all of them (their pids), before any is awaited.
 
     Returns:
         Every worker's exit, in command order. Workers stopped by the agent after the first failure are reported
@@ -547,9 +551,10 @@ async def run_workers(
                 try:
                     await anyio.lowlevel.checkpoint()
                     if finish is None:
-                        process = _Child(args, command.env, log)
+                        process = _Child(args, command.env, log, command.pass_fds)
                     else:
-                        process = _Child(args, finish.worker_env(command.env), log, finish.worker_fds)
+                        env = finish.worker_env(command.env)
+                        process = _Child(args, env, log, (*command.pass_fds, *finish.worker_fds))
                 except BaseException:
                     log.close()
                     raise
@@ -559,6 +564,8 @@ async def run_workers(
                 logger.debug("started worker local_rank %d (pid %d)", command.local_rank, process.pid)
             if finish is not None:
                 finish.spawned()
+            if started is not None:
+                started([w.handle() for w in workers])
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await _stop(workers, grace, reaper, _requested_stop_signal(), before_kill)

@@ -8,9 +8,12 @@ a header saying why, and the top frames of the worker's first thread (its main t
 failure report shows under that worker (:meth:`StackDumper.notes`).
 
 The dumps of several workers run concurrently and all of them are cut off at ``timeout``: the kill that follows
-is never delayed by more. py-spy is optional (the ``stacks`` extra); without it the agent says once how to get it,
-writes the note instead of stacks, and kills as before. It is found on ``PATH`` or beside the agent's interpreter
-(a virtual environment that is not activated).
+is never delayed by more. py-spy is optional (the ``stacks`` extra). It is found on ``PATH`` or beside the agent's
+interpreter (a virtual environment that is not activated). Without it the agent says once how to get it and falls
+back to :mod:`aelastic.agent.faultstacks` (faulthandler in Python workers, armed at start-up through
+:meth:`StackDumper.command`), under the same deadline. A worker is armed only when py-spy is missing at the
+attempt's start, so with py-spy the workers' environment is untouched; a py-spy that fails (no ptrace permission)
+leaves its error as the note.
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ from typing import Final
 
 import anyio
 
+from .faultstacks import FaultStacks, fault_top_frames, process_state
 from .logs import LogSpec
-from .processes import WorkerProcess
+from .processes import WorkerCommand, WorkerProcess
 
 __all__ = ["DEFAULT_DUMP_TIMEOUT", "StackDumper", "find_py_spy", "top_frames"]
 
@@ -37,7 +41,7 @@ logger = logging.getLogger(__name__)
 # Long enough for py-spy on a busy 2-core machine (about 50 ms idle), short against any kill it precedes.
 DEFAULT_DUMP_TIMEOUT: Final = 2.0
 _TOP_FRAMES: Final = 5
-_MISSING: Final = "no stack dump: py-spy is not installed (pip install 'aelastic[stacks]')"
+_MISSING: Final = "py-spy is not installed (pip install 'aelastic[stacks]')"
 
 
 def find_py_spy() -> str | None:
@@ -75,7 +79,20 @@ class StackDumper:
         self.logs = logs
         self.timeout = timeout
         self._py_spy = find_py_spy()
+        self._fallback = FaultStacks() if self._py_spy is None else None
         self._notes: defaultdict[int, list[str]] = defaultdict(list)
+
+    def __repr__(self) -> str:
+        return f"<StackDumper py_spy={self._py_spy!r} fallback={self._fallback!r} timeout={self.timeout:g}>"
+
+    def command(self, command: WorkerCommand) -> WorkerCommand:
+        """``command`` as it must start to be dumped: unchanged with py-spy, armed for faulthandler without."""
+        return command if self._fallback is None else self._fallback.command(command)
+
+    def close(self) -> None:
+        """Release what the fallback holds for the workers (call once they are gone; notes stay readable)."""
+        if self._fallback is not None:
+            self._fallback.close()
 
     def notes(self, pid: int) -> list[str]:
         """What the failure report adds under worker ``pid``: why it was killed and its top frames."""
@@ -94,34 +111,34 @@ class StackDumper:
             reason: the header line in ``stacks.txt`` (why the agent is about to kill).
             report: the pids whose top frames go into the failure report; ``None``: every worker's.
         """
-        if self._py_spy is None:
-            if not StackDumper._warned_missing:
-                StackDumper._warned_missing = True
-                logger.warning("%s: workers are killed without their stacks", _MISSING)
-            for worker in workers:
-                if report is None or worker.pid in report:
-                    self.note(worker.pid, _MISSING)
-            return
+        if self._py_spy is None and not StackDumper._warned_missing:
+            StackDumper._warned_missing = True
+            logger.warning("%s: worker stacks come from faulthandler instead (Python workers only)", _MISSING)
+        tool = "py-spy" if self._py_spy is not None else "faulthandler"
         dumps: dict[int, str] = {}
         with anyio.move_on_after(self.timeout) as scope:
             async with anyio.create_task_group() as tg:
                 for worker in workers:
-                    tg.start_soon(self._dump_one, self._py_spy, worker, dumps)
+                    tg.start_soon(self._dump_one, worker, dumps)
         for worker in workers:
             text = dumps.get(worker.pid)
             if text is None:
-                text = f"no stack dump: py-spy did not finish within {self.timeout:g} s" if scope.cancel_called else ""
+                text = f"no stack dump: {tool} did not finish within {self.timeout:g} s" if scope.cancel_called else ""
             self._write(worker, reason, text)
             if report is None or worker.pid in report:
-                frames = top_frames(text)
+                frames = top_frames(text) if self._py_spy is not None else fault_top_frames(text, _TOP_FRAMES)
                 if frames:
-                    self.note(worker.pid, "top frames (innermost first, py-spy):")
+                    self.note(worker.pid, f"top frames (innermost first, {tool}):")
                     self._notes[worker.pid].extend(f"  {frame}" for frame in frames)
                 else:
                     self.note(worker.pid, text.strip().splitlines()[0] if text.strip() else "no stack dump")
 
-    async def _dump_one(self, py_spy: str, worker: WorkerProcess, dumps: dict[int, str]) -> None:
-        args = [py_spy, "dump", "--pid", str(worker.pid)]
+    async def _dump_one(self, worker: WorkerProcess, dumps: dict[int, str]) -> None:
+        if self._py_spy is None:
+            if self._fallback is not None:
+                await self._fallback.dump(worker, dumps)
+            return
+        args = [self._py_spy, "dump", "--pid", str(worker.pid)]
         if _stopped(worker.pid):
             args.append("--nonblocking")  # py-spy cannot suspend a stopped process; it can still read its memory
         result = await anyio.run_process(args, check=False)
@@ -144,9 +161,5 @@ class StackDumper:
 
 
 def _stopped(pid: int) -> bool:
-    """Whether ``pid`` is stopped (SIGSTOP, a debugger): state ``T`` or ``t`` in ``/proc/<pid>/stat``."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2 :][:1] in ("T", "t")
+    """Whether ``pid`` is stopped (SIGSTOP, a debugger): state ``T`` or ``t``."""
+    return process_state(pid) in ("T", "t")

@@ -48,7 +48,7 @@ def _metadata(
         "run_id": agent.handler.get_run_id(),
         "global_rank": None if worker is None else worker.global_rank,
         "group_rank": g.group_rank,
-        "worker_id": None if worker_pid is None else str(worker_pid),
+        "worker_id": None if worker is None or worker.id is None else str(worker.id),
         "role": spec.role,
         "hostname": None if log is None else log.hostname,
         "state": state,
@@ -68,8 +68,8 @@ def record_agent(agent: ElasticAgent, state: str, *, duration_ms: float | None =
 
 
 def record_started(agent: ElasticAgent) -> None:
-    """torch's per-worker START, recorded as the attempt's workers are launched (their pids are the process
-    supervisor's business, so ``worker_pid`` is null here; the attempt's end events carry them)."""
+    """torch's per-worker START, recorded once the attempt's workers are spawned: ``worker_id`` is the pid (as a
+    string) and the inner ``worker_pid`` is ``[null]``, as torch's ``_initialize_workers`` records it."""
     if events.active() is not None:
         for worker in agent.group.workers:
             events.record("torchelastic.worker.status.START", EventSource.WORKER, _metadata(agent, "START", worker))

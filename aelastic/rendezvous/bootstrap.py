@@ -14,7 +14,7 @@ import anyio
 import anyio.abc
 
 from ..store.api import Store
-from ..store.server import open_store_server
+from ..store.server import ServerSettings, open_store_server
 from .api import RendezvousStoreInfo
 
 __all__ = ["BootstrapStores"]
@@ -52,6 +52,6 @@ class BootstrapStores:
         self, *, task_status: anyio.abc.TaskStatus[tuple[anyio.CancelScope, int]] = anyio.TASK_STATUS_IGNORED
     ) -> None:
         with anyio.CancelScope() as scope:
-            async with open_store_server(self.host, 0) as server:
+            async with open_store_server(self.host, 0, ServerSettings(name="workers")) as server:
                 task_status.started((scope, server.port))
                 await anyio.sleep_forever()

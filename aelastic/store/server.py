@@ -71,7 +71,7 @@ from .._net import format_address
 from ..errors import StoreBindError, StoreProtocolError
 from . import auth, wire
 
-__all__ = ["ServerSettings", "ServerStatistics", "StoreServer", "open_store_server", "serve_store"]
+__all__ = ["ServerSettings", "ServerStatistics", "StoreServer", "open_store_server", "serve_store", "serving"]
 
 logger = logging.getLogger(__name__)
 
@@ -115,6 +115,8 @@ class ServerSettings:
             that never will.
         auth_token: if set, clients must present this token right after VALIDATE (:mod:`aelastic.store.auth`);
             torch's own client cannot, so leave it unset on a store that torch workers use.
+        name: what the store is for (``"rendezvous"``, ``"workers"``): its ``store`` label in the agent's
+            ``/metrics``.
     """
 
     limits: wire.Limits = field(default_factory=wire.Limits)
@@ -122,6 +124,7 @@ class ServerSettings:
     max_connections: int | None = None
     handshake_timeout: float = 10.0
     auth_token: str | None = field(default=None, repr=False)
+    name: str = "store"
 
     def __post_init__(self) -> None:
         if self.max_connections is not None and self.max_connections < 1:
@@ -401,11 +404,15 @@ class StoreServer:
             wire.Barrier: self._barrier,
         }
 
+    @property
+    def name(self) -> str:
+        return self._settings.name
+
     def __repr__(self) -> str:
         s = self.statistics()
         return (
-            f"<StoreServer {format_address(self.host, self.port)} connections={s.connections} keys={s.keys} "
-            f"waiters={s.waiters} ops_served={s.ops_served}>"
+            f"<StoreServer {self.name} {format_address(self.host, self.port)} connections={s.connections} "
+            f"keys={s.keys} waiters={s.waiters} ops_served={s.ops_served}>"
         )
 
     def statistics(self) -> ServerStatistics:
@@ -870,10 +877,24 @@ async def _serve_sockets(
 ) -> None:
     addresses = tuple((str(sock.getsockname()[0]), int(sock.getsockname()[1])) for sock in sockets)
     server = StoreServer(host, addresses, settings)
-    if _running_asyncio():
-        await _serve_asyncio(server, sockets, task_status=task_status)
-    else:
-        await _serve_anyio(server, sockets, task_status=task_status)
+    _serving.add(server)
+    try:
+        if _running_asyncio():
+            await _serve_asyncio(server, sockets, task_status=task_status)
+        else:
+            await _serve_anyio(server, sockets, task_status=task_status)
+    finally:
+        _serving.discard(server)
+
+
+# The servers this process runs now: the agent's /metrics (aelastic.agent.control) reads their statistics when
+# scraped, whoever started them (the c10d rendezvous's host, the workers' store of the round, `aelastic store`).
+_serving: set[StoreServer] = set()
+
+
+def serving() -> list[StoreServer]:
+    """The store servers running in this process, by port."""
+    return sorted(_serving, key=lambda server: server.port)
 
 
 def _running_asyncio() -> bool:

@@ -108,7 +108,7 @@ async def _serve_or_connect(
 ) -> StoreClient:
     if is_host:
         try:
-            settings = ServerSettings(auth_token=auth_token)
+            settings = ServerSettings(auth_token=auth_token, name="rendezvous")
             server = await stack.enter_async_context(open_store_server(host, port, settings))
         except StoreBindError as exc:
             if port == 0 or exc.errno != errno.EADDRINUSE:
