@@ -36,7 +36,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from string import Template
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -51,6 +51,9 @@ from .ranks import RankAssignment, RoleInfo, exchange_ranks
 from .stacks import DEFAULT_DUMP_TIMEOUT, StackDumper
 from .status_events import record_agent, record_started, record_workers
 from .timers import ENABLE_ENV, FILE_ENV, Expiry, FileTimerServer, signal_name
+
+if TYPE_CHECKING:
+    from .standby import Standbys  # imported by the launcher only with --prewarm
 
 __all__ = ["ElasticAgent", "RunResult", "Worker", "WorkerGroup", "WorkerSpec", "WorkerState"]
 
@@ -174,6 +177,7 @@ class ElasticAgent:
         base_env: Mapping[str, str] | None = None,
         watchdog_timeout: float | None = None,
         stack_dump_timeout: float = DEFAULT_DUMP_TIMEOUT,
+        standbys: Standbys | None = None,
     ) -> None:
         self.spec = spec
         self.handler = handler
@@ -187,6 +191,7 @@ class ElasticAgent:
             raise AelasticError(f"watchdog_timeout={watchdog_timeout!r}: must be > 0 seconds")
         self.watchdog_timeout = watchdog_timeout
         self.stack_dump_timeout = stack_dump_timeout
+        self.standbys = standbys
         # torch's rule: the timer server runs when its variable is exactly "1"; aelastic's watchdog needs it too.
         self.timer_file: Path | None = None
         if self.base_env.get(ENABLE_ENV) == "1" or watchdog_timeout is not None:
@@ -321,6 +326,7 @@ class ElasticAgent:
                 finish_together=callable(self.spec.entrypoint),  # as torch's multiprocessing runs functions
                 watch=None if timers is None else serve_timers,
                 before_kill=before_kill,
+                standbys=self.standbys,
             )
             tg.cancel_scope.cancel()
         return (outcome, None) if reason is None else (None, reason)
