@@ -21,6 +21,8 @@ Priority: the preload is the only CPU a standby spends (then it sleeps in ``recv
 ``SCHED_IDLE`` again before it runs the worker (``CAP_SYS_NICE``, or an ``RLIMIT_NICE`` that allows nice 0): an
 unprivileged process cannot undo ``SCHED_IDLE`` or a raised nice value, and the worker (and its DataLoader
 children, which inherit it) would train at idle priority. Elsewhere it preloads at the workers' own priority.
+When the agent hands over an attempt it returns the standby to ``SCHED_OTHER`` itself (:func:`set_policy`), so a
+preload still running then finishes at the workers' priority instead of waiting for idle CPUs.
 
 This module imports only the standard library: the standby's modules must be the worker's.
 """
@@ -28,6 +30,7 @@ This module imports only the standard library: the standby's modules must be the
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib
 import importlib.machinery
 import importlib.util
@@ -57,6 +60,17 @@ def _may_leave_idle() -> bool:
     with open("/proc/self/status") as status:
         effective = next((line.split()[1] for line in status if line.startswith("CapEff:")), "0")
     return bool(int(effective, 16) >> _CAP_SYS_NICE & 1)
+
+
+def set_policy(pid: int, policy: int) -> None:
+    """Every thread of ``pid`` to scheduling ``policy`` (threads the preload started inherited SCHED_IDLE).
+
+    Raises:
+        PermissionError: not allowed (see the module doc).
+    """
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(ProcessLookupError):  # the thread exited meanwhile
+            os.sched_setscheduler(int(tid), policy, os.sched_param(0))
 
 
 def _preload(modules: Sequence[str]) -> None:
@@ -174,7 +188,7 @@ def main(argv: Sequence[str]) -> int:
         return 0
     if idle:
         try:
-            os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+            set_policy(os.getpid(), os.SCHED_OTHER)  # the agent did it too, if the preload was still running
         except PermissionError:  # a user namespace's CAP_SYS_NICE is not the kernel's: say so, run anyway
             print("aelastic standby: could not leave SCHED_IDLE; this worker runs at idle priority", file=sys.stderr)  # noqa: T201
     return _run(*received)

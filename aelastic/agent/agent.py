@@ -220,6 +220,8 @@ class ElasticAgent:
 
         Cancellation stops the workers (TERM, grace, KILL) before it propagates.
         """
+        if self.standbys is not None:
+            await self._prewarm(self.standbys)
         while True:
             self.group.state = WorkerState.INIT
             self.metrics.set_state(WorkerState.INIT.value)
@@ -269,6 +271,14 @@ class ElasticAgent:
                 self.metrics.run_finished(succeeded=False)
                 return self._result(WorkerState.FAILED, outcome)
             self._attempt += 1
+
+    async def _prewarm(self, standbys: Standbys) -> None:
+        """Start the first attempt's standbys before its rendezvous, so they preload while it runs."""
+        logs = replace(self.logs, attempt=self._attempt)
+        size = self.spec.local_world_size
+        # Ranks and sizes are per-attempt variables (standby.PER_ATTEMPT): any value will do here.
+        workers = [Worker(i, i, i, size, size) for i in range(size)]
+        await standbys.refill([self._command(worker, logs) for worker in workers])
 
     async def _assign(self, info: RendezvousInfo) -> RankAssignment:
         me = RoleInfo(self.spec.role, info.rank, self.spec.local_world_size)

@@ -190,6 +190,8 @@ class Standbys:
             await self._retire(standby)
             return None
         standby.control.close()  # what was sent stays queued for the standby
+        with suppress(OSError):  # a preload still running goes on at the worker's priority (see _standby)
+            _standby.set_policy(standby.popen.pid, os.SCHED_OTHER)
         self.handed_off += 1
         return standby.popen
 
