@@ -189,6 +189,9 @@ class Standbys:
             self.cold += 1
             await self._retire(standby)
             return None
+        except BaseException:  # cancelled while the socket was full: it is out of the pool, so kill it here
+            await self._retire(standby)
+            raise
         standby.control.close()  # what was sent stays queued for the standby
         with suppress(OSError):  # a preload still running goes on at the worker's priority (see _standby)
             _standby.set_policy(standby.popen.pid, os.SCHED_OTHER)
