@@ -297,17 +297,22 @@ async def test_sigkilled_agent_leaves_no_worker_and_no_standby_alive(job: Job) -
     assert processes_mentioning(str(job.tmp_path)) == []
 
 
-async def test_a_dead_standby_is_replaced_by_a_cold_start(job: Job) -> None:
+async def test_a_standby_dying_idle_is_replaced_once_then_its_rank_starts_cold(job: Job) -> None:
     script = job.script("sleeper.py", SLEEPER)
     agent = await job.agent("--standalone", "--prewarm", *common(2, "--max-restarts", "1"), script, job.out, "crash")
     started = await job.wait_records("started", 2)
-    standbys = await wait_standbys(agent.process.pid, 2, {r["pid"] for r in started})
-    os.kill(standbys[0], signal.SIGKILL)
+    workers = {r["pid"] for r in started}
+    first = await wait_standbys(agent.process.pid, 2, workers)
+    os.kill(first[0], signal.SIGKILL)
+    [replacement] = await wait_standbys(agent.process.pid, 1, workers | set(first))
+    os.kill(replacement, signal.SIGKILL)
+    await wait_gone([replacement])
     (job.out / "crash").touch()
     assert await agent.wait() == 0, agent.output
     restarted = [r for r in job.records("started") if r["attempt"] == 1]
     assert sorted(r["standby"] for r in restarted) == [False, True], restarted
-    assert "starting the worker cold" in agent.output, agent.output
+    assert "exited with -9 while idle: replacing it" in agent.output, agent.output
+    assert "exited with -9 while idle: its worker will start cold" in agent.output, agent.output
 
 
 # --- which command lines a standby runs ------------------------------------------------------------------------------

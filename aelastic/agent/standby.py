@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Final
 
 import anyio
+import anyio.abc
 
 from . import _standby
 from ._finish import FINISH_FDS_ENV
@@ -109,14 +110,26 @@ def _identity(target: PythonTarget, env: Mapping[str, str]) -> tuple[object, ...
 
 
 class _Standby:
-    """One idle interpreter: its process, its end of the control socket, and what it was started for."""
+    """One idle interpreter: its process, its end of the control socket, what it was started for, and the scope of
+    its watch (cancelled when it is handed an attempt or retired)."""
 
-    __slots__ = ("control", "identity", "popen")
+    __slots__ = ("control", "env", "identity", "popen", "replacement", "target", "watch")
 
-    def __init__(self, popen: subprocess.Popen[bytes], control: socket.socket, identity: tuple[object, ...]) -> None:
+    def __init__(
+        self,
+        popen: subprocess.Popen[bytes],
+        control: socket.socket,
+        target: PythonTarget,
+        env: Mapping[str, str],
+        replacement: bool,
+    ) -> None:
         self.popen = popen
         self.control = control
-        self.identity = identity
+        self.target = target
+        self.env = env
+        self.identity = _identity(target, env)
+        self.replacement = replacement  # it replaces one that died idle: if it dies too, its rank starts cold
+        self.watch = anyio.CancelScope()
 
     def __repr__(self) -> str:
         return f"<standby pid={self.popen.pid} returncode={self.popen.returncode}>"
@@ -125,9 +138,10 @@ class _Standby:
 class Standbys:
     """The agent's standby interpreters, one per local rank at most (see the module doc)."""
 
-    def __init__(self, preload: Sequence[str], reaper: Reaper | None) -> None:
+    def __init__(self, preload: Sequence[str], reaper: Reaper | None, watchers: anyio.abc.TaskGroup) -> None:
         self._preload = tuple(dict.fromkeys(preload))
         self._reaper = reaper
+        self._watchers = watchers
         self._idle: dict[int, _Standby] = {}
         self.handed_off = 0  # attempts' workers that started from a standby
         self.cold = 0  # those that started cold while prewarm was on
@@ -155,6 +169,8 @@ class Standbys:
             pass_fds: fds the worker inherits; the finish line's, named by ``AELASTIC_FINISH_FDS`` in ``env``.
         """
         standby = self._idle.pop(command.local_rank, None)
+        if standby is not None:
+            standby.watch.cancel()  # from here on its exit is a worker's (or the retirement's)
         target = python_target(command.args)
         if standby is None or target is None:
             self.cold += 1
@@ -207,24 +223,42 @@ class Standbys:
             target = python_target(command.args)
             current = self._idle.get(command.local_rank)
             identity = None if target is None else _identity(target, command.env)
-            if current is not None and current.popen.poll() is None and current.identity == identity:
+            if current is not None and current.popen.returncode is None and current.identity == identity:
                 continue
             if current is not None:
                 del self._idle[command.local_rank]
                 await self._retire(current)
-            if target is None or identity is None:
-                continue
-            try:
-                standby = self._spawn(target, command.env, identity)
-            except OSError as exc:
-                logger.warning("could not start a standby for local_rank %d: %s", command.local_rank, exc)
-                continue
-            self._idle[command.local_rank] = standby
-            if self._reaper is not None:
-                await self._reaper.register(standby.popen.pid)
-            logger.debug("standby for local_rank %d started (pid %d)", command.local_rank, standby.popen.pid)
+            if target is not None:
+                await self._start(command.local_rank, target, command.env, replacement=False)
 
-    def _spawn(self, target: PythonTarget, env: Mapping[str, str], identity: tuple[object, ...]) -> _Standby:
+    async def _start(self, local_rank: int, target: PythonTarget, env: Mapping[str, str], replacement: bool) -> None:
+        try:
+            standby = self._spawn(target, env, replacement)
+        except OSError as exc:
+            logger.warning("could not start a standby for local_rank %d: %s", local_rank, exc)
+            return
+        self._idle[local_rank] = standby
+        if self._reaper is not None:
+            await self._reaper.register(standby.popen.pid)
+        self._watchers.start_soon(self._watch, local_rank, standby)
+        logger.debug("standby for local_rank %d started (pid %d)", local_rank, standby.popen.pid)
+
+    async def _watch(self, local_rank: int, standby: _Standby) -> None:
+        """Replace a standby that dies idle (once: a replacement that dies too leaves its rank to a cold start)."""
+        with standby.watch:
+            code = await wait_process(standby.popen)
+        if standby.watch.cancel_called:
+            return
+        if self._idle.get(local_rank) is standby:
+            del self._idle[local_rank]
+        await self._retire(standby)
+        then = "its worker will start cold" if standby.replacement else "replacing it"
+        logger.warning("standby of local_rank %d (pid %d) exited with %d while idle: %s",
+                       local_rank, standby.popen.pid, code, then)  # fmt: skip
+        if not standby.replacement:
+            await self._start(local_rank, standby.target, standby.env, replacement=True)
+
+    def _spawn(self, target: PythonTarget, env: Mapping[str, str], replacement: bool) -> _Standby:
         agent_end, standby_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         streams: list[int] = []
         try:
@@ -242,10 +276,11 @@ class Standbys:
             for fd in streams:
                 os.close(fd)
         agent_end.setblocking(False)
-        return _Standby(popen, agent_end, identity)
+        return _Standby(popen, agent_end, target, stable, replacement)
 
     async def _retire(self, standby: _Standby) -> None:
         """Kill a standby that will not be used (its process group: it has no children worth a grace) and reap it."""
+        standby.watch.cancel()
         standby.control.close()
         with anyio.CancelScope(shield=True):
             with suppress(ProcessLookupError, PermissionError):
@@ -276,9 +311,10 @@ async def _send(control: socket.socket, data: bytes, fds: Sequence[int]) -> None
 async def open_standbys(extra_modules: Sequence[str], reaper: Reaper | None) -> AsyncIterator[Standbys]:
     """A pool of standbys that preload ``torch`` (where importable) and ``extra_modules``; every standby still
     idle is killed and reaped on exit, under a shield."""
-    standbys = Standbys((*DEFAULT_PRELOAD, *extra_modules), reaper)
-    try:
-        yield standbys
-    finally:
-        with anyio.CancelScope(shield=True):
-            await standbys.aclose()
+    async with anyio.create_task_group() as watchers:
+        standbys = Standbys((*DEFAULT_PRELOAD, *extra_modules), reaper, watchers)
+        try:
+            yield standbys
+        finally:
+            with anyio.CancelScope(shield=True):
+                await standbys.aclose()
