@@ -1,6 +1,6 @@
 """The agent: torchrun beside ``aelastic run``, same machine, same run, alternating within each repetition.
 
-    python -m benchmarks.agent [--quick] [--repeats N] [--json PATH]
+    python -m benchmarks.agent [--quick] [--repeats N] [--json PATH] [--recovery-only [--first-step]]
 
 Scenarios:
 
@@ -11,18 +11,20 @@ Scenarios:
   the crash (the worker's ``time.time()`` just before exiting, once the harness says go: at once, or with
   ``--prewarm`` once the next attempt's standbys have finished preloading, as in a job that crashes minutes in)
   to the moment the last worker of the second attempt is past ``init_process_group`` again (its own
-  ``time.time()``). torchrun runs with
-  ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: by default its restarted workers reuse the dead attempt's store and
-  most restarts fail with "Connection refused" (3 of 8 recovered when measured), which would leave nothing to time.
+  ``time.time()``). torchrun runs with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: by default its restarted workers
+  reuse the dead attempt's store and most restarts fail with "Connection refused" (3 of 8 recovered when
+  measured), which would leave nothing to time.
 * ``respawn``: the launcher's share of ``recovery``: from the crash to the last restarted worker running the first
   line of its script (before it imports torch). The rest of ``recovery`` is the worker's own start: importing torch
   and joining the gloo group, the same under either launcher.
 * ``agent RSS``: the agent process's peak resident set (``VmHWM``) over the recovery run; for torchrun its agent
   process. ``aelastic+reaper`` adds aelastic's reaper sidecar, a second small process.
-* ``aelastic --prewarm`` (issue 13) runs ``recovery``, ``respawn`` and ``agent RSS`` beside the others: its restarted
-  workers start in standby interpreters that have imported torch. ``standby RSS``: the peak resident set of one
-  idle standby (median over the standbys of the run that never became workers), the price of ``--prewarm`` per
-  local rank.
+* ``first step``: a 2-node c10d job (one worker each) whose second node starts 2 s after the first; from the first
+  node's start to both workers past ``init_process_group``.
+* ``aelastic --prewarm`` (issue 13) runs ``first step``, ``recovery``, ``respawn`` and ``agent RSS`` beside the
+  others: its workers start in standby interpreters that have imported torch. ``standby RSS``: the peak resident
+  set of one idle standby (median over the standbys of the run that never became workers), the price of
+  ``--prewarm`` per local rank.
 * ``c10d launch`` (N = 2, 4): N agents on loopback, ``--nnodes N --rdzv-backend c10d``, one no-op worker each,
   all started at once; wall time until the last agent exits.
 * ``scale-up``: one agent (``--nnodes 1:2``) runs a worker that waits in a world of 1; a second agent starts.
@@ -33,7 +35,7 @@ Scenarios:
 Targets (issue 4): aelastic ≤ 0.3× torchrun for ``launch`` and ``recovery``; aelastic's agent under 60 MiB.
 Target (issue 13): ``recovery`` with ``--prewarm`` ≤ 0.2× torchrun.
 
-``--recovery-only`` runs the recovery scenarios alone.
+``--recovery-only`` runs the recovery scenarios alone (``--first-step`` adds the first-step scenario to them).
 """
 
 from __future__ import annotations
@@ -98,6 +100,19 @@ with open(os.path.join(sys.argv[1], f"init-{world}-{os.environ['RANK']}"), "w") 
 dist.barrier()
 dist.destroy_process_group()
 """
+
+
+FIRST_STEP = """\
+import os, sys, time
+import torch.distributed as dist
+dist.init_process_group("gloo", init_method="env://")
+with open(os.path.join(sys.argv[1], f"init-{os.environ['RANK']}"), "w") as f:
+    f.write(repr(time.time()))
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+LATE_JOIN = 2.0  # seconds between the first node's start and the second's, in the first-step scenario
 
 
 def launcher(system: str, *args: str | os.PathLike[str]) -> list[str]:
@@ -291,6 +306,24 @@ def scale_up_once(system: str, script: Path) -> float:
         return max(float(p.read_text()) for p in inits) - joined
 
 
+def first_step_once(system: str, script: Path) -> float:
+    """First node's start to both nodes' workers past ``init_process_group``; the second node starts
+    :data:`LATE_JOIN` seconds after the first."""
+    port, run_id = free_port(), f"bench{time.monotonic_ns()}"
+    argv = launcher(system, *c10d_flags("2", run_id, port), script)
+    with scratch() as out:
+        env = environment(system)
+        started = time.time()
+        first = subprocess.Popen([*argv, out], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(LATE_JOIN)  # the scenario: a node that joins late
+        second = subprocess.Popen([*argv, out], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        finish(system, [first, second], "first step")
+        inits = sorted(out.glob("init-*"))
+        if len(inits) != 2:
+            raise RuntimeError(f"{system} first step: {len(inits)} workers reported, expected 2")
+        return max(float(p.read_text()) for p in inits) - started
+
+
 @dataclass
 class Samples:
     values: dict[tuple[str, str, int | None], list[float]] = field(default_factory=dict)
@@ -302,8 +335,8 @@ class Samples:
         self.values.setdefault((scenario, system, param), []).append(value)
 
 
-UNITS = {"launch": "s", "recovery": "s", "respawn": "s", "agent RSS": "MiB", "standby RSS": "MiB", "c10d launch": "s",
-         "scale-up": "s"}  # fmt: skip
+UNITS = {"launch": "s", "recovery": "s", "first step": "s", "respawn": "s", "agent RSS": "MiB", "standby RSS": "MiB",
+         "c10d launch": "s", "scale-up": "s"}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -312,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=None, help="repetitions of the recovery scenario")
     parser.add_argument("--json", type=Path, default=None, help="write the records here")
     parser.add_argument("--recovery-only", action="store_true", help="only the recovery scenarios")
+    parser.add_argument("--first-step", action="store_true", help="with --recovery-only: the first-step one too")
     args = parser.parse_args(argv)
     recoveries = args.repeats or (2 if args.quick else 5)
     launches = 3 * recoveries if not args.quick else 3
@@ -320,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     agents = (2,) if args.quick else (2, 4)
     with scratch() as tmp:
         noop, crash_once, scale_up = tmp / "noop.py", tmp / "crash_once.py", tmp / "scale_up.py"
+        first_step = tmp / "first_step.py"
+        first_step.write_text(FIRST_STEP)
         noop.write_text(NOOP)
         crash_once.write_text(CRASH_ONCE)
         scale_up.write_text(SCALE_UP)
@@ -334,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
         for rep in range(recoveries):
             shift = rep % len(RECOVERY_SYSTEMS)  # each system in each position in turn
             for system in RECOVERY_SYSTEMS[shift:] + RECOVERY_SYSTEMS[:shift]:
+                if args.first_step or not args.recovery_only:
+                    samples.add("first step", system, first_step_once(system, first_step))
                 result = recovery_once(system, crash_once)
                 samples.add("recovery", system, result.seconds)
                 samples.add("respawn", system, result.respawn)
