@@ -7,9 +7,11 @@ everything the interpreter decides at start-up (``sys.flags``, the hash seed, th
 directory, or the working directory for ``-m``), imports the preload list (``torch`` when importable, then the
 user's ``--prewarm-modules``), and blocks reading its control socket.
 
-The assignment is one ``SOCK_SEQPACKET`` message: a versioned JSON object (the environment, the working directory,
-the target and its arguments) and, as ``SCM_RIGHTS``, the attempt's stdout and stderr (fresh pipes or
-pseudo-terminals made by the agent for this attempt, as for a cold start) and the fds the worker is to inherit.
+The assignment is one ``SOCK_SEQPACKET`` message, read once the preload is done and answered with
+:data:`PRELOADED` (the agent starts the next standbys only then, never beside this one's preload): a versioned
+JSON object (the environment, the working directory, the target and its arguments) and, as ``SCM_RIGHTS``, the
+attempt's stdout and stderr (fresh pipes or pseudo-terminals made by the agent for this attempt, as for a cold
+start) and the fds the worker is to inherit.
 The standby copies what the preload wrote (to memfds the agent gave it as stdout and stderr) to the new streams,
 so import-time warnings reach the worker's log as they would have; moves the new streams onto fds 1 and 2; takes
 the environment, the working directory and ``sys.argv``; and runs the target in a fresh ``__main__`` module as
@@ -48,6 +50,7 @@ from typing import Any, Final
 VERSION: Final = 1
 MAX_MESSAGE: Final = 1 << 20  # the assignment: mostly the environment
 MAX_FDS: Final = 16  # stdout, stderr, and the fds the worker inherits
+PRELOADED: Final = b"preloaded"  # the reply to the assignment
 _CAP_SYS_NICE: Final = 23
 
 
@@ -84,8 +87,12 @@ def _preload(modules: Sequence[str]) -> None:
 
 
 def _receive(control_fd: int) -> tuple[dict[str, Any], list[int]] | None:
+    """The assignment, once the preload is done; the reply :data:`PRELOADED` tells the agent so."""
     with socket.socket(fileno=control_fd) as control:
         data, fds, _, _ = socket.recv_fds(control, MAX_MESSAGE, MAX_FDS)
+        if data:
+            with contextlib.suppress(OSError):  # the agent stopped listening: it only wanted to know
+                control.send(PRELOADED)
     if not data:
         return None
     assignment = json.loads(data)

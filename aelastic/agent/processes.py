@@ -566,7 +566,7 @@ async def run_workers(
         before_kill: awaited, shielded, with the workers still alive when ``grace`` has run out, right before
             SIGKILL (e.g. a stack dump); it must bound its own time, and its exceptions are logged, not raised.
         standbys: pre-warmed interpreters (:mod:`aelastic.agent.standby`): each worker that has a fitting one is
-            handed to it instead of spawned, and once all run the next attempt's standbys are started.
+            handed to it instead of spawned, and beside the running workers the next attempt's are started.
 
     Returns:
         Every worker's exit, in command order. Workers stopped by the agent after the first failure are reported
@@ -602,13 +602,11 @@ async def run_workers(
                 logger.debug("started worker local_rank %d (pid %d)", command.local_rank, process.pid)
             if finish is not None:
                 finish.spawned()
-            if standbys is not None:
-                await standbys.refill(commands)  # the next attempt's, preloading while these run
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await _stop(workers, grace, reaper, _requested_stop_signal(), before_kill)
             raise
-        first_failure = await _supervise(workers, grace, reaper, finish, watch, before_kill)
+        first_failure = await _supervise(workers, grace, reaper, finish, watch, before_kill, standbys)
         exits = tuple(w.to_exit() for w in workers)
         first = None if first_failure is None else exits[workers.index(first_failure)]
         return GroupOutcome(exits=exits, first_failure=first)
@@ -632,6 +630,7 @@ async def _supervise(
     finish: _FinishLine | None,
     watch: WorkerHook | None,
     before_kill: WorkerHook | None,
+    standbys: Standbys | None,
 ) -> _Worker | None:
     first_failure: list[_Worker] = []
 
@@ -668,6 +667,8 @@ async def _supervise(
                     waiters.start_soon(watch, [w.handle() for w in workers])
                 if finish is not None:
                     waiters.start_soon(finish.serve)
+                if standbys is not None:  # the next attempt's, preloading while these run
+                    waiters.start_soon(standbys.refill, [w.command for w in workers])
                 async with anyio.create_task_group() as exits:
                     for worker in workers:
                         exits.start_soon(wait_worker, worker, waiters.cancel_scope)

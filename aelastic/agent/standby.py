@@ -3,13 +3,14 @@
 Theory of operation
 -------------------
 :func:`open_standbys` gives the agent a :class:`Standbys` pool holding at most one idle interpreter per local rank
-(:mod:`aelastic.agent._standby`). Once an attempt's workers run, :meth:`Standbys.refill` starts the next attempt's
-standbys the way workers start (:func:`~aelastic.agent.processes.spawn_process`: a session of their own, the
-parent-death signal, registered with the reaper), so a standby never outlives the agent and, once it becomes a
-worker, is supervised like any other: nothing of the no-orphan guarantees changes. Each preloads while the workers
-run, then sleeps. Starting the next attempt, :meth:`Standbys.start` hands each standby the attempt (environment,
-arguments, the attempt's fresh stdout and stderr over ``SCM_RIGHTS``) instead of spawning a process; the standby
-runs the script as ``python script.py`` would, from its first line.
+(:mod:`aelastic.agent._standby`). Beside an attempt's running workers, :meth:`Standbys.refill` starts the next
+attempt's standbys the way workers start (:func:`~aelastic.agent.processes.spawn_process`: a session of their own,
+the parent-death signal, registered with the reaper), so a standby never outlives the agent and, once it becomes a
+worker, is supervised like any other: nothing of the no-orphan guarantees changes. The first attempt's standbys
+start before its rendezvous. Each preloads, then sleeps; one that dies idle is replaced once. Starting an attempt,
+:meth:`Standbys.start` hands each standby the attempt (environment, arguments, the attempt's fresh stdout and
+stderr over ``SCM_RIGHTS``) instead of spawning a process; the standby runs the script as ``python script.py``
+would, from its first line.
 
 Only Python entry points have a standby: ``python [-u] script args`` and ``python [-u] -m module args`` (callables
 are ``-m aelastic.agent._bootstrap``). Anything else (``--no-python``, other interpreter options, a directory or
@@ -143,6 +144,7 @@ class Standbys:
         self._reaper = reaper
         self._watchers = watchers
         self._idle: dict[int, _Standby] = {}
+        self._handed: list[socket.socket] = []  # control sockets of standbys handed an attempt, until they reply
         self.handed_off = 0  # attempts' workers that started from a standby
         self.cold = 0  # those that started cold while prewarm was on
 
@@ -208,7 +210,7 @@ class Standbys:
         except BaseException:  # cancelled while the socket was full: it is out of the pool, so kill it here
             await self._retire(standby)
             raise
-        standby.control.close()  # what was sent stays queued for the standby
+        self._handed.append(standby.control)  # its reply says when its preload is done
         with suppress(OSError):  # a preload still running goes on at the worker's priority (see _standby)
             _standby.set_policy(standby.popen.pid, os.SCHED_OTHER)
         self.handed_off += 1
@@ -217,8 +219,15 @@ class Standbys:
     async def refill(self, commands: Sequence[WorkerCommand]) -> None:
         """Have a standby, fit for the next attempt of each of ``commands``, started or kept idle.
 
-        A failure to start one (out of processes or fds) is logged: that worker starts cold next time.
+        It first waits until every standby handed an attempt has finished its preload (or died): started beside
+        it, the new standbys' imports would slow the workers' start even at idle CPU priority (measured: 2 s of 5 on
+        a busy 2-core machine). A failure to start one (out of processes or fds) is logged: that worker starts cold
+        next time.
         """
+        while self._handed:
+            with suppress(OSError):
+                await anyio.wait_readable(self._handed[-1])  # the reply, or end of file if it died
+            self._handed.pop().close()
         for command in commands:
             target = python_target(command.args)
             current = self._idle.get(command.local_rank)
@@ -238,9 +247,10 @@ class Standbys:
             logger.warning("could not start a standby for local_rank %d: %s", local_rank, exc)
             return
         self._idle[local_rank] = standby
-        if self._reaper is not None:
-            await self._reaper.register(standby.popen.pid)
         self._watchers.start_soon(self._watch, local_rank, standby)
+        if self._reaper is not None:
+            with anyio.CancelScope(shield=True):  # refill runs beside the workers and is cancelled with them
+                await self._reaper.register(standby.popen.pid)
         logger.debug("standby for local_rank %d started (pid %d)", local_rank, standby.popen.pid)
 
     async def _watch(self, local_rank: int, standby: _Standby) -> None:
@@ -294,6 +304,8 @@ class Standbys:
 
     async def aclose(self) -> None:
         """Retire every idle standby."""
+        while self._handed:
+            self._handed.pop().close()
         while self._idle:
             _, standby = self._idle.popitem()
             await self._retire(standby)
