@@ -1,4 +1,4 @@
-"""A standby worker interpreter: ``python [-u] -m aelastic.agent._standby <control fd> <sys.path[0]> <preload>``.
+"""A standby worker interpreter: ``python [-u] -m aelastic.agent._standby <fd> <sys.path[0]> <preload> idle|normal``.
 
 The agent starts it (:mod:`aelastic.agent.standby`) exactly as it starts a worker, with the workers' environment
 minus the per-attempt variables, and with the interpreter options the worker's command line has (``-u``), so
@@ -18,13 +18,14 @@ the environment, the working directory and ``sys.argv``; and runs the target in 
 ``python script.py`` / ``python -m module`` would, the same exit codes and uncaught-exception report included.
 End of file on the control socket (the agent is going away) exits 0 without running anything.
 
-Priority: the preload is the only CPU a standby spends (then it sleeps in ``recvmsg``). It runs under
-``SCHED_IDLE`` so that it never takes a CPU from the running workers, but only where the process may leave
-``SCHED_IDLE`` again before it runs the worker (``CAP_SYS_NICE``, or an ``RLIMIT_NICE`` that allows nice 0): an
-unprivileged process cannot undo ``SCHED_IDLE`` or a raised nice value, and the worker (and its DataLoader
-children, which inherit it) would train at idle priority. Elsewhere it preloads at the workers' own priority.
-When the agent hands over an attempt it returns the standby to ``SCHED_OTHER`` itself (:func:`set_policy`), so a
-preload still running then finishes at the workers' priority instead of waiting for idle CPUs.
+Priority: the preload is the only CPU a standby spends (then it sleeps in ``recvmsg``). Started beside running
+workers (``idle``), it runs under ``SCHED_IDLE`` so that it never takes a CPU from them, but only where the process
+may leave ``SCHED_IDLE`` again before it runs the worker (``CAP_SYS_NICE``, or an ``RLIMIT_NICE`` that allows nice
+0): an unprivileged process cannot undo ``SCHED_IDLE`` or a raised nice value, and the worker (and its DataLoader
+children, which inherit it) would train at idle priority. Elsewhere it preloads at the workers' own priority, as
+do the first attempt's standbys (``normal``: no worker runs yet, and on a busy host an idle-class preload would
+make no progress while the rendezvous waits). When the agent hands over an attempt it returns the standby to
+``SCHED_OTHER`` itself (:func:`set_policy`), so a preload still running then finishes at the workers' priority.
 
 This module imports only the standard library: the standby's modules must be the worker's.
 """
@@ -184,9 +185,10 @@ def _run(assignment: dict[str, Any], fds: list[int]) -> int:
 
 def main(argv: Sequence[str]) -> int:
     control_fd, path0, preload = int(argv[0]), argv[1], [m for m in argv[2].split(",") if m]
+    priority = argv[3]  # "idle": started beside running workers, so it must not compete with them
     os.set_inheritable(control_fd, False)
     sys.path[0] = path0  # ``-m`` put the agent's working directory there; the worker's is the script's own
-    idle = _may_leave_idle()
+    idle = priority == "idle" and _may_leave_idle()
     if idle:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     _preload(preload)

@@ -278,7 +278,7 @@ class ElasticAgent:
         size = self.spec.local_world_size
         # Ranks and sizes are per-attempt variables (standby.PER_ATTEMPT): any value will do here.
         workers = [Worker(i, i, i, size, size) for i in range(size)]
-        await standbys.refill([self._command(worker, logs) for worker in workers])
+        await standbys.refill([self._command(worker, logs) for worker in workers], beside_workers=False)
 
     async def _assign(self, info: RendezvousInfo) -> RankAssignment:
         me = RoleInfo(self.spec.role, info.rank, self.spec.local_world_size)

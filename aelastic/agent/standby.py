@@ -216,13 +216,14 @@ class Standbys:
         self.handed_off += 1
         return standby.popen
 
-    async def refill(self, commands: Sequence[WorkerCommand]) -> None:
+    async def refill(self, commands: Sequence[WorkerCommand], *, beside_workers: bool = True) -> None:
         """Have a standby, fit for the next attempt of each of ``commands``, started or kept idle.
 
         It first waits until every standby handed an attempt has finished its preload (or died): started beside
         it, the new standbys' imports would slow the workers' start even at idle CPU priority (measured: 2 s of 5 on
         a busy 2-core machine). A failure to start one (out of processes or fds) is logged: that worker starts cold
-        next time.
+        next time. ``beside_workers``: the standbys preload at idle CPU priority (where they can leave it again),
+        so that they never take a CPU from running workers; before the first attempt there are none to protect.
         """
         while self._handed:
             with suppress(OSError):
@@ -238,11 +239,13 @@ class Standbys:
                 del self._idle[command.local_rank]
                 await self._retire(current)
             if target is not None:
-                await self._start(command.local_rank, target, command.env, replacement=False)
+                await self._start(command.local_rank, target, command.env, idle=beside_workers, replacement=False)
 
-    async def _start(self, local_rank: int, target: PythonTarget, env: Mapping[str, str], replacement: bool) -> None:
+    async def _start(
+        self, local_rank: int, target: PythonTarget, env: Mapping[str, str], *, idle: bool, replacement: bool
+    ) -> None:
         try:
-            standby = self._spawn(target, env, replacement)
+            standby = self._spawn(target, env, idle, replacement)
         except OSError as exc:
             logger.warning("could not start a standby for local_rank %d: %s", local_rank, exc)
             return
@@ -266,16 +269,16 @@ class Standbys:
         logger.warning("standby of local_rank %d (pid %d) exited with %d while idle: %s",
                        local_rank, standby.popen.pid, code, then)  # fmt: skip
         if not standby.replacement:
-            await self._start(local_rank, standby.target, standby.env, replacement=True)
+            await self._start(local_rank, standby.target, standby.env, idle=True, replacement=True)
 
-    def _spawn(self, target: PythonTarget, env: Mapping[str, str], replacement: bool) -> _Standby:
+    def _spawn(self, target: PythonTarget, env: Mapping[str, str], idle: bool, replacement: bool) -> _Standby:
         agent_end, standby_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         streams: list[int] = []
         try:
             # What the preload prints waits in memory files; the standby copies it to the worker's streams.
             streams = [os.memfd_create(f"aelastic-standby-{name}", os.MFD_CLOEXEC) for name in ("stdout", "stderr")]
             args = [target.python, *target.options, "-m", _standby.__name__, str(standby_end.fileno()),
-                    target.path0, ",".join(self._preload)]  # fmt: skip
+                    target.path0, ",".join(self._preload), "idle" if idle else "normal"]  # fmt: skip
             stable = {k: v for k, v in env.items() if k not in PER_ATTEMPT}
             popen = spawn_process(args, stable, streams[0], streams[1], (standby_end.fileno(),))
         except BaseException:
