@@ -217,6 +217,12 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     own.add_argument("--watchdog-timeout", dest="watchdog_timeout", default=None, type=float,
                      help="kill (its stack dumped first) a worker whose aelastic.worker.heartbeat() calls stop for "
                      "this many seconds; it then fails like any worker (default: off)")  # fmt: skip
+    _add_flag(own, "--prewarm", dest="prewarm",
+              help="keep a standby interpreter per local rank that has imported torch (and --prewarm-modules), and "
+              "start Python workers in it: restarts skip the interpreter start and the imports; --no-python "
+              "workers start as usual (default: off)")  # fmt: skip
+    _add(own, "--prewarm-modules", dest="prewarm_modules", default=[], type=_comma_list,
+         help="comma list of modules the standbys import besides torch (default: none)")  # fmt: skip
 
     parser.add_argument("training_script", help="the script (or module, or executable) every worker runs")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="its arguments")
@@ -355,6 +361,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[LaunchConfig, str | Call
         metrics_port=args.metrics_port,
         virtual_local_rank=args.virtual_local_rank,
         watchdog_timeout=args.watchdog_timeout,
+        prewarm=args.prewarm,
+        prewarm_modules=tuple(m for m in args.prewarm_modules if m),
     )
     if args.logs_specs not in (None, "default"):  # torch's entry-point group; importing the class imports torch
         from .agent.logs_specs import load_logs_specs

@@ -98,6 +98,10 @@ class LaunchConfig:
     watchdog_timeout: float | None = None
     # torch's: a custom LogsSpecs instance (aelastic.agent.logs_specs); None is the default layout under log_dir.
     logs_specs: Any = None
+    # aelastic's: keep a pre-warmed standby interpreter per local rank (aelastic.agent.standby) that has imported
+    # torch (where importable) and prewarm_modules, and start Python workers in it.
+    prewarm: bool = False
+    prewarm_modules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_nodes <= self.max_nodes:
@@ -118,6 +122,9 @@ class LaunchConfig:
         if self.watchdog_timeout is not None and self.watchdog_timeout <= 0:
             raise ConfigurationError(f"LaunchConfig watchdog_timeout={self.watchdog_timeout!r}: must be > 0")
         parse_signals(self.signals_to_handle)
+        bad = [m for m in self.prewarm_modules if not all(part.isidentifier() for part in m.split("."))]
+        if bad:
+            raise ConfigurationError(f"LaunchConfig prewarm_modules: {bad[0]!r} is not a module name")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
             raise ConfigurationError(f"LaunchConfig metrics_port={self.metrics_port}: must be a port (0..65535)")
 

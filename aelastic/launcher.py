@@ -19,10 +19,11 @@ import shutil
 import sys
 import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.from_thread
@@ -32,11 +33,14 @@ from ._groups import single_error
 from .agent.agent import ElasticAgent, RunResult, WorkerSpec
 from .agent.errors import ChildFailedError
 from .agent.logs import LogSpec
-from .agent.processes import open_reaper
+from .agent.processes import Reaper, open_reaper
 from .agent.status_events import record_agent
 from .config import LaunchConfig
 from .errors import RendezvousGracefulExitError
 from .rendezvous.api import RendezvousParameters, open_rendezvous
+
+if TYPE_CHECKING:
+    from .agent.standby import Standbys
 
 __all__ = ["launch", "run"]
 
@@ -131,7 +135,11 @@ async def _run_agent(
     config: LaunchConfig, spec: WorkerSpec, logs: LogSpec, run_dir: Path, run_id: str, ports: list[int]
 ) -> RunResult | None:
     """The agent's run and the rendezvous's closing; ``None`` if this node was in reserve when it closed."""
-    async with open_reaper() as reaper, open_rendezvous(rendezvous_parameters(config, run_id)) as handler:
+    async with (
+        open_reaper() as reaper,
+        _open_standbys(config, reaper) as standbys,
+        open_rendezvous(rendezvous_parameters(config, run_id)) as handler,
+    ):
         agent = ElasticAgent(
             spec,
             handler,
@@ -142,6 +150,7 @@ async def _run_agent(
             watchdog_timeout=config.watchdog_timeout,
             shutdown_timeout=config.shutdown_timeout,
             logs_specs=config.logs_specs,
+            standbys=standbys,
         )
         try:
             if ports:
@@ -159,6 +168,18 @@ async def _run_agent(
         with anyio.move_on_after(_SHUTDOWN_GRACE, shield=True):
             await agent.shutdown()
     return result
+
+
+@asynccontextmanager
+async def _open_standbys(config: LaunchConfig, reaper: Reaper) -> AsyncIterator[Standbys | None]:
+    """The standby interpreters when ``config.prewarm`` is on (after the reaper, so they die with it)."""
+    if not config.prewarm:
+        yield None
+        return
+    from .agent.standby import open_standbys
+
+    async with open_standbys(config.prewarm_modules, reaper) as standbys:
+        yield standbys
 
 
 def _in_event_loop() -> bool:

@@ -1,6 +1,6 @@
 """The agent: torchrun beside ``aelastic run``, same machine, same run, alternating within each repetition.
 
-    python -m benchmarks.agent [--quick] [--repeats N] [--json PATH]
+    python -m benchmarks.agent [--quick] [--repeats N] [--json PATH] [--recovery-only [--first-step]]
 
 Scenarios:
 
@@ -8,15 +8,23 @@ Scenarios:
   exec to exit.
 * ``recovery``: ``--standalone --nproc-per-node 2 --max-restarts 1``; both workers import torch and pass
   ``init_process_group("gloo")``, then local rank 1 of the first attempt crashes (``os._exit(1)``). Measured from
-  the crash (the worker's ``time.time()`` just before exiting) to the moment the last worker of the second attempt
-  is past ``init_process_group`` again (its own ``time.time()``). torchrun runs with
-  ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: by default its restarted workers reuse the dead attempt's store and
-  most restarts fail with "Connection refused" (3 of 8 recovered when measured), which would leave nothing to time.
+  the crash (the worker's ``time.time()`` just before exiting, once the harness says go: at once, or with
+  ``--prewarm`` once the next attempt's standbys have finished preloading, as in a job that crashes minutes in)
+  to the moment the last worker of the second attempt is past ``init_process_group`` again (its own
+  ``time.time()``). torchrun runs with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: by default its restarted workers
+  reuse the dead attempt's store and most restarts fail with "Connection refused" (3 of 8 recovered when
+  measured), which would leave nothing to time.
 * ``respawn``: the launcher's share of ``recovery``: from the crash to the last restarted worker running the first
   line of its script (before it imports torch). The rest of ``recovery`` is the worker's own start: importing torch
   and joining the gloo group, the same under either launcher.
 * ``agent RSS``: the agent process's peak resident set (``VmHWM``) over the recovery run; for torchrun its agent
   process. ``aelastic+reaper`` adds aelastic's reaper sidecar, a second small process.
+* ``first step``: a 2-node c10d job (one worker each) whose second node starts 2 s after the first; from the first
+  node's start to both workers past ``init_process_group``.
+* ``aelastic --prewarm`` (issue 13) runs ``first step``, ``recovery``, ``respawn`` and ``agent RSS`` beside the
+  others: its workers start in standby interpreters that have imported torch. ``standby RSS``: the peak resident
+  set of one idle standby (median over the standbys of the run that never became workers), the price of
+  ``--prewarm`` per local rank.
 * ``c10d launch`` (N = 2, 4): N agents on loopback, ``--nnodes N --rdzv-backend c10d``, one no-op worker each,
   all started at once; wall time until the last agent exits.
 * ``scale-up``: one agent (``--nnodes 1:2``) runs a worker that waits in a world of 1; a second agent starts.
@@ -25,6 +33,9 @@ Scenarios:
   Both launchers get ``last_call_timeout=1`` (torch's default 30 s would dominate the first round of one node).
 
 Targets (issue 4): aelastic ≤ 0.3× torchrun for ``launch`` and ``recovery``; aelastic's agent under 60 MiB.
+Target (issue 13): ``recovery`` with ``--prewarm`` ≤ 0.2× torchrun.
+
+``--recovery-only`` runs the recovery scenarios alone (``--first-step`` adds the first-step scenario to them).
 """
 
 from __future__ import annotations
@@ -32,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import socket
 import statistics
 import subprocess
@@ -44,19 +56,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 SYSTEMS = ("torch", "aelastic")
+PREWARM = "aelastic --prewarm"
+RECOVERY_SYSTEMS = (*SYSTEMS, PREWARM)
 
 NOOP = "pass\n"
 
 CRASH_ONCE = """\
 import os, sys, time
 started = time.time()
+attempt, rank = os.environ["TORCHELASTIC_RESTART_COUNT"], os.environ["LOCAL_RANK"]
+open(os.path.join(sys.argv[1], f"pid-{os.getpid()}"), "w").close()  # workers are not standbys (standby RSS)
 import torch.distributed as dist
 dist.init_process_group("gloo", init_method="env://")
 past_init = time.time()
-attempt, rank = os.environ["TORCHELASTIC_RESTART_COUNT"], os.environ["LOCAL_RANK"]
 if attempt == "0":
     dist.barrier()  # every worker of the first attempt is past init before the crash
     if rank == "1":
+        open(os.path.join(sys.argv[1], "ready"), "w").close()
+        while not os.path.exists(os.path.join(sys.argv[1], "go")):  # the harness says when (see recovery_once)
+            time.sleep(0.005)
         with open(os.path.join(sys.argv[1], "crash"), "w") as f:
             f.write(repr(time.time()))
         os._exit(1)
@@ -84,10 +102,24 @@ dist.destroy_process_group()
 """
 
 
+FIRST_STEP = """\
+import os, sys, time
+import torch.distributed as dist
+dist.init_process_group("gloo", init_method="env://")
+with open(os.path.join(sys.argv[1], f"init-{os.environ['RANK']}"), "w") as f:
+    f.write(repr(time.time()))
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+LATE_JOIN = 2.0  # seconds between the first node's start and the second's, in the first-step scenario
+
+
 def launcher(system: str, *args: str | os.PathLike[str]) -> list[str]:
     if system == "torch":
         return [sys.executable, "-m", "torch.distributed.run", *map(str, args)]
-    return [sys.executable, "-m", "aelastic", "run", *map(str, args)]
+    flags = ["--prewarm"] if system == PREWARM else []
+    return [sys.executable, "-m", "aelastic", "run", *flags, *map(str, args)]
 
 
 def environment(system: str) -> dict[str, str]:
@@ -118,17 +150,23 @@ def peak_rss_mib(pid: int) -> float | None:
     return None if kib is None else kib / 1024
 
 
-def reaper_of(pid: int) -> int | None:
-    """aelastic's reaper sidecar: the agent's child running ``_reaper.py``."""
+def children_running(pid: int, marker: bytes) -> list[int]:
+    """The children of ``pid`` whose command line contains ``marker``."""
     try:
         children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     except OSError:
-        return None
+        return []
+    found = []
     for child in map(int, children):
         with suppress(OSError):
-            if b"_reaper" in Path(f"/proc/{child}/cmdline").read_bytes():
-                return child
-    return None
+            if marker in Path(f"/proc/{child}/cmdline").read_bytes():
+                found.append(child)
+    return found
+
+
+def reaper_of(pid: int) -> int | None:
+    """aelastic's reaper sidecar: the agent's child running ``_reaper.py``."""
+    return next(iter(children_running(pid, b"_reaper")), None)
 
 
 @dataclass
@@ -137,6 +175,7 @@ class Recovery:
     respawn: float  # crash to every restarted worker running its first line (before it imports torch)
     agent_mib: float
     reaper_mib: float = 0.0
+    standby_mib: float | None = None  # median peak RSS of the standbys that stayed idle (--prewarm)
 
 
 @contextmanager
@@ -153,15 +192,20 @@ def recovery_once(system: str, script: Path) -> Recovery:
         )  # fmt: skip
         agent_mib = reaper_mib = 0.0
         reaper: int | None = None
+        standbys: dict[int, float] = {}
         deadline = time.monotonic() + 180
         # VmHWM is a high-water mark: the last reading before the exit is the peak. Sampling costs the harness
         # (not the launcher) a /proc read every 20 ms.
         while proc.poll() is None:
             agent_mib = max(agent_mib, peak_rss_mib(proc.pid) or 0.0)
-            if system == "aelastic":
+            if system != "torch":
                 reaper = reaper or reaper_of(proc.pid)
                 if reaper is not None:
                     reaper_mib = max(reaper_mib, peak_rss_mib(reaper) or 0.0)
+            for pid in children_running(proc.pid, b"aelastic.agent._standby") if system == PREWARM else ():
+                standbys[pid] = max(standbys.get(pid, 0.0), peak_rss_mib(pid) or 0.0)
+            if (out / "ready").exists() and not (out / "go").exists() and steady(system, proc.pid, out):
+                (out / "go").touch()
             if time.monotonic() > deadline:
                 proc.kill()
             time.sleep(0.02)
@@ -173,7 +217,29 @@ def recovery_once(system: str, script: Path) -> Recovery:
             raise RuntimeError(f"{system} recovery run failed ({proc.returncode}): {stderr[-3000:]}")
         crash = float((out / "crash").read_text())
         started, past_init = zip(*(map(float, p.read_text().split()) for p in inits), strict=True)
-        return Recovery(max(past_init) - crash, max(started) - crash, agent_mib, reaper_mib)
+        workers = {int(p.name.split("-")[1]) for p in out.glob("pid-*")}
+        idle = [mib for pid, mib in standbys.items() if pid not in workers and mib > 0]
+        standby_mib = statistics.median(idle) if idle else None
+        return Recovery(max(past_init) - crash, max(started) - crash, agent_mib, reaper_mib, standby_mib)
+
+
+# recvmsg(2): where an idle standby sleeps once its preload is done.
+RECVMSG = {"x86_64": 47, "aarch64": 212}.get(platform.machine())
+
+
+def steady(system: str, agent: int, out: Path) -> bool:
+    """Whether the job is in its steady state, where a crash is measured: for ``--prewarm``, the next attempt's
+    standbys have finished their preload (a real job crashes minutes in, not while they import torch)."""
+    if system != PREWARM:
+        return True
+    workers = {int(p.name.split("-")[1]) for p in out.glob("pid-*")}
+    idle = [pid for pid in children_running(agent, b"aelastic.agent._standby") if pid not in workers]
+    try:
+        return len(idle) == 2 and all(
+            Path(f"/proc/{pid}/syscall").read_text().split()[0] == str(RECVMSG) for pid in idle
+        )
+    except OSError:
+        return False
 
 
 def free_port() -> int:
@@ -240,6 +306,24 @@ def scale_up_once(system: str, script: Path) -> float:
         return max(float(p.read_text()) for p in inits) - joined
 
 
+def first_step_once(system: str, script: Path) -> float:
+    """First node's start to both nodes' workers past ``init_process_group``; the second node starts
+    :data:`LATE_JOIN` seconds after the first."""
+    port, run_id = free_port(), f"bench{time.monotonic_ns()}"
+    argv = launcher(system, *c10d_flags("2", run_id, port), script)
+    with scratch() as out:
+        env = environment(system)
+        started = time.time()
+        first = subprocess.Popen([*argv, out], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(LATE_JOIN)  # the scenario: a node that joins late
+        second = subprocess.Popen([*argv, out], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        finish(system, [first, second], "first step")
+        inits = sorted(out.glob("init-*"))
+        if len(inits) != 2:
+            raise RuntimeError(f"{system} first step: {len(inits)} workers reported, expected 2")
+        return max(float(p.read_text()) for p in inits) - started
+
+
 @dataclass
 class Samples:
     values: dict[tuple[str, str, int | None], list[float]] = field(default_factory=dict)
@@ -251,7 +335,8 @@ class Samples:
         self.values.setdefault((scenario, system, param), []).append(value)
 
 
-UNITS = {"launch": "s", "recovery": "s", "respawn": "s", "agent RSS": "MiB", "c10d launch": "s", "scale-up": "s"}
+UNITS = {"launch": "s", "recovery": "s", "first step": "s", "respawn": "s", "agent RSS": "MiB", "standby RSS": "MiB",
+         "c10d launch": "s", "scale-up": "s"}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -259,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a smoke run: few repetitions (under ~30 s)")
     parser.add_argument("--repeats", type=int, default=None, help="repetitions of the recovery scenario")
     parser.add_argument("--json", type=Path, default=None, help="write the records here")
+    parser.add_argument("--recovery-only", action="store_true", help="only the recovery scenarios")
+    parser.add_argument("--first-step", action="store_true", help="with --recovery-only: the first-step one too")
     args = parser.parse_args(argv)
     recoveries = args.repeats or (2 if args.quick else 5)
     launches = 3 * recoveries if not args.quick else 3
@@ -267,25 +354,32 @@ def main(argv: list[str] | None = None) -> int:
     agents = (2,) if args.quick else (2, 4)
     with scratch() as tmp:
         noop, crash_once, scale_up = tmp / "noop.py", tmp / "crash_once.py", tmp / "scale_up.py"
+        first_step = tmp / "first_step.py"
+        first_step.write_text(FIRST_STEP)
         noop.write_text(NOOP)
         crash_once.write_text(CRASH_ONCE)
         scale_up.write_text(SCALE_UP)
-        for rep in range(launches):
+        for rep in range(0 if args.recovery_only else launches):
             for system in SYSTEMS if rep % 2 == 0 else SYSTEMS[::-1]:
                 samples.add("launch", system, launch_once(system, noop))
-        for rep in range(recoveries):
+        for rep in range(0 if args.recovery_only else recoveries):
             for system in SYSTEMS if rep % 2 == 0 else SYSTEMS[::-1]:
                 for nodes in agents:
                     samples.add_param("c10d launch", system, nodes, c10d_launch_once(system, noop, nodes))
                 samples.add("scale-up", system, scale_up_once(system, scale_up))
         for rep in range(recoveries):
-            for system in SYSTEMS if rep % 2 == 0 else SYSTEMS[::-1]:
+            shift = rep % len(RECOVERY_SYSTEMS)  # each system in each position in turn
+            for system in RECOVERY_SYSTEMS[shift:] + RECOVERY_SYSTEMS[:shift]:
+                if args.first_step or not args.recovery_only:
+                    samples.add("first step", system, first_step_once(system, first_step))
                 result = recovery_once(system, crash_once)
                 samples.add("recovery", system, result.seconds)
                 samples.add("respawn", system, result.respawn)
                 samples.add("agent RSS", system, result.agent_mib)
-                if system == "aelastic":
-                    samples.add("agent RSS", "aelastic+reaper", result.agent_mib + result.reaper_mib)
+                if system != "torch":
+                    samples.add("agent RSS", f"{system}+reaper", result.agent_mib + result.reaper_mib)
+                if result.standby_mib is not None:
+                    samples.add("standby RSS", system, result.standby_mib)
 
     records = [
         {"scenario": scenario, "system": system, "param": param, "unit": UNITS[scenario], "samples": values,
@@ -293,13 +387,17 @@ def main(argv: list[str] | None = None) -> int:
         for (scenario, system, param), values in samples.values.items()
     ]  # fmt: skip
     print(f"agent benchmark: {launches} launches, {recoveries} of each other scenario per system (medians, min-max)")
-    print(f"{'scenario':<14} {'N':>2} {'system':<16} {'median':>12} {'min':>12} {'max':>12}  aelastic/torch")
+    print(f"{'scenario':<14} {'N':>2} {'system':<26} {'median':>12} {'min':>12} {'max':>12}  aelastic/torch")
     for r in records:
         values = r["samples"]
-        torch = samples.values[(str(r["scenario"]), "torch", r["param"])]
-        ratio = "" if r["system"] == "torch" else f"{statistics.median(values) / statistics.median(torch):.2f}x"
+        torch = samples.values.get((str(r["scenario"]), "torch", r["param"]))
+        ratio = (
+            ""
+            if r["system"] == "torch" or not torch
+            else f"{statistics.median(values) / statistics.median(torch):.2f}x"
+        )
         cells = " ".join(f"{v:>8.3f} {r['unit']:<3}" for v in (statistics.median(values), min(values), max(values)))
-        print(f"{r['scenario']:<14} {r['param'] or '':>2} {r['system']:<16} {cells}  {ratio}")
+        print(f"{r['scenario']:<14} {r['param'] or '':>2} {r['system']:<26} {cells}  {ratio}")
     if args.json is not None:
         args.json.write_text(json.dumps({"benchmark": "agent", "records": records}, indent=1))
     return 0

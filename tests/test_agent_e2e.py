@@ -148,7 +148,7 @@ class Job:
         path.write_text(REPORT + body)
         return path
 
-    async def agent(self, *args: str | os.PathLike[str]) -> Agent:
+    async def agent(self, *args: str | os.PathLike[str], cwd: Path | None = None) -> Agent:
         log = self.tmp_path / f"agent{len(self.agents)}.log"
         with log.open("wb") as f:
             process = await anyio.open_process(
@@ -157,6 +157,7 @@ class Job:
                 stdout=f,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                cwd=cwd,
             )
         agent = Agent(process, log)
         self.agents.append(agent)

@@ -73,7 +73,9 @@ def test_every_torchrun_flag_with_its_spellings_default_and_choices() -> None:
         assert mine.choices == action.choices, dest
     extra = sorted(set(ours) - set(theirs))
     # torch 2.14's template flag, and ours
-    assert extra == ["async_backend", "log_line_prefix_template", "metrics_port", "watchdog_timeout"], extra
+    assert extra == [
+        "async_backend", "log_line_prefix_template", "metrics_port", "prewarm", "prewarm_modules", "watchdog_timeout"
+    ], extra  # fmt: skip
 
 
 @pytest.mark.torch
@@ -443,3 +445,17 @@ def test_etcd_on_a_port_in_use_is_one_line_naming_the_address(
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(f"aelastic etcd: error: etcd aelastic0 (http://127.0.0.1:{port}) exited with"), line
     assert f"listen tcp 127.0.0.1:{port}: bind: address already in use" in line
+
+
+@pytest.mark.usefixtures("restore_environ")
+def test_prewarm_flags_and_their_pet_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg, _, _ = config()
+    assert (cfg.prewarm, cfg.prewarm_modules) == (False, ())
+    cfg, _, _ = config("--prewarm", "--prewarm-modules", "numpy,json")
+    assert (cfg.prewarm, cfg.prewarm_modules) == (True, ("numpy", "json"))
+    monkeypatch.setenv("PET_PREWARM", "1")
+    monkeypatch.setenv("PET_PREWARM_MODULES", "numpy")
+    cfg, _, _ = config()
+    assert (cfg.prewarm, cfg.prewarm_modules) == (True, ("numpy",))
+    with pytest.raises(ConfigurationError, match="'a-b' is not a module name"):
+        config("--prewarm-modules", "a-b")

@@ -36,7 +36,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from string import Template
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -52,6 +52,9 @@ from .ranks import RankAssignment, RoleInfo, exchange_ranks
 from .stacks import DEFAULT_DUMP_TIMEOUT, StackDumper
 from .status_events import record_agent, record_started, record_workers
 from .timers import ENABLE_ENV, FILE_ENV, Expiry, FileTimerServer, signal_name
+
+if TYPE_CHECKING:
+    from .standby import Standbys  # imported by the launcher only with --prewarm
 
 __all__ = ["ElasticAgent", "RunResult", "Worker", "WorkerGroup", "WorkerSpec", "WorkerState"]
 
@@ -176,6 +179,7 @@ class ElasticAgent:
         watchdog_timeout: float | None = None,
         stack_dump_timeout: float = DEFAULT_DUMP_TIMEOUT,
         logs_specs: LogsSpecs | None = None,
+        standbys: Standbys | None = None,
     ) -> None:
         self.spec = spec
         self.handler = handler
@@ -190,6 +194,7 @@ class ElasticAgent:
         self.watchdog_timeout = watchdog_timeout
         self.stack_dump_timeout = stack_dump_timeout
         self.logs_specs = logs_specs  # a custom torch LogsSpecs (--logs-specs): reify() routes each attempt's logs
+        self.standbys = standbys
         # torch's rule: the timer server runs when its variable is exactly "1"; aelastic's watchdog needs it too.
         self.timer_file: Path | None = None
         if self.base_env.get(ENABLE_ENV) == "1" or watchdog_timeout is not None:
@@ -218,6 +223,8 @@ class ElasticAgent:
 
         Cancellation stops the workers (TERM, grace, KILL) before it propagates.
         """
+        if self.standbys is not None:
+            await self._prewarm(self.standbys)
         while True:
             self.group.state = WorkerState.INIT
             self.metrics.set_state(WorkerState.INIT.value)
@@ -268,6 +275,15 @@ class ElasticAgent:
                 return self._result(WorkerState.FAILED, outcome)
             self._attempt += 1
 
+    async def _prewarm(self, standbys: Standbys) -> None:
+        """Start the first attempt's standbys before its rendezvous, so they preload while it runs."""
+        logs = replace(self.logs, attempt=self._attempt)
+        size = self.spec.local_world_size
+        # Ranks and sizes are per-attempt variables (standby.PER_ATTEMPT): any value will do here.
+        workers = [Worker(i, i, i, size, size) for i in range(size)]
+        commands = [self._command(worker, self._environment(worker, logs)) for worker in workers]
+        await standbys.refill(commands, beside_workers=False)
+
     async def _assign(self, info: RendezvousInfo) -> RankAssignment:
         me = RoleInfo(self.spec.role, info.rank, self.spec.local_world_size)
         assignment = await exchange_ranks(info.store, me, info.world_size)
@@ -298,7 +314,9 @@ class ElasticAgent:
             logs = replace(logs, custom=reify(self.logs_specs, envs))
         dumper = self._dumper = StackDumper(logs, self.stack_dump_timeout)
         try:
-            commands = [dumper.command(self._command(w, envs[w.local_rank])) for w in self.group.workers]
+            commands = [self._command(w, envs[w.local_rank]) for w in self.group.workers]
+            if self.standbys is None:  # a standby's interpreter started long ago, without the faulthandler hook
+                commands = [dumper.command(command) for command in commands]
             return await self._run_attempt(commands, logs, dumper)
         finally:
             dumper.close()
@@ -337,6 +355,7 @@ class ElasticAgent:
                 watch=None if timers is None else serve_timers,
                 before_kill=before_kill,
                 started=self._started,
+                standbys=self.standbys,
             )
             tg.cancel_scope.cancel()
         return (outcome, None) if reason is None else (None, reason)

@@ -19,6 +19,9 @@ not a Python process (a shell wrapper, ``python -I``) is never sent a signal who
 Then the dump is read from the pipe as it arrives, until the pipe has been quiet for :data:`_QUIET` seconds: the
 handler writes the whole dump at once, so a pause means the end. Everything is bounded by the caller's deadline.
 A stopped worker (SIGSTOP) would not run its handler until resumed: it is not signalled, and gets a note at once.
+A worker started in a pre-warmed standby (``--prewarm``) is not armed: its interpreter started before the attempt,
+without the hook (its start-up environment must equal the standby's); py-spy, which needs nothing from the worker,
+dumps it.
 
 The signal is a real-time one, which no common library handles (SIGUSR1 and SIGUSR2 are taken by SLURM and
 Lightning's requeue handlers); if the user's code replaces its handler, that is the code that runs instead.
@@ -84,7 +87,10 @@ class FaultStacks:
         """Signal ``worker`` and put what it writes in ``dumps[worker.pid]`` as it arrives (the caller bounds it)."""
         pipe = self._pipes.get(worker.local_rank)
         if pipe is None:
-            dumps[worker.pid] = "no stack dump: the worker was started without aelastic's faulthandler hook"
+            dumps[worker.pid] = (
+                "no stack dump: py-spy is not installed and the worker was started without aelastic's faulthandler "
+                "hook (a pre-warmed worker: --prewarm)"
+            )
             return
         read_end = pipe[0]
         if worker.local_rank not in self._armed:

@@ -31,12 +31,17 @@ No orphans, even when the agent is SIGKILLed:
   file (the agent exited or died by any signal), the reaper SIGKILLs every group still registered. Between a spawn
   and its registration (a pipe write) there is a window of microseconds in which only the parent-death signal
   covers the worker.
+
+With ``--prewarm`` a worker may start as a standby interpreter (:mod:`aelastic.agent.standby`) instead: spawned the
+same way (:func:`spawn_process`) and registered with the reaper before the attempt, then handed the attempt's
+environment and fresh output streams. From then on it is a worker like the others.
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import logging
 import os
 import shutil
@@ -51,7 +56,7 @@ from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 import anyio.abc
@@ -61,6 +66,9 @@ from ..errors import AelasticError, ConfigurationError
 from . import _pdeathsig, _reaper
 from ._finish import FINISH_FDS_ENV
 from .logs import LogSpec, Std, WorkerLog, pump
+
+if TYPE_CHECKING:
+    from .standby import Standbys
 
 __all__ = [
     "GroupOutcome",
@@ -73,7 +81,9 @@ __all__ = [
     "WorkerProcess",
     "open_reaper",
     "run_workers",
+    "spawn_process",
     "stop_signal",
+    "wait_process",
 ]
 
 logger = logging.getLogger(__name__)
@@ -275,6 +285,7 @@ async def open_reaper() -> AsyncIterator[Reaper]:
             await process.aclose()
 
 
+@functools.cache
 def _pdeathsig_prefix() -> tuple[str, ...]:
     setpriv = shutil.which("setpriv")
     if setpriv is not None:
@@ -349,18 +360,61 @@ def _output_fds(terminal_size: tuple[int, int] | None) -> tuple[int, int]:
     return agent_end, worker_end
 
 
+def spawn_process(
+    args: Sequence[str], env: Mapping[str, str], stdout: int, stderr: int, pass_fds: Sequence[int] = ()
+) -> subprocess.Popen[bytes]:
+    """Start ``args`` as a worker starts, from the calling (event-loop) thread: under the parent-death signal, the
+    leader of a session of its own, with ``env`` only, ``stdout`` and ``stderr``, and ``pass_fds`` beside them."""
+    return subprocess.Popen(
+        [*_pdeathsig_prefix(), *args],
+        stdout=stdout,
+        stderr=stderr,
+        env=env,
+        start_new_session=True,
+        close_fds=True,
+        pass_fds=tuple(pass_fds),
+    )
+
+
+async def wait_process(popen: subprocess.Popen[bytes], pidfd: int | None = None) -> int:
+    """Wait for a child's exit through a pidfd (``pidfd``, else one opened here) and reap it with ``Popen.poll``,
+    so ``subprocess`` never reaps a reused pid later."""
+    await anyio.lowlevel.checkpoint_if_cancelled()
+    if (code := popen.poll()) is not None:
+        return code
+    own = pidfd is None
+    fd = os.pidfd_open(popen.pid) if pidfd is None else pidfd  # not reaped yet: no ESRCH
+    try:
+        while (code := popen.poll()) is None:
+            await anyio.wait_readable(fd)
+    finally:
+        if own:
+            os.close(fd)
+    return code
+
+
 class _Child:
-    """A worker process started from the event-loop thread; its exit is awaited through a pidfd."""
+    """A started worker (spawned, or a standby given the attempt); its exit is awaited through a pidfd."""
 
     __slots__ = ("_pidfd", "popen", "stderr", "stdout")
 
-    def __init__(
-        self,
-        args: Sequence[str],
-        env: Mapping[str, str],
+    def __init__(self, popen: subprocess.Popen[bytes], stdout: int, stderr: int) -> None:
+        self.popen = popen
+        self.stdout = _PipeReader(stdout)
+        self.stderr = _PipeReader(stderr)
+        self._pidfd = os.pidfd_open(popen.pid)  # not reaped yet, so it cannot fail with ESRCH
+
+    @classmethod
+    async def start(
+        cls,
+        command: WorkerCommand,
         log: WorkerLog,
-        pass_fds: tuple[int, ...] = (),
-    ) -> None:
+        finish: _FinishLine | None,
+        standbys: Standbys | None,
+    ) -> _Child:
+        """Start ``command`` with fresh output streams: by its standby where one fits, else spawned."""
+        env = command.env if finish is None else finish.worker_env(command.env)
+        pass_fds = command.pass_fds if finish is None else (*command.pass_fds, *finish.worker_fds)
         out_read, out_write = _output_fds(log.terminal_size(Std.OUT))
         try:
             err_read, err_write = _output_fds(log.terminal_size(Std.ERR))
@@ -369,15 +423,11 @@ class _Child:
             os.close(out_write)
             raise
         try:
-            self.popen = subprocess.Popen(
-                args,
-                stdout=out_write,
-                stderr=err_write,
-                env=env,
-                start_new_session=True,
-                close_fds=True,
-                pass_fds=pass_fds,
-            )
+            popen = None
+            if standbys is not None:
+                popen = await standbys.start(command, env, (out_write, err_write), pass_fds)
+            if popen is None:
+                popen = spawn_process(command.args, env, out_write, err_write, pass_fds)
         except BaseException:
             os.close(out_read)
             os.close(err_read)
@@ -385,20 +435,15 @@ class _Child:
         finally:
             os.close(out_write)
             os.close(err_write)
-        self.stdout = _PipeReader(out_read)
-        self.stderr = _PipeReader(err_read)
-        self._pidfd = os.pidfd_open(self.popen.pid)  # not reaped yet, so it cannot fail with ESRCH
+        return cls(popen, out_read, err_read)
 
     @property
     def pid(self) -> int:
         return self.popen.pid
 
     async def wait(self) -> int:
-        """Wait for the exit and reap (``Popen.poll``, so ``subprocess`` never reaps a reused pid later)."""
-        await anyio.lowlevel.checkpoint_if_cancelled()
-        while (code := self.popen.poll()) is None:
-            await anyio.wait_readable(self._pidfd)
-        return code
+        """Wait for the exit and reap."""
+        return await wait_process(self.popen, self._pidfd)
 
     def close(self) -> None:
         """Close the pipes and the pidfd (after the process is reaped)."""
@@ -505,6 +550,7 @@ async def run_workers(
     watch: WorkerHook | None = None,
     before_kill: WorkerHook | None = None,
     started: Callable[[Sequence[WorkerProcess]], None] | None = None,
+    standbys: Standbys | None = None,
 ) -> GroupOutcome:
     """Run one node's workers until all exit 0, or the first fails; then stop the rest.
 
@@ -523,6 +569,8 @@ async def run_workers(
         before_kill: awaited, shielded, with the workers still alive when ``grace`` has run out, right before
             SIGKILL (e.g. a stack dump); it must bound its own time, and its exceptions are logged, not raised.
         started: called once every worker has been spawned, with all of them (their pids), before any is awaited.
+        standbys: pre-warmed interpreters (:mod:`aelastic.agent.standby`): each worker that has a fitting one is
+            handed to it instead of spawned, and beside the running workers the next attempt's are started.
 
     Returns:
         Every worker's exit, in command order. Workers stopped by the agent after the first failure are reported
@@ -540,21 +588,15 @@ async def run_workers(
         raise ConfigurationError(f"local ranks {local_ranks}: each local rank must appear once")
     await anyio.lowlevel.checkpoint()
     logs.prepare_attempt_dir(local_ranks)
-    prefix = _pdeathsig_prefix()
     workers: list[_Worker] = []
     finish = _FinishLine(local_ranks) if finish_together else None
     try:
         try:
             for command in commands:
                 log = WorkerLog(logs, command.local_rank, command.global_rank)
-                args = [*prefix, *command.args]
                 try:
                     await anyio.lowlevel.checkpoint()
-                    if finish is None:
-                        process = _Child(args, command.env, log, command.pass_fds)
-                    else:
-                        env = finish.worker_env(command.env)
-                        process = _Child(args, env, log, (*command.pass_fds, *finish.worker_fds))
+                    process = await _Child.start(command, log, finish, standbys)
                 except BaseException:
                     log.close()
                     raise
@@ -570,7 +612,7 @@ async def run_workers(
             with anyio.CancelScope(shield=True):
                 await _stop(workers, grace, reaper, _requested_stop_signal(), before_kill)
             raise
-        first_failure = await _supervise(workers, grace, reaper, finish, watch, before_kill)
+        first_failure = await _supervise(workers, grace, reaper, finish, watch, before_kill, standbys)
         exits = tuple(w.to_exit() for w in workers)
         first = None if first_failure is None else exits[workers.index(first_failure)]
         return GroupOutcome(exits=exits, first_failure=first)
@@ -594,6 +636,7 @@ async def _supervise(
     finish: _FinishLine | None,
     watch: WorkerHook | None,
     before_kill: WorkerHook | None,
+    standbys: Standbys | None,
 ) -> _Worker | None:
     first_failure: list[_Worker] = []
 
@@ -630,6 +673,8 @@ async def _supervise(
                     waiters.start_soon(watch, [w.handle() for w in workers])
                 if finish is not None:
                     waiters.start_soon(finish.serve)
+                if standbys is not None:  # the next attempt's, preloading while these run
+                    waiters.start_soon(standbys.refill, [w.command for w in workers])
                 async with anyio.create_task_group() as exits:
                     for worker in workers:
                         exits.start_soon(wait_worker, worker, waiters.cancel_scope)
