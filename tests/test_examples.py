@@ -132,14 +132,24 @@ def resumed_lines(output: str, world_size: int) -> list[tuple[int, int, str, int
     return sorted((int(r), int(s), loss, int(n)) for r, s, loss, n in re.findall(pattern, output, re.M))
 
 
+WARM = r"^.* local_rank \d started in its standby \(pid \d+\)$"  # the agent's debug line at each warm start
+
+
+def crash_resume(start: Start, checkpoint: Path, *flags: str) -> str:
+    """The README's crash-resume command (with ``flags``), its checkpoint at ``checkpoint``: its output, exit 0."""
+    proc = start(AELASTIC, "--log-level", "DEBUG", "run", "--standalone", "--nproc-per-node", "2",
+                 "--max-restarts", "1", *flags,
+                 "examples/elastic_ddp/train.py", "--crash-at-step", "12", "--checkpoint", checkpoint)  # fmt: skip
+    assert proc.wait() == 0, proc.output
+    return proc.output
+
+
 def test_elastic_ddp_resumes_from_its_checkpoint_after_a_worker_crash(start: Start, tmp_path: Path) -> None:
     """The README command, with the checkpoint in tmp_path: rank 1 SIGKILLs itself at step 12 of the first attempt;
     the agent restarts both workers, which resume from the step-10 checkpoint and repeat step 11 exactly."""
     checkpoint = tmp_path / "ckpt.pt"
-    proc = start(AELASTIC, "run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
-                 "examples/elastic_ddp/train.py", "--crash-at-step", "12", "--checkpoint", checkpoint)  # fmt: skip
-    assert proc.wait() == 0, proc.output
-    output = proc.output
+    output = crash_resume(start, checkpoint)
+    assert not re.search(WARM, output, re.M), output
     assert re.search(PREFIX + r"rank 1: crashing at step 12 \(SIGKILL\)$", output, re.M), output
     steps = step_lines(output)
     assert [step for step, _, _ in steps] == [*range(1, 12), *range(11, 41)], output  # 1..11, crash, 11..40
@@ -149,6 +159,16 @@ def test_elastic_ddp_resumes_from_its_checkpoint_after_a_worker_crash(start: Sta
     assert second[11] == first[11]  # the restored model and optimizer repeat the lost step to the last digit
     assert float(second[40]) < float(first[1]) / 5  # and training went on from there
     assert re.search(PREFIX + rf"finished at step 40; checkpoint {re.escape(str(checkpoint))}$", output, re.M)
+
+
+def test_elastic_ddp_crash_resume_with_prewarm_has_the_same_losses(start: Start, tmp_path: Path) -> None:
+    """The same crash and resume cold and with --prewarm: every worker of both attempts started in a standby, and
+    the two runs print the same steps with the same losses, to the last digit."""
+    cold = crash_resume(start, tmp_path / "cold.pt")
+    warm = crash_resume(start, tmp_path / "warm.pt", "--prewarm")
+    assert len(re.findall(WARM, warm, re.M)) == 4, warm  # 2 workers x 2 attempts
+    assert step_lines(warm) == step_lines(cold), (cold, warm)
+    assert [line[:3] for line in resumed_lines(warm, 2)] == [line[:3] for line in resumed_lines(cold, 2)]
 
 
 # Runs train.py with every worker of a two-worker world held at step 8, so that the first node cannot finish before
@@ -171,13 +191,16 @@ train.main()
 """
 
 
-def test_elastic_ddp_scales_up_when_a_second_node_joins(start: Start, tmp_path: Path) -> None:
+@pytest.mark.parametrize("prewarm", [False, True], ids=["cold", "prewarm"])
+def test_elastic_ddp_scales_up_when_a_second_node_joins(start: Start, tmp_path: Path, prewarm: bool) -> None:
     """One agent (--nnodes 1:2) trains in a world of 2; a second agent joins mid-training; the two re-rendezvous
-    into a world of 2 nodes x 2 workers, resume from the step-5 checkpoint with the same losses, and finish."""
+    into a world of 2 nodes x 2 workers, resume from the step-5 checkpoint with the same losses, and finish.
+    With --prewarm, every worker of the world of 4 starts in a standby."""
     hold = tmp_path / "hold_small_world.py"
     hold.write_text(HOLD_SMALL_WORLD)
     checkpoint = tmp_path / "ckpt.pt"
-    agent = [AELASTIC, "run", "--nnodes", "1:2", "--nproc-per-node", "2", "--max-restarts", "0",
+    agent = [AELASTIC, "--log-level", "DEBUG", "run", "--nnodes", "1:2", "--nproc-per-node", "2",
+             "--max-restarts", "0", *(["--prewarm"] if prewarm else []),
              "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "scale-up",
              "--rdzv-conf", "last_call_timeout=1",
              hold, TRAIN.parent, "--checkpoint", checkpoint]  # fmt: skip
@@ -200,6 +223,8 @@ def test_elastic_ddp_scales_up_when_a_second_node_joins(start: Start, tmp_path: 
     for step, loss in big[:2]:
         assert math.isclose(float(loss), float(small[step]), rel_tol=1e-4), (step, loss, small[step])
     assert re.search(PREFIX + r"finished at step 40; ", both, re.M)
+    # Warm: the first node's two attempts and the second node's one; cold: none.
+    assert len(re.findall(WARM, both, re.M)) == (6 if prewarm else 0), both
 
 
 # --- asyncio_orchestrator.py, trio_orchestrator.py --------------------------------------------------------------------

@@ -214,6 +214,7 @@ class Standbys:
         with suppress(OSError):  # a preload still running goes on at the worker's priority (see _standby)
             _standby.set_policy(standby.popen.pid, os.SCHED_OTHER)
         self.handed_off += 1
+        logger.debug("local_rank %d started in its standby (pid %d)", command.local_rank, standby.popen.pid)
         return standby.popen
 
     async def refill(self, commands: Sequence[WorkerCommand], *, beside_workers: bool = True) -> None:
