@@ -18,7 +18,6 @@ import math
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
@@ -280,8 +279,11 @@ def register_backend(name: str, opener: OpenHandler, *, check: CheckParameters |
 
 
 def _lookup(name: str) -> OpenHandler:
+    from . import backends  # noqa: F401  (registers the built-in backends)
+
     if name not in _registry:
-        from . import backends  # noqa: F401  (registers the built-in backends)
+        # Only for a name no built-in backend has: scanning the installed packages costs a launch tens of ms.
+        from importlib.metadata import entry_points
 
         for ep in entry_points(group=_ENTRY_POINT_GROUP):
             if ep.name == name:
