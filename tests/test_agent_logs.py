@@ -13,8 +13,10 @@ import textwrap
 from pathlib import Path
 
 import anyio
+import anyio.lowlevel
 import pytest
 
+from aelastic.agent import logs
 from aelastic.agent.logs import ConsoleSinks, LogSpec, Std, WorkerLog
 from aelastic.agent.processes import GroupOutcome, WorkerCommand, run_workers
 from aelastic.errors import ConfigurationError
@@ -267,6 +269,48 @@ def test_a_terminal_console_gets_output_as_it_arrives_prefixed_at_line_starts() 
     bar.finish(Std.ERR)  # the open last line is ended
     assert tty.text.endswith("[default0]:ValueError: x\n")
     assert bar.stderr_tail() == (" 90%|", "Traceback", "ValueError: x")  # what a terminal shows of each line
+
+
+@pytest.mark.anyio
+async def test_a_line_read_in_two_pieces_is_not_cut_by_another_workers_line() -> None:
+    """A pseudo-terminal may hand one write(2) of a worker to the agent in two reads; another worker's output that
+    arrives in between waits for the rest (as torchrun's workers' writes to one terminal never interleave)."""
+    tty = TerminalSink()
+    spec = LogSpec(console=ConsoleSinks(stdout=tty, stderr=tty))
+    first, second = WorkerLog(spec, 0, 0), WorkerLog(spec, 1, 1)
+    first.feed(Std.OUT, b"isatty")  # the first piece of "isatty 0 True\n"
+    waited = anyio.Event()
+
+    async def other() -> None:
+        await second.turn(Std.OUT)
+        second.feed(Std.OUT, b"isatty 1 True\n")
+        waited.set()
+
+    with anyio.fail_after(DEADLINE):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(other)
+            while not logs._line_ended:  # until it waits for its turn (the event it waits on exists)
+                await anyio.lowlevel.checkpoint()
+            assert tty.text == "[default0]:isatty"
+            first.feed(Std.OUT, b" 0 True\n")  # the rest: the line ends, and the other worker's turn comes
+            await waited.wait()
+    assert tty.text == "[default0]:isatty 0 True\n[default1]:isatty 1 True\n"
+
+
+@pytest.mark.anyio
+async def test_a_line_that_stays_open_is_ended_for_another_workers_output() -> None:
+    """A progress bar's line stays open for its whole run: another worker waits a tenth of a second at most."""
+    tty = TerminalSink()
+    spec = LogSpec(console=ConsoleSinks(stdout=tty, stderr=tty))
+    bar, other = WorkerLog(spec, 0, 0), WorkerLog(spec, 1, 1)
+    bar.feed(Std.ERR, b"\r 10%|#")
+    with anyio.fail_after(DEADLINE):
+        await other.turn(Std.OUT)  # the grace runs out: its turn comes although the bar's line is still open
+    other.feed(Std.OUT, b"epoch done\n")
+    assert tty.text == "\r[default0]: 10%|#\n[default1]:epoch done\n"
+    await bar.turn(Std.ERR)  # no line is open now: no wait
+    bar.feed(Std.ERR, b"\r 20%|##")
+    assert tty.text.endswith("[default1]:epoch done\n\r[default0]: 20%|##")
 
 
 def test_no_terminal_for_a_teed_stream_or_a_pipe_console(tmp_path: Path) -> None:

@@ -19,7 +19,8 @@ arrive and hands them to the worker's :class:`WorkerLog`, which routes them, syn
   must show live. Such a stream is forwarded as it arrives, partial lines included; the prefix goes at the start
   of each line (not before a bare ``\r``), and the pseudo-terminal is narrower than the agent's by the prefix, so
   a bar sized to the terminal does not wrap. When another worker writes while a line is still open on the same
-  console, that line is ended first, so each line stays attributable to one worker.
+  console, its output waits up to 0.1 s for that line to end (the agent may read one write of a worker in two
+  pieces), then the open line is ended first, so each line stays attributable to one worker.
 
 The mapping follows torch's ``DefaultLogsSpecs``/``TailLog`` (``Std``, ``redirects``, ``tee``,
 ``local_ranks_filter``), but is event-driven (no 0.1 s polling of files) and every console line goes through the
@@ -293,8 +294,12 @@ def _std_for(spec: StdSpec, local_rank: int) -> Std:
 
 # A line ends at "\n", or at a "\r" that is not the first half of "\r\n" (a progress bar's redraw).
 _TERMINAL_PIECES: Final = re.compile(r"(?<=\n)|(?<=\r)(?!\n)")
-# The stream that left an open (unterminated) line on each console (see _console_key).
+# The stream that left an open (unterminated) line on each console (see _console_key), and an event set when that
+# line ends: another worker's output waits for it up to _LINE_GRACE (WorkerLog.turn), so that a line the agent read
+# in two pieces (a pseudo-terminal may hand over one write(2) in parts) is not cut by a line of another worker.
 _open_lines: dict[object, _Stream] = {}
+_line_ended: dict[object, anyio.Event] = {}
+_LINE_GRACE: Final = 0.1  # an open line that stays open longer (a progress bar) is ended after it, as before
 
 
 def _console_key(sink: TextSink) -> object:
@@ -392,15 +397,33 @@ class _Stream:
             logger.warning("cannot write filtered lines to %s (%s): no more go there", file.name, exc)
             self.duplicate = None
 
-    def _forward(self, text: str) -> None:
-        if not text or self.console is None:
+    def console_key(self) -> object | None:
+        """The key of the console this stream is forwarded to as it arrives, or ``None`` if it is not."""
+        if not self.terminal or self.console is None:
+            return None
+        return _console_key(self.console.target() if isinstance(self.console, _ConsoleRef) else self.console)
+
+    async def turn(self) -> None:
+        """Wait (up to :data:`_LINE_GRACE`) until no other stream has an open line on this stream's console."""
+        key = self.console_key()
+        other = None if key is None else _open_lines.get(key)
+        if other is None or other is self:
             return
-        key = _console_key(self.console.target() if isinstance(self.console, _ConsoleRef) else self.console)
+        event = _line_ended.setdefault(key, anyio.Event())
+        with anyio.move_on_after(_LINE_GRACE):
+            await event.wait()
+
+    def _forward(self, text: str) -> None:
+        key = self.console_key()
+        if not text or key is None:
+            return
         other = _open_lines.get(key)
         parts = []
         if other is not None and other is not self:
             other.at_line_start = True  # its line is ended here; its next output starts a new one
             parts.append("\n")
+            _open_lines.pop(key)
+            _ended(key)
         for piece in _TERMINAL_PIECES.split(text):
             if not piece:
                 continue
@@ -409,7 +432,8 @@ class _Stream:
             parts.append(piece)
             self.at_line_start = piece[-1] in "\r\n"
         if self.at_line_start:
-            _open_lines.pop(key, None)
+            if _open_lines.pop(key, None) is not None:
+                _ended(key)
         else:
             _open_lines[key] = self
         self._write("".join(parts))
@@ -423,6 +447,13 @@ class _Stream:
         except (OSError, ValueError) as exc:  # the agent's console went away (a closed pipe, a closed file)
             logger.warning("cannot write worker output to the console (%s): it is dropped from now on", exc)
             self.console = None
+
+
+def _ended(key: object) -> None:
+    """The open line on console ``key`` has ended: wake the streams waiting for their turn on it."""
+    event = _line_ended.pop(key, None)
+    if event is not None:
+        event.set()
 
 
 class WorkerLog:
@@ -490,6 +521,11 @@ class WorkerLog:
         """
         return self._terminal_sizes.get(std)
 
+    async def turn(self, std: Std) -> None:
+        """Before :meth:`feed`: for a stream forwarded as it arrives, wait a moment (at most a tenth of a second)
+        while another worker's line is open on the same console, so that the rest of that line comes first."""
+        await self._streams[std].turn()
+
     def feed(self, std: Std, data: bytes) -> None:
         """Handle a chunk the worker wrote to ``std`` (``Std.OUT`` or ``Std.ERR``)."""
         self._streams[std].feed(data)
@@ -553,6 +589,7 @@ async def pump(stream: anyio.abc.ByteReceiveStream, log: WorkerLog, std: Std) ->
     """
     try:
         async for chunk in stream:
+            await log.turn(std)
             log.feed(std, chunk)
     except (anyio.BrokenResourceError, anyio.ClosedResourceError):
         pass  # the pipe went away: what was read is handled, and there is nothing more to read
