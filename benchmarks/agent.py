@@ -300,10 +300,7 @@ def scale_up_once(system: str, script: Path) -> float:
         joined = time.time()
         second = subprocess.Popen([*argv, out], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         finish(system, [first, second], "scale-up")
-        inits = sorted(out.glob("init-2-*"))
-        if len(inits) != 2:
-            raise RuntimeError(f"{system} scale-up: {len(inits)} workers of the world of 2 reported, expected 2")
-        return max(float(p.read_text()) for p in inits) - joined
+        return last_init(system, out, "init-2-*", "scale-up (the world of 2)") - joined
 
 
 def first_step_once(system: str, script: Path) -> float:
@@ -318,10 +315,15 @@ def first_step_once(system: str, script: Path) -> float:
         time.sleep(LATE_JOIN)  # the scenario: a node that joins late
         second = subprocess.Popen([*argv, out], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         finish(system, [first, second], "first step")
-        inits = sorted(out.glob("init-*"))
-        if len(inits) != 2:
-            raise RuntimeError(f"{system} first step: {len(inits)} workers reported, expected 2")
-        return max(float(p.read_text()) for p in inits) - started
+        return last_init(system, out, "init-*", "first step") - started
+
+
+def last_init(system: str, out: Path, pattern: str, what: str) -> float:
+    """When the later of the two workers whose reports match ``pattern`` passed ``init_process_group`` (epoch s)."""
+    inits = sorted(out.glob(pattern))
+    if len(inits) != 2:
+        raise RuntimeError(f"{system} {what}: {len(inits)} workers reported, expected 2")
+    return max(float(p.read_text()) for p in inits)
 
 
 @dataclass
