@@ -33,15 +33,22 @@ AELASTIC = str(Path(sys.executable).with_name("aelastic"))  # the console script
 PREFIX = r"^(?:\[\w+\]:)?"  # the agent's console prefix ([default0]:) on worker lines
 
 
+def as_from_a_shell() -> None:
+    """In the child, before exec: SIGINT at its default, as an interactive shell starts a command. A test run started
+    in the background (``cmd &`` without job control, as CI may) has SIGINT ignored, every child inherits that, and
+    Python then installs no KeyboardInterrupt handler: asyncio.run would ignore the Ctrl-C the tests send."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Proc:
-    """A command with stdout and stderr in one file, started from the repository root."""
+    """A command with stdout and stderr in one file, started from the repository root as a shell starts it."""
 
     def __init__(self, args: list[str | os.PathLike[str]], log: Path) -> None:
         self.log = log
         with log.open("wb") as f:
             self.popen = subprocess.Popen(
                 [str(a) for a in args], cwd=ROOT, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=as_from_a_shell,
             )  # fmt: skip
 
     @property
