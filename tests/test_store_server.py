@@ -332,7 +332,7 @@ async def test_statistics_and_repr(server: StoreServer) -> None:
         connections=1, keys=2, queued=1, waiters=1, ops_served=5, bytes_received=sent,
         ops_by_kind=kinds, sent_by_kind=dict.fromkeys(kinds, 0),
     )  # fmt: skip
-    assert repr(server) == (f"<StoreServer [::]:{server.port} connections=1 keys=2 waiters=1 ops_served=5>")
+    assert repr(server) == (f"<StoreServer store [::]:{server.port} connections=1 keys=2 waiters=1 ops_served=5>")
     await client.aclose()
     await wait_until(lambda: server.statistics().connections == 0, "the close")
     assert server.statistics().waiters == 0

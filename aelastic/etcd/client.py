@@ -656,10 +656,14 @@ class EtcdClient:
 
     def _note_local_address(self, response: httpx.Response) -> None:
         stream = response.extensions.get("network_stream")
-        if stream is not None:
+        if stream is None:
+            return
+        try:
             address = stream.get_extra_info("client_addr")
-            if isinstance(address, tuple) and address:
-                self._local_address = str(address[0]).removeprefix("::ffff:")
+        except OSError:  # the member closed the connection after its answer (it is going down): keep the last one
+            return
+        if isinstance(address, tuple) and address:
+            self._local_address = str(address[0]).removeprefix("::ffff:")
 
     # --- KV ---------------------------------------------------------------------------------------------------
 
