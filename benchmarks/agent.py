@@ -41,6 +41,7 @@ Target (issue 13): ``recovery`` with ``--prewarm`` ≤ 0.2× torchrun.
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import platform
@@ -54,6 +55,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import aelastic
 
 SYSTEMS = ("torch", "aelastic")
 PREWARM = "aelastic --prewarm"
@@ -352,6 +355,9 @@ def main(argv: list[str] | None = None) -> int:
     recoveries = args.repeats or (2 if args.quick else 5)
     launches = 3 * recoveries if not args.quick else 3
 
+    # As installed by pip, which compiles a package's modules: an editable checkout run with
+    # PYTHONDONTWRITEBYTECODE=1 would otherwise recompile every edited module at every launch (torch's are compiled).
+    compileall.compile_dir(Path(aelastic.__file__).parent, quiet=1)
     samples = Samples()
     agents = (2,) if args.quick else (2, 4)
     with scratch() as tmp:

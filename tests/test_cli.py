@@ -459,3 +459,46 @@ def test_prewarm_flags_and_their_pet_variables(monkeypatch: pytest.MonkeyPatch) 
     assert (cfg.prewarm, cfg.prewarm_modules) == (True, ("numpy",))
     with pytest.raises(ConfigurationError, match="'a-b' is not a module name"):
         config("--prewarm-modules", "a-b")
+
+
+# --- the command's process -----------------------------------------------------------------------------------------
+
+FREEZE_PROBE = """
+import atexit, gc, sys
+atexit.register(lambda: print("frozen", gc.get_freeze_count(), "enabled", gc.isenabled(), file=sys.stderr))
+sys.argv = ["aelastic", *sys.argv[1:]]
+{call}
+"""
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        "from aelastic.__main__ import console; console()",
+        "import runpy; runpy.run_module('aelastic', run_name='__main__')",
+    ],
+    ids=["console-script", "python-m"],
+)
+def test_the_command_freezes_its_imports_out_of_the_collector_and_keeps_main_s_status(call: str) -> None:
+    """Both spellings of the command (the ``aelastic`` script, ``python -m aelastic``) freeze the objects of their
+    imports out of the cyclic collector (see :func:`aelastic.__main__.console`), leave it enabled, and exit with the
+    status :func:`~aelastic.cli.main` returned."""
+    proc = subprocess.run(
+        [sys.executable, "-c", FREEZE_PROBE.format(call=call), "run", "--nnodes", "0", "train.py"],
+        capture_output=True, text=True, timeout=DEADLINE,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    error, report = proc.stderr.splitlines()
+    assert error.startswith("aelastic run: error: --nnodes"), error
+    frozen, enabled = re.fullmatch(r"frozen (\d+) enabled (\w+)", report).groups()  # type: ignore[union-attr]
+    assert int(frozen) > 10_000, report
+    assert enabled == "True", report
+
+
+def test_main_called_in_a_process_of_the_callers_leaves_the_collector_alone() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", "import gc; from aelastic.cli import main; main(['run', '--nnodes', '0', 'train.py']); "
+         "print(gc.get_freeze_count(), gc.isenabled())"],
+        capture_output=True, text=True, timeout=DEADLINE,
+    )  # fmt: skip
+    assert proc.stdout.split() == ["0", "True"], proc.stderr
