@@ -12,7 +12,7 @@ def console() -> NoReturn:
 
     The modules it imports live until the process exits, so they are frozen out of the cyclic garbage collector
     (:func:`gc.freeze`): no collection during the run, nor the interpreter's last one at exit, traverses them
-    again. That was about 50 ms of a 0.35 s no-op launch (collections of the ~27,000 objects the imports create).
+    again. That was 25-50 ms of a 0.3-0.4 s no-op launch (collections of the ~27,000 objects the imports create).
     Only the command does this; :func:`aelastic.cli.main` called in a process of the caller's leaves the collector
     alone.
     """
