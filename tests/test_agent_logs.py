@@ -378,7 +378,7 @@ class FlatLogsSpecs(LogsSpecs):
 '''
 
 FLAT_WORKER = """
-import os, sys
+import os, sys, time
 from torch.distributed.elastic.multiprocessing.errors import record
 
 @record
@@ -386,7 +386,12 @@ def main():
     rank = os.environ["RANK"]
     print(f"out of rank {rank}", flush=True)
     print(f"err of rank {rank}", file=sys.stderr, flush=True)
-    if rank == "1":
+    printed = os.path.join(os.path.dirname(__file__), "rank0-printed")
+    if rank == "0":
+        open(printed, "w").close()
+    else:
+        while not os.path.exists(printed):  # rank 0's lines are out before the crash stops it
+            time.sleep(0.01)
         raise RuntimeError("boom in rank 1")
 
 main()

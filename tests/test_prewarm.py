@@ -114,6 +114,9 @@ from . import sibling
 report("ran", standby=STANDBY, attempt=ATTEMPT, name=__name__, spec=__spec__.name, argv0=sys.argv[0],
        path0=sys.path[0], sibling=sibling.VALUE)
 if ATTEMPT == 0 and os.environ["RANK"] == "1":
+    # Rank 0 must have reported before the crash stops it: wait for its record (a file, no event to await).
+    while len([name for name in os.listdir(OUT) if name.startswith("ran-")]) < 2:
+        time.sleep(0.01)
     raise RuntimeError("boom in attempt 0")
 """
 )
