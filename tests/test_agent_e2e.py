@@ -28,6 +28,8 @@ import anyio
 import anyio.abc
 import pytest
 
+from aelastic.rendezvous.api import RendezvousParameters
+from aelastic.status import open_reader, state_or_none
 from aelastic.store.server import open_store_server
 
 pytestmark = [pytest.mark.anyio, pytest.mark.torch]
@@ -209,6 +211,18 @@ def c10d(endpoint: str, nnodes: str, *conf: str) -> list[str]:
             "--rdzv-conf", ",".join(("last_call_timeout=1", *conf))]  # fmt: skip
 
 
+async def wait_participants(endpoint: str, count: int) -> None:
+    """Wait until the rendezvous that :func:`c10d` names at ``endpoint`` has ``count`` participants, pending join
+    requests included (what every node decides on)."""
+    with anyio.fail_after(DEADLINE):
+        async with open_reader(RendezvousParameters("c10d", endpoint, "e2e", 1, count)) as reader:
+            while True:
+                state = state_or_none(await reader.read())
+                if state is not None and len(state.participants) >= count:
+                    return
+                await anyio.sleep(0.02)  # a join request wakes no watcher: a bounded poll
+
+
 # --- all-reduce ----------------------------------------------------------------------------------------------------
 
 
@@ -370,7 +384,9 @@ dist.destroy_process_group()
 async def test_third_node_mid_run_restarts_once_without_spending_the_failure_budget(job: Job) -> None:
     script = job.script("grows.py", GROWS)
     endpoint = f"127.0.0.1:{free_port()}"
-    args = [*c10d(endpoint, "2:3"), *common(1, "--max-restarts", "0"), script, job.out, "3"]
+    # The second round must have all three nodes, however late one of them comes back from stopping its workers:
+    # a last call of 5 s (the first round, of two nodes, waits it out; the second completes when the third joins).
+    args = [*c10d(endpoint, "2:3", "last_call_timeout=5"), *common(1, "--max-restarts", "0"), script, job.out, "3"]
     first = [await job.agent(*args) for _ in range(2)]
     small = await job.wait_records("started", 2)
     assert {r["WORLD_SIZE"] for r in small} == {"2"}
@@ -394,8 +410,13 @@ KEEP_ALIVE, ATTEMPTS = 0.5, 3  # a dead node is one whose heartbeat did not move
 async def test_sigkilled_node_makes_the_survivors_re_rendezvous(job: Job, rendezvous_store: str) -> None:
     script = job.script("grows.py", GROWS)
     conf = ("is_host=false", f"keep_alive_interval={KEEP_ALIVE}", f"keep_alive_max_attempt={ATTEMPTS}")
-    args = [*c10d(rendezvous_store, "2:3", *conf), *common(1, "--max-restarts", "0"), script, job.out, "99"]
-    agents = [await job.agent(*args) for _ in range(3)]
+    tail = [*common(1, "--max-restarts", "0"), script, job.out, "99"]
+    # The first round must have all three nodes: the first two join one after the other and wait in a last call
+    # long enough for the third to join. The third one's 1 s last call then ends the survivors' round after the kill.
+    agents = []
+    for joined, last_call in enumerate(("last_call_timeout=60", "last_call_timeout=60", "last_call_timeout=1")):
+        agents.append(await job.agent(*c10d(rendezvous_store, "2:3", *conf, last_call), *tail))
+        await wait_participants(rendezvous_store, joined + 1)
     started = await job.wait_records("started", 3)
     assert {r["WORLD_SIZE"] for r in started} == {"3"}
     victim = agents[1]
@@ -454,6 +475,8 @@ async def test_sigterm_stops_the_workers_and_exits_143(job: Job) -> None:
     agent.process.send_signal(signal.SIGTERM)
     assert await agent.wait() == 143, agent.output
     assert len(job.records("terminated")) == 2  # the workers got SIGTERM first, and had time to handle it
+    with anyio.move_on_after(5):  # the agent awaits its workers only: their children may still be dying of SIGKILL
+        await wait_gone(pids_of(started))
     assert not [pid for pid in pids_of(started) if alive(pid)]  # the SIGTERM-deaf children were killed too
     assert processes_mentioning(str(job.tmp_path)) == []
 
@@ -488,5 +511,7 @@ async def test_worker_children_do_not_survive_a_failed_job(job: Job) -> None:
     started = job.records("started")
     assert len(started) == 2
     assert "exitcode  : 5" in agent.output
+    with anyio.move_on_after(5):  # the agent awaits its workers only: their children may still be dying
+        await wait_gone(pids_of(started))
     assert not [pid for pid in pids_of(started) if alive(pid)]
     assert processes_mentioning(str(job.tmp_path)) == []

@@ -31,7 +31,7 @@ out = Path(os.environ["OUT"])
 
 def hang_here():
     time.sleep(3600)  # the hanging line
-
+while attempt == 0 and rank == 1 and not (out / "peer.pid").exists(): time.sleep(0.01)  # rank 0 is about to sleep
 if attempt == 0 and rank == 0:
     (out / "peer.pid").write_text(str(os.getpid()))
     time.sleep(3600)  # no timer: only the agent's stop after rank 1's kill ends it

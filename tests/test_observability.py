@@ -18,7 +18,7 @@ import anyio.abc
 import httpx
 import pytest
 import test_agent_e2e
-from test_agent_e2e import DEADLINE, Job, c10d, common, free_port
+from test_agent_e2e import DEADLINE, Job, c10d, common, free_port, wait_participants
 
 from aelastic.agent.control import health, serve_control
 from aelastic.errors import ConfigurationError
@@ -135,8 +135,12 @@ async def test_a_sigkilled_peer_is_a_member_dead_event_and_start_events_carry_th
 ) -> None:
     script = job.script("waits.py", WAITS)
     conf = ("keep_alive_interval=0.5", "keep_alive_max_attempt=3")  # dead: no heartbeat for 1.5 s
-    flags = [*c10d(rendezvous_store, "1:2", *conf), *common(1), "--max-restarts", "0", "--event-log-handler", "console"]
-    survivor, victim = [await job.agent(*flags, script, job.out) for _ in range(2)]
+    flags = [*common(1), "--max-restarts", "0", "--event-log-handler", "console", script, job.out]
+    # The first round must have both nodes: the victim joins first and waits in a last call long enough for the
+    # survivor to join. The survivor's 1 s last call then ends the round it is left alone in.
+    victim = await job.agent(*c10d(rendezvous_store, "1:2", *conf, "last_call_timeout=60"), *flags)
+    await wait_participants(rendezvous_store, 1)
+    survivor = await job.agent(*c10d(rendezvous_store, "1:2", *conf), *flags)
     first = await job.wait_records("start", 2)
     victim.process.kill()
     again = await job.wait_records("start", 1, lambda r: r["WORLD_SIZE"] == "1")
@@ -494,19 +498,24 @@ def test_ci_installs_prometheus() -> None:
     assert "prometheus" in ci
 
 
-# Under --watchdog-timeout: node 0's worker heartbeats, then SIGSTOPs itself on the first attempt (hung, no more
-# heartbeats); node 1's worker ignores SIGTERM on the first attempt, so the new round waits --shutdown-timeout for it.
+# Under --watchdog-timeout, on the first attempt: node 1's worker ignores SIGTERM (so the new round waits
+# --shutdown-timeout for it), then arms node 0's, which only then heartbeats and SIGSTOPs itself (hung, no more
+# heartbeats). Nobody heartbeats before the arming: the watchdog's clock starts at a worker's first heartbeat.
 STOPS_ITSELF = """
 import signal
 from aelastic import worker
 restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
 first = restart == "0" and os.environ["AELASTIC_MEMBERSHIP_RESTARTS"] == "0"
 report("start", attempt=restart)
+armed = os.path.join(OUT, "armed")
+if first and os.environ["GROUP_RANK"] == "1":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    open(armed, "w").close()
+while first and not os.path.exists(armed):
+    time.sleep(0.05)
 worker.heartbeat()
 if first and os.environ["GROUP_RANK"] == "0":
     os.kill(os.getpid(), signal.SIGSTOP)
-if first:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 while not os.path.exists(os.path.join(OUT, "go")):
     worker.heartbeat()
     time.sleep(0.05)

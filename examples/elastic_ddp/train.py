@@ -95,9 +95,11 @@ def main() -> None:
 
     while step < args.steps:
         step += 1
-        if step == args.crash_at_step and restart == "0" and rank == world_size - 1:
-            print(f"rank {rank}: crashing at step {step} (SIGKILL)", flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
+        if step == args.crash_at_step and restart == "0":
+            dist.barrier()  # every rank has logged (and checkpointed) the step before: the crash cuts no output short
+            if rank == world_size - 1:
+                print(f"rank {rank}: crashing at step {step} (SIGKILL)", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
         x, y = make_batch(step, args.batch_size)
         x, y = x.tensor_split(world_size)[rank], y.tensor_split(world_size)[rank]
         # This rank's share of the global mean: DDP averages gradients over ranks, so scale by the world size.

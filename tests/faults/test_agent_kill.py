@@ -58,11 +58,15 @@ def test_agent_killed_during_training(cluster: Cluster) -> None:
     h0, h1, _ = cluster.hosts
     agents = [cluster.agent(h, nnodes="2:3", rdzv=cluster.c10d(), max_restarts=3) for h in cluster.hosts]
     first = cluster.wait_training(cluster.hosts, 3)
+    # A node that joins more than the last call after the other two makes the world of three a second round: the
+    # workers of the first one are old too, and restarts count from the world of three.
+    old = cluster.records()
     agents[2].kill()
     killed = time.time()
-    after = cluster.wait_training([h0, h1], 2, old=list(first.values()), timeout=RECOVERY)
+    after = cluster.wait_training([h0, h1], 2, old=old, timeout=RECOVERY)
     report_time("agent SIGKILLed in training: survivors training", time.time() - killed, "survivors all-reduce")
-    assert {sum(r["round"]) for r in after.values()} == {1}, after  # one restart, of either kind
+    restarts = {sum(after[h]["round"]) - sum(first[h]["round"]) for h in after}
+    assert restarts == {1}, (first, after)  # one restart, of either kind
     orphan = first["h2"]["pid"]
     cluster.wait_for(f"h2's worker {orphan} gone with its agent", lambda: not pid_alive(orphan), timeout=10)
 
