@@ -50,12 +50,12 @@ def is_local_host(host: str) -> bool:
 
     An address is local exactly when a socket can bind to it, which is what is tested.
     """
-    if host in ("localhost", socket.gethostname(), socket.getfqdn()):
+    if host in ("localhost", socket.gethostname()):
         return True
     try:
         infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except OSError:
-        return False
+        infos = []
     for family, _, _, _, sockaddr in infos:
         address = str(sockaddr[0])
         if ipaddress.ip_address(address.split("%")[0]).is_loopback:
@@ -66,4 +66,4 @@ def is_local_host(host: str) -> bool:
             except OSError:
                 continue
             return True
-    return False
+    return host == socket.getfqdn()  # last: a reverse DNS lookup, slow where DNS is

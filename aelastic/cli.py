@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import os
 import shutil
 import signal
 import sys
 import uuid
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AsyncExitStack, contextmanager
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, NoReturn, TextIO
 
@@ -28,23 +26,12 @@ from .agent.agent import visible_devices
 from .agent.errors import ChildFailedError
 from .agent.logs import Std
 from .agent.processes import StopSignal, stop_signal
-from .config import DEFAULT_SIGNALS, LaunchConfig, parse_nnodes, parse_rdzv_conf, parse_signals
-from .errors import AelasticError, ConfigurationError, RendezvousConnectionError
+from .config import DEFAULT_SIGNALS, LIST_LIMIT, LaunchConfig, parse_nnodes, parse_rdzv_conf, parse_signals
+from .errors import AelasticError, ConfigurationError
 from .events import check_event_handler
 from .launcher import rendezvous_parameters
 from .rendezvous.api import RendezvousParameters, check_parameters
 from .rendezvous.state import Action, NodeDesc, NodeTimers, RendezvousSettings, RendezvousState, StateView
-from .status import (
-    LIST_LIMIT,
-    Watch,
-    check_readable,
-    describe,
-    open_reader,
-    read_rendezvous,
-    rendezvous_settings,
-    state_or_none,
-    waiting_reason,
-)
 from .store.server import serve_store
 
 __all__ = ["main"]
@@ -440,6 +427,8 @@ class _LiveLine:
         if self._waiting is None:
             text = ""  # the wait is over: erase the line
         else:
+            from .status import waiting_reason  # on a terminal only
+
             state, settings, timers = self._waiting
             reason = waiting_reason(state, settings, timers, anyio.current_time())
             text = f"aelastic: rendezvous {settings.run_id!r} round {state.round}: {reason}"
@@ -615,82 +604,10 @@ def _entry_run(args: argparse.Namespace) -> Callable[[], Any]:
     return partial(_run_job, config, entrypoint, script_args)
 
 
-@contextmanager
-def _answer_within(params: RendezvousParameters, seconds: float) -> Iterator[None]:
-    try:
-        with anyio.fail_after(seconds):
-            yield
-    except TimeoutError:
-        raise RendezvousConnectionError(
-            f"rendezvous {params.run_id!r}: the {params.backend} backend at {params.endpoint!r} did not answer "
-            f"within --timeout {seconds:g}s"
-        ) from None
-
-
-async def _show_status(
-    params: RendezvousParameters,
-    settings: RendezvousSettings | None,
-    as_json: bool,
-    read_seconds: float,
-    show_all: bool = False,
-) -> int:
-    with _answer_within(params, read_seconds):
-        state = await read_rendezvous(params)
-    view = describe(state, settings, run_id=params.run_id, backend=params.backend, endpoint=params.endpoint)
-    limit = None if show_all else LIST_LIMIT
-    print(json.dumps(view.to_json(), indent=2) if as_json else view.render(limit), flush=True)
-    return 0
-
-
-async def _watch_status(
-    params: RendezvousParameters,
-    settings: RendezvousSettings | None,
-    as_json: bool,
-    read_seconds: float,
-    show_all: bool = False,
-) -> int:
-    """Follow the rendezvous until it closes: woken by each change, and each second (a join request wakes no one,
-    and a countdown moves) to read it again. A terminal is redrawn at every read; other output gets the view at
-    each change."""
-    watch = Watch(settings)
-    terminal = sys.stdout.isatty()
-    shown: object = ()  # the state last printed; () matches no state, so the first read prints
-    async with AsyncExitStack() as stack:
-        with _answer_within(params, read_seconds):
-            reader = await stack.enter_async_context(open_reader(params))
-        while True:
-            with _answer_within(params, read_seconds):
-                seen = await reader.read()
-            state, now = state_or_none(seen), anyio.current_time()
-            watch.observe(state, now)
-            if terminal or state != shown:
-                view = describe(state, settings, run_id=params.run_id, backend=params.backend,
-                                endpoint=params.endpoint, watch=watch, now=now)  # fmt: skip
-                if as_json:
-                    text = json.dumps(view.to_json())
-                else:
-                    rendered = view.render(None if show_all else LIST_LIMIT)
-                    text = ("\x1b[H\x1b[2J" if terminal else "") + rendered + ("" if terminal else "\n")
-                print(text, flush=True)
-                shown = state
-            if state is not None and state.closed:
-                return 0
-            with anyio.move_on_after(1.0):
-                await reader.wait_for_change(seen)
-
-
 def _entry_status(args: argparse.Namespace) -> Callable[[], Any]:
-    low, high = parse_nnodes(args.nnodes) if args.nnodes is not None else (1, 1)
-    if not args.rdzv_endpoint:
-        raise ConfigurationError("--rdzv-endpoint '': give the job's rendezvous endpoint HOST:PORT")
-    if not args.timeout > 0:
-        raise ConfigurationError(f"--timeout {args.timeout!r}: must be a number of seconds > 0")
-    conf = parse_rdzv_conf(args.rdzv_conf)
-    params = RendezvousParameters(args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id, low, high, **conf)
-    check_readable(params)
-    settings = rendezvous_settings(params) if args.nnodes is not None else None
-    show = _watch_status if args.watch else _show_status
-    return partial(show, params, settings, args.json, args.timeout, args.show_all)
+    from .status import command  # here: ``aelastic run`` never needs the status command's code
+
+    return command(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

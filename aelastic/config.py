@@ -6,7 +6,7 @@ import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from .agent.logs import Std, StdSpec
 from .errors import ConfigurationError
@@ -14,6 +14,9 @@ from .errors import ConfigurationError
 __all__ = ["LaunchConfig", "parse_nnodes", "parse_rdzv_conf", "parse_signals"]
 
 DEFAULT_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+
+LIST_LIMIT: Final = 20
+"""How many nodes of each list ``aelastic status`` prints unless asked for all (``--all``)."""
 
 
 def parse_nnodes(text: str) -> tuple[int, int]:

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio
-import anyio.from_thread
 
 from . import events
 from ._groups import single_error
@@ -210,7 +209,9 @@ def run(
     call = partial(launch, config, entrypoint, *args)
     if not _in_event_loop():
         return anyio.run(call, backend=backend)
-    with anyio.from_thread.start_blocking_portal(backend) as portal:
+    from anyio.from_thread import start_blocking_portal  # only a caller inside a running loop (Jupyter) needs it
+
+    with start_blocking_portal(backend) as portal:
         future = portal.start_task_soon(call)
         try:
             values: dict[int, Any] = future.result()

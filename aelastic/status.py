@@ -1,9 +1,10 @@
 """A rendezvous as a person wants to see it: who joined, who waits, and why the round has not completed yet.
 
-Two halves. :func:`describe` is pure: (state, settings, and either a node's own timers or a :class:`Watch`, with
+Three parts. :func:`describe` is pure: (state, settings, and either a node's own timers or a :class:`Watch`, with
 a clock) to a :class:`RendezvousView` that renders as text or JSON; its :attr:`~RendezvousView.reason` is the one
 line ``aelastic run`` shows live on a terminal while it waits. :func:`open_reader` reads the state through the
-backend, and waits for its changes, without joining, writing or creating anything (``aelastic status``).
+backend, and waits for its changes, without joining, writing or creating anything. :func:`command` is
+``aelastic status`` itself (the CLI imports this module for that command only).
 
 Time left: the shared state holds no clock (nothing compares clocks of different hosts), so the last-call and
 join deadlines exist only as each node's own monotonic timers. Inside a node (``aelastic run``) they are shown.
@@ -14,13 +15,20 @@ clock, with the nodes' own rules (:class:`Watch`).
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any, Final
 
+import anyio
+
 from ._net import format_address, parse_endpoint
+from .config import LIST_LIMIT, parse_nnodes, parse_rdzv_conf
 from .errors import ConfigurationError, RendezvousConnectionError, StoreConnectionError
 from .rendezvous.api import RendezvousParameters, check_parameters
 from .rendezvous.backends import C10D_DEFAULT_PORT, C10dSettings
@@ -43,6 +51,7 @@ __all__ = [
     "RendezvousView",
     "Watch",
     "check_readable",
+    "command",
     "describe",
     "open_reader",
     "read_rendezvous",
@@ -124,10 +133,6 @@ class NodeView:
     pid: int
     rank: int | None = None
     join_seconds_left: float | None = None  # --watch: for a join it saw begin
-
-
-LIST_LIMIT: Final = 20
-"""How many nodes of each list ``aelastic status`` prints unless asked for all (``--all``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -401,3 +406,85 @@ async def _open_backend(params: RendezvousParameters) -> AsyncIterator[Rendezvou
     async with open_etcd_client(settings.etcd) as client:
         # lease_ttl is never used: this reader grants no lease and writes nothing.
         yield EtcdBackend(client, settings.key_prefix, params.run_id, lease_ttl=1)
+
+
+# --- the aelastic status command -----------------------------------------------------------------------------------
+
+
+@contextmanager
+def _answer_within(params: RendezvousParameters, seconds: float) -> Iterator[None]:
+    try:
+        with anyio.fail_after(seconds):
+            yield
+    except TimeoutError:
+        raise RendezvousConnectionError(
+            f"rendezvous {params.run_id!r}: the {params.backend} backend at {params.endpoint!r} did not answer "
+            f"within --timeout {seconds:g}s"
+        ) from None
+
+
+async def _show(
+    params: RendezvousParameters,
+    settings: RendezvousSettings | None,
+    as_json: bool,
+    read_seconds: float,
+    show_all: bool = False,
+) -> int:
+    with _answer_within(params, read_seconds):
+        state = await read_rendezvous(params)
+    view = describe(state, settings, run_id=params.run_id, backend=params.backend, endpoint=params.endpoint)
+    limit = None if show_all else LIST_LIMIT
+    print(json.dumps(view.to_json(), indent=2) if as_json else view.render(limit), flush=True)
+    return 0
+
+
+async def _follow(
+    params: RendezvousParameters,
+    settings: RendezvousSettings | None,
+    as_json: bool,
+    read_seconds: float,
+    show_all: bool = False,
+) -> int:
+    """Follow the rendezvous until it closes: woken by each change, and each second (a join request wakes no one,
+    and a countdown moves) to read it again. A terminal is redrawn at every read; other output gets the view at
+    each change."""
+    watch = Watch(settings)
+    terminal = sys.stdout.isatty()
+    shown: object = ()  # the state last printed; () matches no state, so the first read prints
+    async with AsyncExitStack() as stack:
+        with _answer_within(params, read_seconds):
+            reader = await stack.enter_async_context(open_reader(params))
+        while True:
+            with _answer_within(params, read_seconds):
+                seen = await reader.read()
+            state, now = state_or_none(seen), anyio.current_time()
+            watch.observe(state, now)
+            if terminal or state != shown:
+                view = describe(state, settings, run_id=params.run_id, backend=params.backend,
+                                endpoint=params.endpoint, watch=watch, now=now)  # fmt: skip
+                if as_json:
+                    text = json.dumps(view.to_json())
+                else:
+                    rendered = view.render(None if show_all else LIST_LIMIT)
+                    text = ("\x1b[H\x1b[2J" if terminal else "") + rendered + ("" if terminal else "\n")
+                print(text, flush=True)
+                shown = state
+            if state is not None and state.closed:
+                return 0
+            with anyio.move_on_after(1.0):
+                await reader.wait_for_change(seen)
+
+
+def command(args: argparse.Namespace) -> Callable[[], Any]:
+    """``aelastic status`` with the parsed ``args``: the coroutine function that shows (or follows) the run."""
+    low, high = parse_nnodes(args.nnodes) if args.nnodes is not None else (1, 1)
+    if not args.rdzv_endpoint:
+        raise ConfigurationError("--rdzv-endpoint '': give the job's rendezvous endpoint HOST:PORT")
+    if not args.timeout > 0:
+        raise ConfigurationError(f"--timeout {args.timeout!r}: must be a number of seconds > 0")
+    conf = parse_rdzv_conf(args.rdzv_conf)
+    params = RendezvousParameters(args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id, low, high, **conf)
+    check_readable(params)
+    settings = rendezvous_settings(params) if args.nnodes is not None else None
+    show = _follow if args.watch else _show
+    return partial(show, params, settings, args.json, args.timeout, args.show_all)

@@ -1,6 +1,6 @@
 """The agent: torchrun beside ``aelastic run``, same machine, same run, alternating within each repetition.
 
-    python -m benchmarks.agent [--quick] [--repeats N] [--json PATH] [--recovery-only [--first-step]]
+    python -m benchmarks.agent [--quick] [--repeats N] [--json PATH] [--recovery-only [--first-step] | --launch-only]
 
 Scenarios:
 
@@ -35,7 +35,8 @@ Scenarios:
 Targets (issue 4): aelastic ≤ 0.3× torchrun for ``launch`` and ``recovery``; aelastic's agent under 60 MiB.
 Target (issue 13): ``recovery`` with ``--prewarm`` ≤ 0.2× torchrun.
 
-``--recovery-only`` runs the recovery scenarios alone (``--first-step`` adds the first-step scenario to them).
+``--recovery-only`` runs the recovery scenarios alone (``--first-step`` adds the first-step scenario to them);
+``--launch-only`` the standalone no-op launch alone (``3 * repeats`` launches of each launcher).
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aelastic
+
+from .run import aelastic_install
 
 SYSTEMS = ("torch", "aelastic")
 PREWARM = "aelastic --prewarm"
@@ -351,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="write the records here")
     parser.add_argument("--recovery-only", action="store_true", help="only the recovery scenarios")
     parser.add_argument("--first-step", action="store_true", help="with --recovery-only: the first-step one too")
+    parser.add_argument("--launch-only", action="store_true", help="only the standalone no-op launch")
     args = parser.parse_args(argv)
     recoveries = args.repeats or (2 if args.quick else 5)
     launches = 3 * recoveries if not args.quick else 3
@@ -370,12 +374,13 @@ def main(argv: list[str] | None = None) -> int:
         for rep in range(0 if args.recovery_only else launches):
             for system in SYSTEMS if rep % 2 == 0 else SYSTEMS[::-1]:
                 samples.add("launch", system, launch_once(system, noop))
-        for rep in range(0 if args.recovery_only else recoveries):
+        others = 0 if args.launch_only else recoveries
+        for rep in range(0 if args.recovery_only else others):
             for system in SYSTEMS if rep % 2 == 0 else SYSTEMS[::-1]:
                 for nodes in agents:
                     samples.add_param("c10d launch", system, nodes, c10d_launch_once(system, noop, nodes))
                 samples.add("scale-up", system, scale_up_once(system, scale_up))
-        for rep in range(recoveries):
+        for rep in range(others):
             shift = rep % len(RECOVERY_SYSTEMS)  # each system in each position in turn
             for system in RECOVERY_SYSTEMS[shift:] + RECOVERY_SYSTEMS[:shift]:
                 if args.first_step or not args.recovery_only:
@@ -394,7 +399,10 @@ def main(argv: list[str] | None = None) -> int:
          "better": "lower"}
         for (scenario, system, param), values in samples.values.items()
     ]  # fmt: skip
-    print(f"agent benchmark: {launches} launches, {recoveries} of each other scenario per system (medians, min-max)")
+    print(
+        f"agent benchmark ({aelastic_install()}): {launches} launches, {recoveries} of each other scenario per system "
+        "(medians, min-max)"
+    )
     print(f"{'scenario':<14} {'N':>2} {'system':<26} {'median':>12} {'min':>12} {'max':>12}  aelastic/torch")
     for r in records:
         values = r["samples"]

@@ -27,7 +27,6 @@ import time
 import traceback as traceback_module
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
 from pathlib import Path
 from string import Template
 from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar
@@ -194,6 +193,8 @@ class ProcessFailure:
 
     def timestamp_isoformat(self) -> str:
         """``YYYY-MM-DD_HH:MM:SS`` in local time, like torch."""
+        from datetime import datetime  # only a failure report needs it: kept off every launch's import
+
         return datetime.fromtimestamp(int(self.timestamp)).isoformat(sep="_")
 
 

@@ -63,7 +63,6 @@ import anyio.abc
 import anyio.lowlevel
 
 from ..errors import AelasticError, ConfigurationError
-from . import _pdeathsig, _reaper
 from ._finish import FINISH_FDS_ENV
 from .logs import LogSpec, Std, WorkerLog, pump
 
@@ -252,6 +251,11 @@ class Reaper:
             os.close(fd)
 
 
+def _sibling(module: str) -> Path:
+    """The file of a script module next to this one; found by path, not imported (_pdeathsig loads ctypes)."""
+    return Path(__file__).with_name(f"{module}.py")
+
+
 @asynccontextmanager
 async def open_reaper() -> AsyncIterator[Reaper]:
     """Start the reaper sidecar for this agent; yields the :class:`Reaper` to pass to :func:`run_workers`.
@@ -263,7 +267,7 @@ async def open_reaper() -> AsyncIterator[Reaper]:
     read_fd, write_fd = os.pipe()  # both non-inheritable: workers never hold the write end
     try:
         process = await anyio.open_process(
-            [sys.executable, "-I", "-S", str(Path(_reaper.__file__))],
+            [sys.executable, "-I", "-S", str(_sibling("_reaper"))],
             stdin=read_fd,
             stdout=subprocess.DEVNULL,
             stderr=None,
@@ -290,7 +294,7 @@ def _pdeathsig_prefix() -> tuple[str, ...]:
     setpriv = shutil.which("setpriv")
     if setpriv is not None:
         return (setpriv, "--pdeathsig", "KILL", "--")
-    return (sys.executable, "-I", "-S", str(Path(_pdeathsig.__file__)), str(os.getpid()))
+    return (sys.executable, "-I", "-S", str(_sibling("_pdeathsig")), str(os.getpid()))
 
 
 def _signal_group(pgid: int, signum: signal.Signals) -> None:

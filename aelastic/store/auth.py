@@ -40,7 +40,6 @@ nodes of another run off the rendezvous store; it does not stop someone who can 
 
 from __future__ import annotations
 
-import hmac
 import os
 from typing import Final
 
@@ -90,4 +89,6 @@ def is_token_request(request: wire.Request) -> bool:
 
 def token_matches(request: wire.Check, token: bytes) -> bool:
     """Whether the token CHECK ``request`` carries ``token`` (constant time in the token's content)."""
+    import hmac  # here, not at the top: it loads OpenSSL's hashlib, which a store without a token never needs
+
     return hmac.compare_digest(request.keys[0][len(AUTH_KEY_PREFIX) :], token)
