@@ -428,26 +428,19 @@ async def _show(
     settings: RendezvousSettings | None,
     as_json: bool,
     read_seconds: float,
-    show_all: bool = False,
+    show_all: bool,
+    follow: bool,
 ) -> int:
-    with _answer_within(params, read_seconds):
-        state = await read_rendezvous(params)
-    view = describe(state, settings, run_id=params.run_id, backend=params.backend, endpoint=params.endpoint)
+    """Print the rendezvous once; with ``follow``, until it closes: woken by each change, and each second (a join
+    request wakes no one, and a countdown moves) to read it again. A terminal is redrawn at every read; other
+    output gets the view at each change."""
     limit = None if show_all else LIST_LIMIT
-    print(json.dumps(view.to_json(), indent=2) if as_json else view.render(limit), flush=True)
-    return 0
-
-
-async def _follow(
-    params: RendezvousParameters,
-    settings: RendezvousSettings | None,
-    as_json: bool,
-    read_seconds: float,
-    show_all: bool = False,
-) -> int:
-    """Follow the rendezvous until it closes: woken by each change, and each second (a join request wakes no one,
-    and a countdown moves) to read it again. A terminal is redrawn at every read; other output gets the view at
-    each change."""
+    if not follow:
+        with _answer_within(params, read_seconds):
+            state = await read_rendezvous(params)
+        view = describe(state, settings, run_id=params.run_id, backend=params.backend, endpoint=params.endpoint)
+        print(json.dumps(view.to_json(), indent=2) if as_json else view.render(limit), flush=True)
+        return 0
     watch = Watch(settings)
     terminal = sys.stdout.isatty()
     shown: object = ()  # the state last printed; () matches no state, so the first read prints
@@ -465,7 +458,7 @@ async def _follow(
                 if as_json:
                     text = json.dumps(view.to_json())
                 else:
-                    rendered = view.render(None if show_all else LIST_LIMIT)
+                    rendered = view.render(limit)
                     text = ("\x1b[H\x1b[2J" if terminal else "") + rendered + ("" if terminal else "\n")
                 print(text, flush=True)
                 shown = state
@@ -486,5 +479,4 @@ def command(args: argparse.Namespace) -> Callable[[], Any]:
     params = RendezvousParameters(args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id, low, high, **conf)
     check_readable(params)
     settings = rendezvous_settings(params) if args.nnodes is not None else None
-    show = _follow if args.watch else _show
-    return partial(show, params, settings, args.json, args.timeout, args.show_all)
+    return partial(_show, params, settings, args.json, args.timeout, args.show_all, args.watch)
