@@ -28,8 +28,30 @@ job = test_agent_e2e.job
 
 # Appended to test_agent_e2e.REPORT: what a worker knows about how it was started.
 ORIGIN = """
+import glob
 STANDBY = b"aelastic.agent._standby" in open("/proc/self/cmdline", "rb").read()
 ATTEMPT = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+
+def ready_to_crash():
+    # A crash that must restart warm waits until every worker of this attempt has reported and the agent has
+    # started the next attempt's standbys, which it does in the background once the workers run (a crash before
+    # that restarts cold, as it should). Files and /proc entries have no event to await: a bounded poll.
+    agent = os.getppid()
+    while True:
+        records = [json.load(open(path)) for path in glob.glob(os.path.join(OUT, "ran-*.json"))]
+        workers = {r["pid"] for r in records if r["attempt"] == ATTEMPT}
+        children = {int(pid) for task in os.listdir(f"/proc/{agent}/task")
+                    for pid in open(f"/proc/{agent}/task/{task}/children").read().split()}
+        standbys = [pid for pid in children - workers if b"aelastic.agent._standby" in cmdline(pid)]
+        if len(workers) == int(os.environ["WORLD_SIZE"]) and len(standbys) >= int(os.environ["LOCAL_WORLD_SIZE"]):
+            return
+        time.sleep(0.01)
+
+def cmdline(pid):
+    try:
+        return open(f"/proc/{pid}/cmdline", "rb").read()
+    except OSError:
+        return b""  # exited meanwhile
 """
 
 
@@ -75,6 +97,7 @@ def main():
     print(f"attempt {ATTEMPT} rank {dist.get_rank()} out")  # no flush: -u makes it reach the agent anyway
     if ATTEMPT == 0 and dist.get_rank() == 1:
         dist.barrier()
+        ready_to_crash()
         sys.exit(3)
     dist.barrier()
     dist.destroy_process_group()
@@ -114,9 +137,7 @@ from . import sibling
 report("ran", standby=STANDBY, attempt=ATTEMPT, name=__name__, spec=__spec__.name, argv0=sys.argv[0],
        path0=sys.path[0], sibling=sibling.VALUE)
 if ATTEMPT == 0 and os.environ["RANK"] == "1":
-    # Rank 0 must have reported before the crash stops it: wait for its record (a file, no event to await).
-    while len([name for name in os.listdir(OUT) if name.startswith("ran-")]) < 2:
-        time.sleep(0.01)
+    ready_to_crash()
     raise RuntimeError("boom in attempt 0")
 """
 )
@@ -180,12 +201,10 @@ async def test_record_writes_the_error_file_from_a_standby(job: Job) -> None:
 SIGNALLED = (
     ORIGIN
     + """
-import glob, signal
+import signal
 report("ran", standby=STANDBY, attempt=ATTEMPT)
 if os.environ["RANK"] == "1" and ATTEMPT < 2:
-    # Die only once rank 0 has reported too: on a busy machine it may not have started yet.
-    while sum(json.load(open(p))["attempt"] == ATTEMPT for p in glob.glob(os.path.join(OUT, "ran-*.json"))) < 2:
-        time.sleep(0.01)
+    ready_to_crash()
     os.kill(os.getpid(), (signal.SIGSEGV, signal.SIGKILL)[ATTEMPT])
 """
 )
