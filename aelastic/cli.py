@@ -13,7 +13,6 @@ import os
 import shutil
 import signal
 import sys
-import uuid
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, NoReturn, TextIO
@@ -26,7 +25,7 @@ from .agent.agent import visible_devices
 from .agent.errors import ChildFailedError
 from .agent.logs import Std
 from .agent.processes import StopSignal, stop_signal
-from .config import DEFAULT_SIGNALS, LIST_LIMIT, LaunchConfig, parse_nnodes, parse_rdzv_conf, parse_signals
+from .config import DEFAULT_SIGNALS, LIST_LIMIT, LaunchConfig, new_run_id, parse_nnodes, parse_rdzv_conf, parse_signals
 from .errors import AelasticError, ConfigurationError
 from .events import check_event_handler
 from .launcher import rendezvous_parameters
@@ -308,7 +307,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[LaunchConfig, str | Call
     auto_standalone = backend == "static" and not endpoint and args.master_port is None and max_nodes == 1
     standalone_ignores = args.standalone and (endpoint or backend != "static")
     if args.standalone or auto_standalone:
-        backend, endpoint, run_id = "c10d", "localhost:0", str(uuid.uuid4())
+        backend, endpoint, run_id = "c10d", "localhost:0", new_run_id()
     elif backend == "static":
         rdzv_configs["rank"] = args.node_rank
         if not endpoint:

@@ -18,7 +18,6 @@ import os
 import shutil
 import sys
 import tempfile
-import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
@@ -34,7 +33,7 @@ from .agent.errors import ChildFailedError
 from .agent.logs import LogSpec
 from .agent.processes import Reaper, open_reaper
 from .agent.status_events import record_agent
-from .config import LaunchConfig
+from .config import LaunchConfig, new_run_id
 from .errors import RendezvousGracefulExitError
 from .rendezvous.api import RendezvousParameters, open_rendezvous
 
@@ -93,7 +92,7 @@ async def launch(config: LaunchConfig, entrypoint: str | Callable[..., Any], *ar
     One error ending the launch is raised as itself; an ExceptionGroup comes out only when several independent
     errors happened together (e.g. the rendezvous store failed while stopping the workers failed too).
     """
-    run_id = config.run_id or uuid.uuid4().hex
+    run_id = config.run_id or new_run_id()
     spec = WorkerSpec(
         role=config.role,
         local_world_size=config.nproc_per_node,

@@ -46,7 +46,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from string import Template
-from typing import BinaryIO, Final, Protocol
+from typing import BinaryIO, Final, NamedTuple, Protocol
 
 import anyio
 import anyio.abc
@@ -101,8 +101,7 @@ class TextSink(Protocol):
     def flush(self) -> object: ...
 
 
-@dataclass(frozen=True, slots=True)
-class ConsoleSinks:
+class ConsoleSinks(NamedTuple):
     """The agent's console. ``None`` means the agent's ``sys.stdout`` / ``sys.stderr``, looked up at each write."""
 
     stdout: TextSink | None = None

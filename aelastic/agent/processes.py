@@ -56,7 +56,7 @@ from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import anyio
 import anyio.abc
@@ -93,11 +93,13 @@ logger = logging.getLogger(__name__)
 _DRAIN_LIMIT: Final = 5.0
 
 
-@dataclass
 class StopSignal:
     """The signal that stops the workers when their supervision is cancelled (see :data:`stop_signal`)."""
 
-    signum: signal.Signals = signal.SIGTERM
+    __slots__ = ("signum",)
+
+    def __init__(self, signum: signal.Signals = signal.SIGTERM) -> None:
+        self.signum = signum
 
 
 # Set by whoever turns a signal into cancellation (the CLI): the workers are stopped with the signal the agent
@@ -138,8 +140,7 @@ class WorkerCommand:
             )
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerProcess:
+class WorkerProcess(NamedTuple):
     """A started worker, as :func:`run_workers` shows it to its hooks: ``pid`` leads the worker's process group."""
 
     local_rank: int
@@ -151,8 +152,7 @@ class WorkerProcess:
 WorkerHook = Callable[[Sequence[WorkerProcess]], Coroutine[Any, Any, None]]
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerExit:
+class WorkerExit(NamedTuple):
     """How one worker ended.
 
     Attributes:
@@ -174,8 +174,7 @@ class WorkerExit:
         return self.exitcode != 0
 
 
-@dataclass(frozen=True, slots=True)
-class GroupOutcome:
+class GroupOutcome(NamedTuple):
     """The exits of one worker group, in command order, and the first failure the agent observed."""
 
     exits: tuple[WorkerExit, ...]
@@ -194,7 +193,7 @@ class GroupOutcome:
 class Reaper:
     """The agent's handle on its reaper sidecar (see :func:`open_reaper`)."""
 
-    def __init__(self, process: anyio.abc.Process, fd: int) -> None:
+    def __init__(self, process: subprocess.Popen[bytes], fd: int) -> None:
         self._process = process
         self._fd = fd
         self._registered: set[int] = set()
@@ -239,7 +238,7 @@ class Reaper:
                 await anyio.wait_writable(self._fd)
             except BrokenPipeError as exc:
                 raise ReaperError(
-                    f"the reaper sidecar (pid {self._process.pid}) exited with {self._process.returncode}; "
+                    f"the reaper sidecar (pid {self._process.pid}) exited with {self._process.poll()}; "
                     "worker groups can no longer be protected against an agent crash"
                 ) from exc
             else:
@@ -266,11 +265,12 @@ async def open_reaper() -> AsyncIterator[Reaper]:
     """
     read_fd, write_fd = os.pipe()  # both non-inheritable: workers never hold the write end
     try:
-        process = await anyio.open_process(
+        # Popen, reaped through a pidfd as the workers are: anyio.open_process would set up asyncio's subprocess
+        # transport and child-watcher thread, a few milliseconds of every launch for a process nobody reads from.
+        process = subprocess.Popen(  # noqa: ASYNC220 (see above and the module docstring)
             [sys.executable, "-I", "-S", str(_sibling("_reaper"))],
             stdin=read_fd,
             stdout=subprocess.DEVNULL,
-            stderr=None,
             start_new_session=True,
         )
     except BaseException:
@@ -286,7 +286,7 @@ async def open_reaper() -> AsyncIterator[Reaper]:
     finally:
         reaper._close()
         with anyio.CancelScope(shield=True):
-            await process.aclose()
+            await wait_process(process)
 
 
 @functools.cache

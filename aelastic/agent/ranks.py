@@ -11,22 +11,20 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..store.api import Store
 
 __all__ = ["RankAssignment", "RoleInfo", "assign", "exchange_ranks"]
 
 
-@dataclass(frozen=True, slots=True)
-class RoleInfo:
+class RoleInfo(NamedTuple):
     role: str
     rank: int  # the node's group rank
     local_world_size: int
 
 
-@dataclass(frozen=True, slots=True)
-class RankAssignment:
+class RankAssignment(NamedTuple):
     """Where one node's workers sit: worker ``i`` is global rank ``base_global_rank + i``."""
 
     base_global_rank: int

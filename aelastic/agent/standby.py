@@ -38,8 +38,7 @@ import socket
 import subprocess
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 import anyio
 import anyio.abc
@@ -62,8 +61,7 @@ PER_ATTEMPT: Final = frozenset({
 DEFAULT_PRELOAD: Final = ("torch",)  # imported only where the workers' interpreter finds it
 
 
-@dataclass(frozen=True, slots=True)
-class PythonTarget:
+class PythonTarget(NamedTuple):
     """A worker command line that a standby can run: ``python [options] (script | -m module) args``."""
 
     python: str

@@ -33,10 +33,9 @@ import signal
 import stat
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Final
+from typing import Final, NamedTuple
 
 import anyio
 
@@ -61,8 +60,7 @@ _VERSION: Final = 1
 _MAX_LINE: Final = 1 << 16  # torch's client refuses lines over PIPE_BUF; a longer run without newline is garbage
 
 
-@dataclass(frozen=True, slots=True)
-class TimerRequest:
+class TimerRequest(NamedTuple):
     """One line of the FIFO (torch's ``FileTimerRequest``)."""
 
     pid: int
@@ -75,8 +73,7 @@ class TimerRequest:
         return self.expiration_time < 0
 
 
-@dataclass(frozen=True, slots=True)
-class Expiry:
+class Expiry(NamedTuple):
     """A worker to kill: ``pid`` gets ``signal`` because timer ``scope_id`` expired at ``expiration_time``."""
 
     pid: int

@@ -42,7 +42,6 @@ reads the dead attempt's keys.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import math
@@ -259,7 +258,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         if view.complete or view.closed:
             return None
         counted = len(view.participants) + self._ticket - joined
-        return dataclasses.replace(view, sizes=(counted, *view.sizes[1:]), where="participants")
+        return view._replace(sizes=(counted, *view.sizes[1:]), where="participants")
 
     async def _whole(self) -> RendezvousState:
         """The whole state, for what a view cannot tell (which members left, and their ranks)."""

@@ -43,7 +43,7 @@ import math
 import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 from urllib.parse import quote, unquote
 
 from ..errors import ConfigurationError, RendezvousStateError
@@ -119,8 +119,7 @@ class Fact(enum.Enum):
     LAST_CALL_OVER = ("the last-call window closed", "the last-call window is open")
 
 
-@dataclass(frozen=True, slots=True)
-class _Rule:
+class _Rule(NamedTuple):
     holds: frozenset[Fact]
     fails: frozenset[Fact]
     action: Action
@@ -846,8 +845,7 @@ def shard_of(key: str, shards: int) -> int:
     return zlib.crc32(key.encode()) % shards
 
 
-@dataclass(frozen=True, slots=True)
-class Digest:
+class Digest(NamedTuple):
     """What a write publishes beside the state: the summary and the position shards (see above)."""
 
     summary: bytes
@@ -903,8 +901,7 @@ class _Listed:
         return self._node is not None and item == self._node
 
 
-@dataclass(frozen=True, slots=True)
-class StateView:
+class StateView(NamedTuple):
     """One node's view of a state, from its digest: what :func:`decide_join`, :func:`decide_exit`,
     :func:`decide_close` and :func:`update_timers` look at, without the other nodes' names.
 

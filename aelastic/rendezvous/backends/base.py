@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ...store.api import Store
 from ..state import Digest
@@ -27,8 +27,7 @@ from ..state import Digest
 __all__ = ["DigestRead", "RendezvousBackend", "Versioned"]
 
 
-@dataclass(frozen=True, slots=True)
-class DigestRead:
+class DigestRead(NamedTuple):
     """One node's read of the newest digest (``state.make_digest``): ``summary`` is ``None`` at version 0 (nothing
     written yet), ``shard`` the position shard that holds the node (``None``: no node is listed)."""
 
@@ -38,8 +37,7 @@ class DigestRead:
     shard: bytes | None
 
 
-@dataclass(frozen=True, slots=True)
-class Versioned:
+class Versioned(NamedTuple):
     """The encoded state at one version; ``data is None`` while nothing was ever written (version 0)."""
 
     version: int

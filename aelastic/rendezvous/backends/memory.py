@@ -7,7 +7,6 @@ not beaten for ``grace`` seconds of this loop's clock. Round stores are cut from
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import os
 from collections.abc import AsyncIterator, Sequence
@@ -65,7 +64,7 @@ class MemoryBackend(RendezvousBackend):
     async def request_join(self, request: bytes) -> None:
         await anyio.lowlevel.checkpoint()
         current = self._shared.current
-        self._shared.current = dataclasses.replace(current, pending=(*current.pending, request))
+        self._shared.current = current._replace(pending=(*current.pending, request))
 
     async def wait_for_change(self, seen: Versioned) -> None:
         while self._shared.current.version <= seen.version:
