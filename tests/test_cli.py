@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -305,11 +306,15 @@ def test_addresses_given_are_kept_as_given_never_resolved() -> None:
 
 @pytest.mark.usefixtures("restore_environ")
 def test_standalone_and_torch_2_14_automatic_standalone() -> None:
+    run_ids = set()
     for argv in (["--standalone", "--rdzv-backend", "etcd", "--rdzv-id", "x"], []):
         cfg, entrypoint, args = config(*argv)
         assert (cfg.rdzv_backend, cfg.rdzv_endpoint) == ("c10d", "localhost:0")
-        assert re.fullmatch(r"[0-9a-f-]{36}", cfg.run_id)
+        parsed = uuid.UUID(cfg.run_id)  # a random version-4 UUID in its text form, as torchrun's
+        assert (str(parsed), parsed.version, parsed.variant) == (cfg.run_id, 4, uuid.RFC_4122)
+        run_ids.add(cfg.run_id)
         assert (entrypoint, args) == (sys.executable, ["-u", PROBE])
+    assert len(run_ids) == 2
     cfg, _, _ = config("--master-port", "29600")  # a port given: static, as torch 2.14
     assert (cfg.rdzv_backend, cfg.rdzv_endpoint) == ("static", "127.0.0.1:29600")
 
