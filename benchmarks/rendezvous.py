@@ -348,14 +348,18 @@ async def torch_system() -> AsyncIterator[System]:
 
 
 @asynccontextmanager
-async def aelastic_system(server_ops: bool = False) -> AsyncIterator[System]:
+async def aelastic_system(max_connections: int | None = None) -> AsyncIterator[System]:
     from aelastic.rendezvous.backends.store import StoreBackend
     from aelastic.rendezvous.dynamic import state_of
     from aelastic.store.client import open_store_client
-    from aelastic.store.server import open_store_server
+    from aelastic.store.server import ServerSettings, open_store_server
 
     # The store serves in the harness's loop (the harness only waits), so its request counter can be read.
-    async with open_store_server("127.0.0.1", 0) as server, open_store_client("127.0.0.1", server.port) as client:
+    settings = ServerSettings(max_connections=max_connections)
+    async with (
+        open_store_server("127.0.0.1", 0, settings) as server,
+        open_store_client("127.0.0.1", server.port) as client,
+    ):
 
         async def count_listed(run_id: str) -> int:
             return len(state_of(await StoreBackend(client, run_id).get_state()).participants)
@@ -430,13 +434,15 @@ async def run(quick: bool, repeats: int) -> list[dict[str, Any]]:
     return records
 
 
-async def scale(sizes: list[int], release: bool, torch_sizes: list[int]) -> list[dict[str, Any]]:
+async def scale(
+    sizes: list[int], release: bool, torch_sizes: list[int], max_connections: int | None
+) -> list[dict[str, Any]]:
     """``--scale``: one instrumented all-at-once round per N (and the release latency) of aelastic (c10d), and of
     torch's handler at ``torch_sizes``, its nodes against the same counting store server (torch's protocol)."""
     import resource
 
     rounds = []
-    async with aelastic_system() as ours:
+    async with aelastic_system(max_connections) as ours:
         counted = System("torch", ours.endpoint, ours.count_listed, stats=ours.stats)
         for system, ns in ((counted, torch_sizes), (ours, sizes)):
             for n in ns:
@@ -516,6 +522,13 @@ def main() -> None:
         help="--scale: torch's handler at these N too, against the same counting store",
     )
     parser.add_argument("--plot", default=None, help="--scale: write the bytes-per-round plot (PNG) here")
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=None,
+        help="--scale: the store's connection cap (default: the server's, half the open-file limit); a node holds "
+        "more than one connection, so 10,000 nodes need more than a 20,000-file limit's default",
+    )
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker is not None:
@@ -523,7 +536,7 @@ def main() -> None:
         (torch_worker if spec["system"] == "torch" else aelastic_worker)(spec)
         return
     if args.scale:
-        rounds = anyio.run(scale, args.scale, not args.no_release, args.scale_torch)
+        rounds = anyio.run(scale, args.scale, not args.no_release, args.scale_torch, args.max_connections)
         if args.plot:
             plot_scale(rounds, args.plot)
         if args.json:
