@@ -31,7 +31,7 @@ def console() -> NoReturn:
     gc.enable()
     code = main()
     if threading.active_count() == 1:
-        atexit._run_exitfuncs()
+        atexit._run_exitfuncs()  # what the exit would run first (atexit has no public call for it)
         try:
             for stream in (sys.stdout, sys.stderr):
                 if stream is not None:  # None: started with the descriptor closed
