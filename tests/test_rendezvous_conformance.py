@@ -186,6 +186,39 @@ async def test_member_death_after_completion_is_detected(backend: Backend) -> No
         assert anyio.current_time() - killed_at <= bound + c.keep_alive_interval
 
 
+async def test_member_that_finished_may_leave(backend: Backend) -> None:
+    """A member found dead after it finished (the agent's exit barrier says so) is no reason to redo the round;
+    a node waiting to join still is."""
+    async with cluster(backend) as c:
+        a = await c.start(2, 2)
+        b = await c.start(2, 2)
+        await wait_done(a, b)
+        assert b.info is not None
+        gone_rank = b.info.rank
+        asked: list[frozenset[int]] = []
+        was_asked = anyio.Event()
+
+        async def finished(ranks: frozenset[int]) -> bool:
+            asked.append(ranks)
+            was_asked.set()
+            return ranks == {gone_rank}
+
+        reason = ""
+        with anyio.fail_after(c.grace + 15):
+            async with anyio.create_task_group() as tg:
+
+                async def watch() -> None:
+                    nonlocal reason
+                    reason = await a.h.wait_for_membership_change(finished)
+
+                tg.start_soon(watch)
+                b.kill()
+                await was_asked.wait()
+                await c.start(2, 2)  # late: it waits for the next round
+        assert "waiting" in reason, reason  # not "lost": b's leaving was excused
+        assert asked == [frozenset({gone_rank})]
+
+
 async def test_close_reaches_members_and_later_joiners(backend: Backend) -> None:
     async with cluster(backend) as c:
         a = await c.start(2, 2)

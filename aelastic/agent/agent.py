@@ -21,7 +21,8 @@ one more barrier, so the node serving the rendezvous store does not exit while a
 Both barriers wait for the round's *live* members: each node marks its rank's key and waits for the keys of the
 ranks still members; a node found dead meanwhile (liveness keeps running) is no longer waited for, so the others
 do not sit out ``exit_barrier_timeout`` for a node that will never come. (torch's store barrier counts to the
-world size and waits out its timeout.)
+world size and waits out its timeout.) A node found dead *after* it arrived in the exit barrier is no membership
+change for the nodes whose workers still run: its work was done, so they finish and meet the others there.
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ if TYPE_CHECKING:
 __all__ = ["ElasticAgent", "RunResult", "Worker", "WorkerGroup", "WorkerSpec", "WorkerState"]
 
 logger = logging.getLogger(__name__)
+
+_TERMINAL = "torchelastic/agent/terminal_state"  # the exit barrier's keys in the round store, as torch names them
 
 
 def visible_devices(env: Mapping[str, str]) -> list[str]:
@@ -317,12 +320,12 @@ class ElasticAgent:
             commands = [self._command(w, envs[w.local_rank]) for w in self.group.workers]
             if self.standbys is None:  # a standby's interpreter started long ago, without the faulthandler hook
                 commands = [dumper.command(command) for command in commands]
-            return await self._run_attempt(commands, logs, dumper)
+            return await self._run_attempt(info, commands, logs, dumper)
         finally:
             dumper.close()
 
     async def _run_attempt(
-        self, commands: Sequence[WorkerCommand], logs: LogSpec, dumper: StackDumper
+        self, info: RendezvousInfo, commands: Sequence[WorkerCommand], logs: LogSpec, dumper: StackDumper
     ) -> tuple[GroupOutcome | None, str | None]:
         outcome: GroupOutcome | None = None
         reason: str | None = None
@@ -334,9 +337,14 @@ class ElasticAgent:
 
         async with self._timer_server() as timers, anyio.create_task_group() as tg:
 
+            async def finished(ranks: frozenset[int]) -> bool:
+                # A node that left after arriving in the exit barrier is done: restarting this node's workers,
+                # still finishing, would throw their work away and let the nodes waiting in the barrier go.
+                return await info.store.check([f"{_TERMINAL}/{rank}" for rank in sorted(ranks)])
+
             async def watch() -> None:
                 nonlocal reason
-                reason = await self.handler.wait_for_membership_change()
+                reason = await self.handler.wait_for_membership_change(finished)
                 tg.cancel_scope.cancel()
 
             async def serve_timers(workers: Sequence[WorkerProcess]) -> None:
@@ -440,7 +448,7 @@ class ElasticAgent:
     async def _exit_barrier(self, info: RendezvousInfo) -> None:
         """Wait until every node's workers are done, so no node tears down a store others still use."""
         with anyio.move_on_after(self.exit_barrier_timeout) as scope:
-            await self._members_barrier(info, "torchelastic/agent/terminal_state")
+            await self._members_barrier(info, _TERMINAL)
         if scope.cancelled_caught:
             logger.warning(
                 "[%s] exit barrier: not every node finished within %gs", self.spec.role, self.exit_barrier_timeout

@@ -15,7 +15,7 @@ from __future__ import annotations
 import abc
 import logging
 import math
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -202,6 +202,10 @@ def conf_bool(params: RendezvousParameters, key: str, default: bool) -> bool:
     raise ConfigurationError(f"--rdzv-conf {key}={raw!r}: must be a boolean (true/false, 1/0)")
 
 
+Finished = Callable[[frozenset[int]], Awaitable[bool]]
+"""Whether the nodes of these ranks had finished the round's work before they left (see RendezvousHandler)."""
+
+
 class RendezvousHandler(abc.ABC):
     """One node's view of a rendezvous (torch's ``RendezvousHandler``, async)."""
 
@@ -231,9 +235,12 @@ class RendezvousHandler(abc.ABC):
         """Nodes waiting to join a later round (torch counts only the wait list, not the reserve)."""
 
     @abc.abstractmethod
-    async def wait_for_membership_change(self) -> str:
+    async def wait_for_membership_change(self, finished: Finished | None = None) -> str:
         """Return (with a reason) once this node's round must be redone: a node is waiting to join, a member
-        died, or the rendezvous closed. Event driven; it never returns while the round is stable."""
+        died, or the rendezvous closed. Event driven; it never returns while the round is stable.
+
+        When members left, ``finished`` (if given) is asked about their ranks: if it says they had finished
+        (the agent's exit barrier), their leaving is no reason, since nothing of the round needs them any more."""
 
     @abc.abstractmethod
     async def wait_for_member_ranks(self, known: frozenset[int]) -> frozenset[int]:

@@ -61,7 +61,7 @@ from ..errors import (
     StoreConnectionError,
 )
 from ..events import record_rendezvous
-from .api import RendezvousHandler, RendezvousInfo
+from .api import Finished, RendezvousHandler, RendezvousInfo
 from .backends.base import RendezvousBackend, Versioned
 from .bootstrap import BootstrapStores
 from .state import (
@@ -489,9 +489,10 @@ class DynamicRendezvousHandler(RendezvousHandler):
         await self._look()
         return self._state.num_waiting
 
-    async def wait_for_membership_change(self) -> str:
+    async def wait_for_membership_change(self, finished: Finished | None = None) -> str:
+        excused: set[int] = set()
         while True:
-            reason = await self._restart_reason()
+            reason = await self._restart_reason(finished, excused)
             if reason is not None:
                 return reason
             await self._wait_for_change(math.inf)
@@ -513,7 +514,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
         rank = {node: i for i, node in enumerate(s.rank_order)}
         return frozenset(rank[node] for node in s.participants)
 
-    async def _restart_reason(self) -> str | None:
+    async def _restart_reason(self, finished: Finished | None, excused: set[int]) -> str | None:
+        """Why the round must be redone, if it must. Ranks in ``excused`` left after ``finished`` said they had."""
         s = self._state
         if s.closed:
             return "the rendezvous was closed"
@@ -523,11 +525,16 @@ class DynamicRendezvousHandler(RendezvousHandler):
             return f"round {self._round} is over (now round {s.round})"
         if len(s.participants) < self._world:  # who left is in the whole state only
             whole = await self._whole()
-            if whole.round == self._round and whole.complete:
-                gone = set(whole.rank_order) - set(whole.participants)
-                names = ", ".join(sorted(n.id for n in gone))
+            if whole.round != self._round or not whole.complete:
+                return await self._restart_reason(finished, excused)
+            members = set(whole.participants)
+            gone = {rank for rank, node in enumerate(whole.rank_order) if node not in members} - excused
+            if gone and finished is not None and await finished(frozenset(gone)):
+                excused |= gone
+                return await self._restart_reason(finished, excused)  # the state may have moved meanwhile
+            if gone:
+                names = ", ".join(sorted(whole.rank_order[rank].id for rank in gone))
                 return f"round {self._round} lost {len(gone)} member(s): {names}"
-            return await self._restart_reason()
         if len(s.wait_list):
             return f"{len(s.wait_list)} node(s) waiting to join"
         return None

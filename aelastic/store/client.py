@@ -156,7 +156,10 @@ class StoreClient(Store):
                     self._open += 1
                     return conn
             pause = delay * random.uniform(0.5, 1.5)
-            if anyio.current_time() + pause >= anyio.current_effective_deadline():
+            # Give up, naming the store, unless the pause and one more attempt (given the pause's length again)
+            # fit before the caller's deadline: on a busy machine the loop wakes late, and the deadline would then
+            # fire first with a bare TimeoutError.
+            if anyio.current_time() + 2 * pause >= anyio.current_effective_deadline():
                 raise StoreConnectionError(f"could not connect to the store at {self.address}: {error}") from error
             logger.debug("store at %s not reachable (%s); retrying in %.3fs", self.address, error, pause)
             await anyio.sleep(pause)

@@ -82,7 +82,10 @@ def pid_alive(pid: int) -> bool:
 @pytest.mark.parametrize("victim", ["arrived", "awaited"])
 def test_agent_killed_during_the_exit_barrier(cluster: Cluster, victim: str) -> None:
     """h2's worker lingers after the job's last step, so h0 and h1 wait for h2 in the exit barrier; then either
-    h1 (arrived in the barrier) or h2 (the one awaited) is SIGKILLed. Nobody waits out exit_barrier_timeout."""
+    h1 (arrived in the barrier) or h2 (the one awaited) is SIGKILLed. Nobody waits out exit_barrier_timeout.
+
+    h2's worker is released only once h1 is out of the rendezvous state: finding a node dead that had finished
+    its work must not restart h2's workers (that would let h0 leave the barrier and take the store with it)."""
     h0, _, h2 = cluster.hosts
     rdzv = cluster.c10d()
     agents = [cluster.agent(h, nnodes="3", rdzv=rdzv, env={"FAULTS_LINGER": "1"} if h is h2 else None)
@@ -100,7 +103,9 @@ def test_agent_killed_during_the_exit_barrier(cluster: Cluster, victim: str) -> 
     cluster.wait_for("h0 and h1 in the exit barrier", lambda: arrivals() == 2)
     killed = time.time()
     if victim == "arrived":
+        probe = cluster.spawn(h0, sys.executable, PROBE, "watch", f"{h0.addr}:{C10D_PORT}", "faults", log="probe")
         agents[1].kill()
+        cluster.wait_for("h1 found dead", lambda: (s := states(probe)) and not present(s[-1], agents[1]))
         (cluster.out / "release").touch()
         survivors = [agents[0], agents[2]]
     else:

@@ -34,6 +34,7 @@ from ...store.auth import resolve_auth_token
 from ...store.client import StoreClient, open_store_client
 from ...store.server import ServerSettings, open_store_server
 from ..api import (
+    Finished,
     RendezvousHandler,
     RendezvousInfo,
     RendezvousParameters,
@@ -195,7 +196,7 @@ class StaticRendezvousHandler(RendezvousHandler):
     async def num_nodes_waiting(self) -> int:
         return 0
 
-    async def wait_for_membership_change(self) -> str:
+    async def wait_for_membership_change(self, finished: Finished | None = None) -> str:
         await anyio.sleep_forever()
         raise AssertionError("unreachable")
 
