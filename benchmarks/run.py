@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.metadata
 import json
 import os
 import platform
-import site
 import statistics
 import subprocess
 import sys
@@ -57,11 +57,12 @@ def machine() -> str:
 
 
 def aelastic_install() -> str:
-    """How aelastic is installed in this environment. An editable install (``pip install -e``) puts an import hook
-    in a ``.pth`` file that every interpreter of the environment runs at start-up, the launcher's and each
-    worker's: about 10 ms each on this machine, which a user's regular install does not pay."""
-    hooks = [hook for path in site.getsitepackages() for hook in Path(path).glob("__editable__*aelastic*.pth")]
-    return "editable install (pip install -e)" if hooks else "regular install (pip install .)"
+    """How aelastic is installed in this environment, from the distribution's ``direct_url.json`` (PEP 610). An
+    editable install used to cost every interpreter an import hook at start-up (setuptools' editable finder);
+    hatchling's is a path in a ``.pth`` file, and both kinds now start as fast."""
+    direct = importlib.metadata.distribution("aelastic").read_text("direct_url.json")
+    editable = direct is not None and json.loads(direct).get("dir_info", {}).get("editable", False)
+    return "editable install (pip install -e)" if editable else "regular install (pip install .)"
 
 
 def run_module(name: str, quick: bool, repeats: int | None) -> list[Record]:
