@@ -58,4 +58,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # The agent waits for this exit at the end of every run: skipping the interpreter's teardown makes it 1 ms
+    # instead of 5. Nothing is left to clean up; only stderr may hold a warning.
+    sys.stderr.flush()
+    os._exit(code)
