@@ -60,7 +60,10 @@ def aelastic_install() -> str:
     """How aelastic is installed in this environment, from the distribution's ``direct_url.json`` (PEP 610). An
     editable install used to cost every interpreter an import hook at start-up (setuptools' editable finder);
     hatchling's is a path in a ``.pth`` file, and both kinds now start as fast."""
-    direct = importlib.metadata.distribution("aelastic").read_text("direct_url.json")
+    try:
+        direct = importlib.metadata.distribution("aelastic").read_text("direct_url.json")
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed (imported from the checkout)"
     editable = direct is not None and json.loads(direct).get("dir_info", {}).get("editable", False)
     return "editable install (pip install -e)" if editable else "regular install (pip install .)"
 
