@@ -511,8 +511,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         s = await self._whole()
         if s.round != self._round or not s.complete:
             return frozenset()
-        rank = {node: i for i, node in enumerate(s.rank_order)}
-        return frozenset(rank[node] for node in s.participants)
+        return frozenset(range(len(s.rank_order))) - _departed(s)
 
     async def _restart_reason(self, finished: Finished | None, excused: set[int]) -> str | None:
         """Why the round must be redone, if it must. Ranks in ``excused`` left after ``finished`` said they had."""
@@ -527,8 +526,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             whole = await self._whole()
             if whole.round != self._round or not whole.complete:
                 return await self._restart_reason(finished, excused)
-            members = set(whole.participants)
-            gone = {rank for rank, node in enumerate(whole.rank_order) if node not in members} - excused
+            gone = _departed(whole) - excused
             if gone and finished is not None and await finished(frozenset(gone)):
                 excused |= gone
                 return await self._restart_reason(finished, excused)  # the state may have moved meanwhile
@@ -556,6 +554,12 @@ class DynamicRendezvousHandler(RendezvousHandler):
             logger.warning("rendezvous %s: shutdown failed: %r", self.settings.run_id, exc)
             return False
         return True
+
+
+def _departed(state: RendezvousState) -> frozenset[int]:
+    """The ranks of a complete round whose nodes are no longer participants (members only ever leave it)."""
+    members = set(state.participants)
+    return frozenset(rank for rank, node in enumerate(state.rank_order) if node not in members)
 
 
 @asynccontextmanager
