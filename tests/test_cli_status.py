@@ -17,7 +17,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -226,7 +226,10 @@ async def agents() -> AsyncIterator[Start]:
         with anyio.CancelScope(shield=True):
             for process in started:
                 if process.returncode is None:
-                    os.killpg(process.pid, signal.SIGKILL)
+                    # asyncio's child watcher may have reaped an agent that exited on its own before this loop
+                    # saw its return code: the group is then already gone.
+                    with suppress(ProcessLookupError):
+                        os.killpg(process.pid, signal.SIGKILL)
                 await process.wait()
                 await process.aclose()
 
