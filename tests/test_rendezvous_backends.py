@@ -103,7 +103,8 @@ async def test_a_join_request_wakes_no_waiter_but_a_write_does(
 async def test_store_digests_tickets_and_slots() -> None:
     """The store driver's digests: a join request's ticket counts the requests appended so far, a write's joined
     counts the requests it consumed, a node reads the newest digest (walking forward from a stale hint) with its
-    own shard, and a slot overwritten by a newer version is reported (None: read the state instead)."""
+    own shard (of the version it knows of, else of the latest announced), and a slot overwritten by a newer version
+    is reported (None: read the state instead)."""
     me, other = NodeDesc("10.0.0.1", 1, 0), NodeDesc("10.0.0.2", 2, 0)
     async with open_store_server("127.0.0.1", 0) as server, open_store_client("127.0.0.1", server.port) as client:
         a = StoreBackend(client, "digests")
@@ -116,20 +117,20 @@ async def test_store_digests_tickets_and_slots() -> None:
             seen, won = await a.set_state(b"s", seen, make_digest(state))
             assert won
         assert seen.joined == 2  # the first write consumed both requests, the second none
-        read = await a.read_digest(me.key, 1)  # version 1 is known; version 2 is the newest
-        assert read is not None
-        assert (read.version, read.joined) == (2, 2)
-        assert read.summary is not None
-        view, _ = decode_view(me, read.summary, read.shard)
-        assert (len(view.participants), me in view.participants, view.neighbour) == (2, True, other)
+        for known, version in ((1, 1), (-1, 2)):  # version 1 (known, from a wake-up); the latest, 2
+            read = await a.read_digest(me.key, known)
+            assert read is not None
+            assert (read.version, read.joined) == (version, 2)
+            assert read.summary is not None
+            view, _ = decode_view(me, read.summary, read.shard)
+            assert (len(view.participants), me in view.participants) == (version, True)  # states[version - 1]
+        assert view.neighbour == other
         for _ in range(3):  # three more versions: version 2's slot is overwritten by version 5
             seen, _ = await a.set_state(b"s", seen, make_digest(states[0]))
-        await client.set("aelastic.rendezvous/digests/latest", b"2")  # a stale hint: the reader walks forward
         read = await a.read_digest(me.key, -1)
         assert read is not None
         assert read.version == 5
-        # A reader that knows only version 2 and finds its slot taken reads the state instead.
-        await client.delete_key("aelastic.rendezvous/digests/changed/3")
+        # A reader woken for version 2 that finds its slot taken reads the state instead.
         assert await a.read_digest(me.key, 2) is None
 
 

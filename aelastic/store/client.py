@@ -8,12 +8,18 @@ Like torch's client, every key goes on the wire as ``"/" + key``, so keys writte
 Operations that answer at once (SET, ADD, COMPARE_SET, GET after a wait, ...) share one *command* connection,
 serialized by a lock, exactly as torch serializes its one socket: requests from one client therefore reach the
 server in the order they were issued, which keeps read-your-writes for reply-less requests such as SET.
-Operations that block on the server (WAIT, BARRIER, a blocking QUEUE_POP) each borrow a *wait* connection from
-a small pool, so a task waiting for a key never holds up another task's SET.
 
-Cancellation: a blocking wait that is cancelled sends CANCEL_WAIT under a shield with a short grace, reads the
-replies that the codec pairs with the two requests, and returns the connection to the pool, usable. Anything
-else interrupted mid-exchange marks its connection broken; it is closed and a new one is opened on next use.
+A WAIT (also the one before a GET) holds the command connection too, while no other wait does: a client then
+costs the server one connection, which is what lets ten thousand nodes share one store. A command that arrives
+meanwhile *preempts* the wait: the waiter sends CANCEL_WAIT, reads the replies the codec pairs with the two
+requests (the wait's is STOP_WAITING if its keys arrived first: then it is done), hands the lock to the
+commands queued on it and sends its WAIT again once they are through (WAIT is idempotent; a BARRIER is not).
+Other blocking operations (a second concurrent wait, BARRIER) each borrow a *wait* connection from a small
+pool, so a task waiting for a key never holds up another task's SET.
+
+Cancellation: a blocking wait that is cancelled sends CANCEL_WAIT under a shield with a short grace and reads
+the two replies, leaving its connection usable. Anything else interrupted mid-exchange marks its connection
+broken; it is closed and a new one is opened on next use.
 
 Connecting retries refused/reset connections with jittered exponential backoff for as long as the caller's
 deadline allows; when the next attempt would not fit, :class:`~aelastic.errors.StoreConnectionError` names the
@@ -95,6 +101,23 @@ class _Connection:
             raise StoreProtocolError(f"expected {kind.__name__}, got {reply!r}")
         return reply
 
+    async def settle(self) -> None:
+        """Read the replies still owed to requests whose callers were cancelled."""
+        while self.protocol.pending:
+            await self.receive_any()
+
+    async def take_back(self) -> wire.WaitReply | None:
+        """Cancel the outstanding wait, within a short grace whatever cancels the caller: the wait's own reply
+        (STOP_WAITING if its keys arrived before the cancel), or ``None`` if the server did not answer in time
+        (the connection is then broken)."""
+        with anyio.move_on_after(_CANCEL_GRACE, shield=True), suppress(*_CONNECTION_LOST):
+            await self.send(wire.CancelWait())
+            reply = await self.receive(wire.WaitReply)
+            await self.receive(wire.WaitReply)  # the cancel's: WAIT_CANCELED
+            return reply
+        self.broken = True
+        return None
+
     async def roundtrip(self, request: wire.Request, kind: type[R]) -> R:
         # Replies owed to requests whose caller was cancelled may still be in flight: drain them first.
         stale = self.protocol.pending
@@ -115,7 +138,9 @@ class StoreClient(Store):
         self.port = port
         self._auth_token = None if auth_token is None else auth.check_token(auth_token)
         self._command: _Connection | None = None
-        self._command_lock = anyio.Lock()
+        self._command_lock = anyio.Lock(fast_acquire=True)
+        self._command_waiter = False  # a wait holds (or queues for) the command connection
+        self._preempt: anyio.CancelScope | None = None  # cancels that wait's receive when a command arrives
         self._idle: list[_Connection] = []
         self._open = 0
         self._closed = False
@@ -193,30 +218,81 @@ class StoreClient(Store):
         self._open -= 1
         await anyio.aclose_forcefully(conn.stream)
 
-    async def _command_call(self, request: wire.Request, kind: type[R]) -> R:
+    @asynccontextmanager
+    async def _command_turn(self) -> AsyncIterator[_Connection]:
+        """The command connection, to this task alone; a wait holding it is preempted."""
+        if self._preempt is not None:
+            self._preempt.cancel()
         async with self._command_lock:
             conn = await self._command_connection()
             try:
-                return await conn.roundtrip(request, kind)
-            except (OSError, anyio.BrokenResourceError, anyio.EndOfStream) as exc:
+                yield conn
+            except _CONNECTION_LOST as exc:
                 raise self._lost(exc) from exc
             finally:
                 await self._drop_command_if_broken()
 
+    async def _command_call(self, request: wire.Request, kind: type[R]) -> R:
+        async with self._command_turn() as conn:
+            return await conn.roundtrip(request, kind)
+
     async def _command_post(self, request: wire.Request) -> None:
-        async with self._command_lock:
-            conn = await self._command_connection()
-            try:
-                await conn.send(request)
-            except (OSError, anyio.BrokenResourceError) as exc:
-                raise self._lost(exc) from exc
-            finally:
-                await self._drop_command_if_broken()
+        async with self._command_turn() as conn:
+            await conn.send(request)
 
     async def _command_connection(self) -> _Connection:
         if self._command is None:
             self._command = await self._connect()
         return self._command
+
+    async def _command_wait(self, request: wire.Wait) -> None:
+        """WAIT on the command connection, yielding it to every command that arrives meanwhile."""
+        self._command_waiter = True
+        try:
+            while True:
+                async with self._command_lock:
+                    if self._command_lock.statistics().tasks_waiting:
+                        continue  # let the queued commands through first (the lock is handed over in order)
+                    if await self._wait_turn(request):
+                        return
+        finally:
+            self._command_waiter = False
+
+    async def _wait_turn(self, request: wire.Wait) -> bool:
+        """One WAIT on the command connection (its lock held): whether its keys arrived, or a command preempted
+        it (False: send it again after the commands)."""
+        conn = await self._command_connection()
+        outstanding = False  # the WAIT is sent and neither answered nor taken back
+        try:
+            await conn.settle()
+            self._preempt = preempt = anyio.CancelScope()
+            await conn.send(request)
+            outstanding = True
+            with preempt:
+                reply = await conn.receive(wire.WaitReply)
+            if preempt.cancelled_caught:
+                # An exchange like any command's, without the grace of a cancelled wait: a silent server holds
+                # it up as it would hold up the command that preempted it (if the caller is cancelled meanwhile,
+                # the replies are still owed and ``settle`` reads them).
+                await conn.send(wire.CancelWait())
+                outstanding = False
+                reply = await conn.receive(wire.WaitReply)  # the wait's own: STOP_WAITING if its keys came first
+                await conn.receive(wire.WaitReply)  # the cancel's: WAIT_CANCELED
+            outstanding = False
+        except anyio.get_cancelled_exc_class():
+            if outstanding and not conn.broken:
+                await conn.take_back()
+            raise
+        except _CONNECTION_LOST as exc:
+            raise self._lost(exc) from exc
+        finally:
+            self._preempt = None
+            await self._drop_command_if_broken()
+        if reply.response is wire.WaitResponse.WAIT_CANCELED:
+            return False
+        if reply.response is not wire.WaitResponse.STOP_WAITING:
+            raise StoreProtocolError(f"Wait answered with {reply.response.name}")
+        return True
 
     async def _drop_command_if_broken(self) -> None:
         if self._command is not None and self._command.broken:
@@ -229,6 +305,9 @@ class StoreClient(Store):
 
     async def _blocking(self, request: wire.Wait | wire.Barrier) -> None:
         """Send a request the server answers only once its condition holds, on a wait connection."""
+        if isinstance(request, wire.Wait) and not self._command_waiter:
+            await self._command_wait(request)
+            return
         conn = self._idle.pop() if self._idle else await self._connect()
         handed_back = False
         try:
@@ -238,10 +317,7 @@ class StoreClient(Store):
             except anyio.get_cancelled_exc_class():
                 # A connection lost meanwhile (the server shutting down in the same cancellation) is discarded
                 # below; the cancellation, not the lost connection, is what the caller must see.
-                with anyio.move_on_after(_CANCEL_GRACE, shield=True), suppress(*_CONNECTION_LOST):
-                    await conn.send(wire.CancelWait())
-                    await conn.receive(wire.WaitReply)  # the wait's own reply: STOP_WAITING or WAIT_CANCELED
-                    await conn.receive(wire.WaitReply)  # the cancel's: WAIT_CANCELED
+                if await conn.take_back() is not None:
                     await self._release(conn)
                     handed_back = True
                 raise
@@ -267,6 +343,8 @@ class StoreClient(Store):
     async def aclose(self) -> None:
         """Close every connection. Pending operations of other tasks fail with ``StoreConnectionError``."""
         self._closed = True
+        if self._preempt is not None:
+            self._preempt.cancel()
         with anyio.CancelScope(shield=True):
             async with self._command_lock:
                 if self._command is not None:
@@ -345,9 +423,8 @@ class StoreClient(Store):
 
     async def local_address(self) -> str:
         """This host's address on the connection to the server: an address the server's host can reach."""
-        async with self._command_lock:
-            conn = await self._command_connection()
-        address = conn.stream.extra(anyio.abc.SocketAttribute.local_address)
+        async with self._command_turn() as conn:
+            address = conn.stream.extra(anyio.abc.SocketAttribute.local_address)
         host = str(address[0]) if isinstance(address, tuple) else str(address)
         return host.removeprefix("::ffff:")  # an IPv4 peer seen through a dual-stack socket
 

@@ -18,7 +18,8 @@ Keys, under ``aelastic.rendezvous/<run_id>/``:
     of a CAS before it announces the version. Three slots, overwritten in turn, bound their memory: a reader that
     finds a newer version in its slot reads the state instead.
 ``latest``
-    the version last announced: where a node starts looking for the newest digest (then CHECKs forward).
+    the version last announced, in the same MULTI_SET as its ``changed/<version>`` (which the server applies as
+    one request): where a node that knows no version reads the newest digest.
 ``changed/<version>``
     ``b"<joined> <shards>\\n<summary>"``, set by the writer right after its CAS wins and its shards are written.
     Waiting for a change is a server-side WAIT on the next version's key, so one write wakes every waiter at once.
@@ -54,7 +55,7 @@ class StoreBackend(RendezvousBackend):
         self.store = store
         self.location = location or f"the rendezvous store {store!r}"
         self._keys = store.prefixed(f"aelastic.rendezvous/{run_id}")
-        self._heartbeats: dict[str, tuple[bytes, float]] = {}
+        self._heartbeats: dict[str, tuple[bytes | None, float]] = {}
 
     def __repr__(self) -> str:
         return f"<StoreBackend {self.name} {self._keys!r}>"
@@ -106,11 +107,17 @@ class StoreBackend(RendezvousBackend):
         )
         return Versioned(version, data, desired, (), joined), True
 
-    async def _present(self, key: str) -> bytes:
-        """The value of a key known to exist, in one round trip: a GET is a WAIT and then a GET (a missing key
-        would block it), while a compare-and-set whose expected value no key holds only returns the value."""
+    async def _peek(self, key: str) -> bytes | None:
+        """The value of a key (``None``: missing) in one round trip, never blocking: a GET is a WAIT and then a
+        GET (a missing key would block it), while a compare-and-set whose expected value no key holds only
+        returns the value."""
         value = await self._keys.compare_set(key, _NO_VALUE, _NO_VALUE)
-        if value == _NO_VALUE:  # the key is missing after all (it never is: it was written before announced)
+        return None if value == _NO_VALUE else value
+
+    async def _present(self, key: str) -> bytes:
+        """The value of a key known to exist."""
+        value = await self._peek(key)
+        if value is None:  # the key is missing after all (it never is: it was written before announced)
             raise RendezvousStateError(f"rendezvous key {key!r} is missing from {self.location}")
         return value
 
@@ -119,9 +126,8 @@ class StoreBackend(RendezvousBackend):
         return await self._keys.add("tickets", 1)
 
     async def read_digest(self, node_key: str, known: int) -> DigestRead | None:
+        # No look further ahead: a version announced after this read wakes the node's next wait at once.
         version = known if known >= 0 else int(await self._present("latest"))
-        while await self._keys.check([f"changed/{version + 1}"]):
-            version += 1
         if version == 0:
             return DigestRead(0, 0, None, None)
         head, _, summary = (await self._present(f"changed/{version}")).partition(b"\n")
@@ -139,9 +145,9 @@ class StoreBackend(RendezvousBackend):
         await self._keys.add(f"alive/{node_key}", 1)
 
     async def find_dead(self, node_keys: Sequence[str], grace: float) -> frozenset[str]:
-        if not node_keys:
-            return frozenset()
-        counters = await self._keys.multi_get([f"alive/{key}" for key in node_keys])
+        # One non-blocking read per node (a node checks one neighbour): a counter that was never written (its
+        # node died before its first beat) must count as still, not block the checker's liveness.
+        counters = [await self._peek(f"alive/{key}") for key in node_keys]
         now = anyio.current_time()
         dead = set()
         for key, counter in zip(node_keys, counters, strict=True):
