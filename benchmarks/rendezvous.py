@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +51,7 @@ SETTLE_POLL = 0.005  # how often the harness reads the shared state while N-1 no
 KEEP_ALIVE = 5  # torch's default keep-alive interval (s): a loaded machine must not make live nodes look dead
 HEARTBEAT_INTERVAL = 1  # the keep-alive interval in the heartbeat scenario, so a short window sees many beats
 JOIN_TIMEOUT = 300.0
+OPENING = 64  # handlers each worker process opens at a time (before the round: not measured)
 
 
 # --- worker processes ---------------------------------------------------------------------------------------------
@@ -130,6 +131,8 @@ def aelastic_worker(spec: dict[str, Any]) -> None:
         opened, go, done = anyio.Event(), anyio.Event(), anyio.Event()
         starts, ends, errors = [0.0] * count, [0.0] * count, []
         ready = finished = 0
+        # Thousands of handlers opening at once would miss the store's handshake timeout: open a few at a time.
+        opening = anyio.Semaphore(OPENING)
 
         async def node(i: int) -> None:
             # Each node opens its handler in a task of its own: handlers opened one inside the other (an exit
@@ -138,7 +141,9 @@ def aelastic_worker(spec: dict[str, Any]) -> None:
             params = RendezvousParameters(
                 backend, spec["endpoint"], spec["run_id"], spec["n"], spec["n"], "127.0.0.1", **_conf(spec)
             )
-            async with open_rendezvous(params) as handler:
+            async with AsyncExitStack() as stack:
+                async with opening:
+                    handler = await stack.enter_async_context(open_rendezvous(params))
                 ready += 1
                 if ready == count:
                     opened.set()

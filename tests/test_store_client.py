@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from aelastic.errors import QueueEmptyError, StoreConnectionError
 from aelastic.store.client import StoreClient, open_store_client
+from aelastic.store.server import open_store_server
 
 pytestmark = pytest.mark.anyio
 
@@ -119,6 +120,47 @@ async def test_concurrent_waits_do_not_block_commands(client: StoreClient) -> No
             for i in range(5):
                 await client.set(f"w{i}", str(i))
     assert sorted(results) == [b"0", b"1", b"2", b"3", b"4"]
+
+
+async def test_a_wait_holds_the_command_connection_and_yields_it_to_commands(
+    client: StoreClient, torch_server: dist.TCPStore
+) -> None:
+    """One connection per client: a WAIT waits on the command connection, and commands issued meanwhile preempt it
+    (CANCEL_WAIT, the command, the WAIT again) instead of queueing behind it; the wait still ends when its key
+    arrives, set by another client, and the connection is usable afterwards."""
+    done = anyio.Event()
+
+    async def waiter() -> None:
+        await client.wait(["late"])
+        done.set()
+
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiter)
+            for i in range(20):
+                assert await client.add("beats", 1) == i + 1
+                await client.set(f"k{i}", b"v")
+                assert await client.compare_set(f"k{i}", b"v", b"w") == b"w"
+            assert not done.is_set()
+            await anyio.to_thread.run_sync(torch_server.set, "late", b"x")
+            await done.wait()
+        assert await client.get("late") == b"x"
+
+
+async def test_one_connection_per_client_while_it_waits() -> None:
+    async with (
+        open_store_server("127.0.0.1", 0) as server,
+        open_store_client("127.0.0.1", server.port) as client,
+        open_store_client("127.0.0.1", server.port) as other,
+    ):
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(client.wait, ["late"])
+                await client.add("beat", 1)  # preempts the wait if it was sent already; it is sent again after
+                while server.statistics().waiters != 1:  # noqa: ASYNC110 - server state has no event to wait on
+                    await anyio.sleep(0.005)
+                assert server.statistics().connections == 2  # the waiting client's one, and the other's
+                await other.set("late", b"x")
 
 
 async def test_queues(client: StoreClient, torch_server: dist.TCPStore) -> None:

@@ -33,7 +33,6 @@ from __future__ import annotations
 import logging
 import os
 import random
-import socket
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager, suppress
 from typing import Final, TypeVar
@@ -42,7 +41,7 @@ import anyio
 import anyio.abc
 
 from ..errors import QueueEmptyError, StoreAuthError, StoreConnectionError, StoreProtocolError
-from . import auth, wire
+from . import _stream, auth, wire
 from .api import Store, Value, as_bytes
 
 __all__ = ["StoreClient", "open_store_client"]
@@ -69,7 +68,7 @@ def _wire_key(key: str) -> bytes:
 class _Connection:
     """One socket and its protocol state. Not safe for concurrent use: callers serialize."""
 
-    def __init__(self, stream: anyio.abc.SocketStream) -> None:
+    def __init__(self, stream: anyio.abc.ByteStream) -> None:
         self.stream = stream
         self.protocol = wire.ClientProtocol()
         self.broken = False
@@ -160,11 +159,10 @@ class StoreClient(Store):
         delay = _BACKOFF_INITIAL
         while True:
             try:
-                stream = await anyio.connect_tcp(self.host, self.port)
+                stream = await _stream.connect(self.host, self.port)
             except OSError as exc:
                 error: OSError = exc
             else:
-                stream.extra(anyio.abc.SocketAttribute.raw_socket).setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 conn = _Connection(stream)
                 try:
                     await self._handshake(conn)
