@@ -20,12 +20,14 @@ import json
 import subprocess
 import sys
 import time
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
 KEEP_ALIVE = {"keep_alive_interval": "5", "keep_alive_max_attempt": "3"}  # torch's defaults
 FLAT_RATIO, FLAT_MIB = 0.10, 8.0
 SAMPLE_MARGIN = 60.0  # seconds the node processes keep beating after the driver's last scheduled sample
+OPENING = 64  # handlers a node process opens at a time: thousands at once would miss the store's handshake timeout
 
 
 def rss_mib(pid: int) -> float:
@@ -47,13 +49,16 @@ async def nodes_main(endpoint: str, run_id: str, total: int, count: int, seconds
     joined = 0
     evictions: list[str] = []
     all_joined = anyio.Event()
+    opening = anyio.Semaphore(OPENING)
 
     async def node() -> None:
         nonlocal joined
         params = RendezvousParameters(
             "c10d", endpoint, run_id, total, total, is_host="false", join_timeout="1800", **KEEP_ALIVE
         )
-        async with open_rendezvous(params) as handler:
+        async with AsyncExitStack() as stack:
+            async with opening:
+                handler = await stack.enter_async_context(open_rendezvous(params))
             await handler.next_rendezvous()
             joined += 1
             if joined == count:

@@ -248,9 +248,7 @@ class StoreClient(Store):
         self._command_waiter = True
         try:
             while True:
-                async with self._command_lock:
-                    if self._command_lock.statistics().tasks_waiting:
-                        continue  # let the queued commands through first (the lock is handed over in order)
+                async with self._command_lock:  # handed over in order: queued commands go first
                     if await self._wait_turn(request):
                         return
         finally:
@@ -259,11 +257,14 @@ class StoreClient(Store):
     async def _wait_turn(self, request: wire.Wait) -> bool:
         """One WAIT on the command connection (its lock held): whether its keys arrived, or a command preempted
         it (False: send it again after the commands)."""
-        conn = await self._command_connection()
+        # From here on a command cancels this scope; one queued before it is seen below, before the WAIT.
+        self._preempt = preempt = anyio.CancelScope()
         outstanding = False  # the WAIT is sent and neither answered nor taken back
         try:
+            conn = await self._command_connection()
             await conn.settle()
-            self._preempt = preempt = anyio.CancelScope()
+            if self._command_lock.statistics().tasks_waiting:
+                return False
             await conn.send(request)
             outstanding = True
             with preempt:
@@ -282,6 +283,8 @@ class StoreClient(Store):
                 await conn.take_back()
             raise
         except _CONNECTION_LOST as exc:
+            if isinstance(exc, StoreConnectionError):
+                raise  # from connecting: it names the store already
             raise self._lost(exc) from exc
         finally:
             self._preempt = None
