@@ -463,7 +463,7 @@ class ElasticAgent:
         await info.store.set(f"{key}/{info.rank}", b"")
         ranks = frozenset(range(info.world_size))
         if await info.store.check([f"{key}/{rank}" for rank in sorted(ranks)]):
-            return  # the last to arrive (a single node always) opens no wait connection and no membership watch
+            return  # the last to arrive (a single node always) waits for nothing and watches no membership
         while True:
             shrunk = False
             lost: StoreConnectionError | None = None

@@ -305,7 +305,8 @@ class StoreClient(Store):
         return StoreConnectionError(f"lost the connection to the store at {self.address}: {exc!r}")
 
     async def _blocking(self, request: wire.Wait | wire.Barrier) -> None:
-        """Send a request the server answers only once its condition holds, on a wait connection."""
+        """Send a request the server answers only once its condition holds: a WAIT on the command connection
+        while no other wait holds it, anything else on a wait connection of its own."""
         if isinstance(request, wire.Wait) and not self._command_waiter:
             await self._command_wait(request)
             return
