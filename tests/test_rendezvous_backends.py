@@ -102,9 +102,9 @@ async def test_a_join_request_wakes_no_waiter_but_a_write_does(
 
 async def test_store_digests_tickets_and_slots() -> None:
     """The store driver's digests: a join request's ticket counts the requests appended so far, a write's joined
-    counts the requests it consumed, a node reads the newest digest (walking forward from a stale hint) with its
-    own shard (of the version it knows of, else of the latest announced), and a slot overwritten by a newer version
-    is reported (None: read the state instead)."""
+    counts the requests it consumed, a node reads a digest with its own shard (of the version it was woken for,
+    else of the latest announced), and a slot overwritten by a newer version is reported (None: read the state
+    instead)."""
     me, other = NodeDesc("10.0.0.1", 1, 0), NodeDesc("10.0.0.2", 2, 0)
     async with open_store_server("127.0.0.1", 0) as server, open_store_client("127.0.0.1", server.port) as client:
         a = StoreBackend(client, "digests")

@@ -98,7 +98,7 @@ async def test_cancelled_wait_leaves_client_usable(client: StoreClient, torch_se
     with anyio.move_on_after(0.2) as scope:
         await client.get("never")
     assert scope.cancelled_caught
-    # The connection that carried the WAIT went back to the pool after CANCEL_WAIT: reuse it.
+    # The command connection that carried the WAIT took it back with CANCEL_WAIT: it serves what follows.
     await client.set("after", b"ok")
     assert await client.get("after") == b"ok"
     async with anyio.create_task_group() as tg:
