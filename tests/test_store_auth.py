@@ -38,7 +38,7 @@ async def test_client_with_the_token_is_served(server: StoreServer) -> None:
     with anyio.fail_after(10):
         async with open_store_client("127.0.0.1", server.port, auth_token=TOKEN) as client:
             await client.set("k", b"v")
-            assert await client.get("k") == b"v"  # the wait connection authenticates too
+            assert await client.get("k") == b"v"  # a GET: its WAIT first, on the same authenticated connection
             assert await client.list_keys() == ["k"]
             assert await client.num_keys() == 1  # the token is checked, never stored
 
