@@ -4,7 +4,9 @@
 
 Each module ``benchmarks/<name>.py`` runs as a subprocess with ``--json``, so one crashing benchmark cannot take
 the others down and every module starts from a fresh interpreter. The report has, per scenario, the median and
-min–max of every system and the ratio aelastic/torch; a PNG per scenario goes to ``benchmarks/plots/``.
+min–max of every system and the ratio aelastic/torch; a PNG per scenario goes to ``plots/`` beside the report
+(``benchmarks/plots/`` for ``RESULTS.md``), so a report written elsewhere (CI's ``--results``) leaves the committed
+plots alone.
 
 ``--quick`` is the CI smoke run: a few repetitions, small sizes, and a failing exit status if aelastic's
 standalone launch is slower than torchrun's. ``--report-only`` writes the report again from the results the last
@@ -29,7 +31,6 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 MODULES = ("store_ops", "rendezvous", "agent")
 OUT = HERE / "out"
-PLOTS = HERE / "plots"
 GATE = ("agent", "launch")  # (benchmark, scenario) that --quick holds to "aelastic no slower than torchrun"
 
 Record = dict[str, Any]
@@ -153,14 +154,14 @@ def table(records: list[Record]) -> list[str]:
     return lines
 
 
-def plot(records: list[Record]) -> list[Path]:
-    """One PNG per scenario: median vs N where a scenario has several N, else a bar per system."""
+def plot(records: list[Record], directory: Path) -> list[Path]:
+    """One PNG per scenario in ``directory``: median vs N where a scenario has several N, else a bar per system."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    PLOTS.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(parents=True, exist_ok=True)
     groups: dict[tuple[str, str], list[Record]] = defaultdict(list)
     for r in records:
         groups[(r["benchmark"], r["scenario"])].append(r)
@@ -188,7 +189,7 @@ def plot(records: list[Record]) -> list[Path]:
         ax.set_ylabel(unit)
         ax.set_title(f"{bench}: {scenario}")
         fig.tight_layout()
-        path = PLOTS / f"{bench}-{''.join(c if c.isalnum() else '_' for c in scenario)}.png"
+        path = directory / f"{bench}-{''.join(c if c.isalnum() else '_' for c in scenario)}.png"
         fig.savefig(path, dpi=100)
         plt.close(fig)
         paths.append(path)
@@ -258,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
             if outcomes:
                 report += ["What happened, per system:", ""]
                 report += [f"- **{r['system']}**, {r['scenario']}: {r['outcome']}" for r in outcomes] + [""]
-    paths = plot(records) if records else []
+    paths = plot(records, args.results.parent / "plots") if records else []
     report += [f"![{p.stem}](plots/{p.name})" for p in paths]
     args.results.write_text("\n".join(report) + "\n")
     print("\n".join(table(records)))
