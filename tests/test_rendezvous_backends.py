@@ -134,6 +134,22 @@ async def test_store_digests_tickets_and_slots() -> None:
         assert await a.read_digest(me.key, 2) is None
 
 
+async def test_store_liveness_judges_counters_without_blocking() -> None:
+    """The store driver's ``find_dead``: a node that beats between two checks is alive, one whose counter stood still
+    for the grace is dead, and one that never beat (its counter was never written) is judged the same way, on the
+    checker's clock, instead of blocking the checker's liveness on a missing key."""
+    grace = 0.2
+    async with open_store_server("127.0.0.1", 0) as server, open_store_client("127.0.0.1", server.port) as client:
+        checker, beating = StoreBackend(client, "alive"), StoreBackend(client, "alive")
+        await beating.keep_alive("beats")
+        await beating.keep_alive("stops")
+        with anyio.fail_after(10):
+            assert await checker.find_dead(["beats", "stops", "never"], grace) == frozenset()
+            await anyio.sleep(2 * grace)
+            await beating.keep_alive("beats")
+            assert await checker.find_dead(["beats", "stops", "never"], grace) == {"stops", "never"}
+
+
 async def _round_traffic(n: int) -> tuple[int, int, int]:
     """One all-at-once round of ``n`` c10d nodes (tasks of this process): the store's requests, reply bytes and
     compare-and-sets from the first join to the last release (opening the handlers is not counted)."""
