@@ -46,19 +46,26 @@ async def nodes_main(endpoint: str, run_id: str, total: int, count: int, seconds
 
     from aelastic.rendezvous.api import RendezvousParameters, open_rendezvous
 
-    joined = 0
+    opened = joined = 0
     evictions: list[str] = []
-    all_joined = anyio.Event()
+    all_opened, all_joined = anyio.Event(), anyio.Event()
     opening = anyio.Semaphore(OPENING)
 
     async def node() -> None:
-        nonlocal joined
+        nonlocal opened, joined
         params = RendezvousParameters(
             "c10d", endpoint, run_id, total, total, is_host="false", join_timeout="1800", **KEEP_ALIVE
         )
         async with AsyncExitStack() as stack:
             async with opening:
                 handler = await stack.enter_async_context(open_rendezvous(params))
+            opened += 1
+            if opened == count:
+                all_opened.set()
+            # Join once this process's handlers are all open: nodes that joined (and beat) while thousands of
+            # others still open in the same process would starve the openings, an artifact of simulating
+            # thousands of agents in one process (an agent opens one handler).
+            await all_opened.wait()
             await handler.next_rendezvous()
             joined += 1
             if joined == count:

@@ -3,6 +3,7 @@ every connection open, accepts new ones, and forwards nothing in either directio
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -16,16 +17,25 @@ class Relay:
         self.port = 0
         self.audible = anyio.Event()
         self.audible.set()
+        self._markers: tuple[bytes, ...] = ()
 
     def silence(self) -> None:
         self.audible = anyio.Event()
 
+    def silence_on(self, *markers: bytes) -> None:
+        """Go silent as soon as a client sends a chunk that holds every one of ``markers`` (that chunk is not
+        forwarded): the network dies with exactly that request in flight."""
+        self._markers = markers
+
     def restore(self) -> None:
         self.audible.set()
 
-    async def _pipe(self, source: anyio.abc.ByteStream, sink: anyio.abc.ByteStream) -> None:
+    async def _pipe(self, source: anyio.abc.ByteStream, sink: anyio.abc.ByteStream, *, upstream: bool) -> None:
         try:
             async for chunk in source:
+                if upstream and self._markers and all(marker in chunk for marker in self._markers):
+                    self._markers = ()
+                    self.silence()
                 await self.audible.wait()  # silent: the bytes go nowhere until (unless) the network is back
                 await sink.send(chunk)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
@@ -34,8 +44,8 @@ class Relay:
     async def _serve(self, client: anyio.abc.SocketStream) -> None:
         server = await anyio.connect_tcp("127.0.0.1", self.target_port)
         async with client, server, anyio.create_task_group() as tg:
-            tg.start_soon(self._pipe, client, server)
-            await self._pipe(server, client)
+            tg.start_soon(functools.partial(self._pipe, client, server, upstream=True))
+            await self._pipe(server, client, upstream=False)
             tg.cancel_scope.cancel()
 
 

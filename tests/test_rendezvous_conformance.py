@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,12 +17,17 @@ import anyio
 import pytest
 from rendezvous_cluster import Cluster, Node, Opener, open_cluster
 
-from aelastic.errors import RendezvousClosedError, RendezvousGracefulExitError, RendezvousTimeoutError
-from aelastic.rendezvous.api import RendezvousHandler, RendezvousParameters, open_rendezvous
+from aelastic.errors import (
+    RendezvousClosedError,
+    RendezvousGracefulExitError,
+    RendezvousTimeoutError,
+    StoreConnectionError,
+)
+from aelastic.rendezvous.api import RendezvousHandler, RendezvousInfo, RendezvousParameters, open_rendezvous
 from aelastic.rendezvous.backends.memory import MemoryRendezvous, open_memory_rendezvous
 from aelastic.rendezvous.dynamic import DynamicRendezvousHandler, join_observer
 from aelastic.rendezvous.state import Action, JoinRequest, NodeDesc, RendezvousState, encode_join_request
-from aelastic.store.client import open_store_client
+from aelastic.store.client import StoreClient, open_store_client
 from aelastic.store.server import open_store_server
 
 pytestmark = pytest.mark.anyio
@@ -40,9 +45,11 @@ class Backend:
 @pytest.fixture(params=["memory", "c10d", "etcd"])
 async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
     if request.param == "etcd":
-        # etcd judges liveness by leases of whole seconds: a 1 s grace (0.5 s × 2), etcd's shortest lease here.
+        # etcd judges liveness by leases of whole seconds, and the server expires them on its own clock: a 2 s
+        # grace (0.5 s × 4), so that a busy machine that delays a renewal by a second does not evict a live node
+        # (a 1 s lease, etcd's shortest, expired under four heavy jobs on two CPUs).
         etcd = request.getfixturevalue("etcd_endpoint")
-        timing = {"keep_alive_interval": 0.5, "keep_alive_max_attempt": 2}
+        timing = {"keep_alive_interval": 0.5, "keep_alive_max_attempt": 4}
         yield Backend("etcd", open_rendezvous, {"backend": "etcd", "endpoint": etcd, **timing})
         return
     async with AsyncExitStack() as stack:
@@ -143,6 +150,42 @@ async def test_late_node_waits_and_joins_next_round(backend: Backend) -> None:
         assert_consistent(a, b, late)
         assert late.info is not None
         assert late.info.round > first_round
+
+
+def _workers_store(info: RendezvousInfo | None) -> AbstractAsyncContextManager[StoreClient]:
+    assert info is not None
+    bootstrap = info.bootstrap_store_info
+    return open_store_client(bootstrap.master_addr, bootstrap.master_port)
+
+
+async def test_workers_store_is_served_by_rank_0_fresh_each_round(backend: Backend) -> None:
+    """Every member is told rank 0's endpoint by the round's state; rank 0 serves an empty store there, and the
+    next round's store is another one (the last round's no longer answers), also when rank 0 stays rank 0."""
+    async with cluster(backend) as c:
+        a, b = [await c.start(2, 2) for _ in range(2)]
+        await wait_done(a, b)
+        assert_consistent(a, b)
+        first = a.info
+        assert first is not None
+        # Told by the state that completed the round: no member waited for rank 0 to publish an address.
+        assert not await first.store.check(["MASTER_ADDR"])
+        with anyio.fail_after(10):
+            async with _workers_store(first) as store:
+                assert await store.num_keys() == 0
+                await store.set("gloo/addr", b"left by round 1")
+        a.rejoin()
+        b.rejoin()
+        await wait_done(a, b)
+        assert_consistent(a, b)
+        assert a.info is not None
+        assert a.info.round > first.round
+        assert a.info.bootstrap_store_info != first.bootstrap_store_info
+        with anyio.fail_after(10):
+            async with _workers_store(a.info) as store:
+                assert await store.num_keys() == 0
+        with anyio.fail_after(10), pytest.raises(StoreConnectionError):
+            async with _workers_store(first):
+                pass
 
 
 async def test_survivors_keep_rank_order(backend: Backend) -> None:

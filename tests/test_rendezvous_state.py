@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from aelastic._net import format_address
 from aelastic.errors import ConfigurationError, RendezvousStateError
 from aelastic.rendezvous import state as sm
 from aelastic.rendezvous.state import (
@@ -477,6 +478,7 @@ def test_node_key_is_safe_and_parses_back(addr: str, pid: int, local_id: int) ->
         ({"complete": True, "participants": (A, B), "rank_order": (B, A)}, "are not in rank_order"),
         ({"complete": True, "participants": (A, C), "rank_order": (A, B)}, "are not in rank_order"),
         ({"rank_order": (A, A)}, "has duplicates"),
+        ({"participants": (B,), "endpoints": {A: "h:1"}}, "has endpoints of [10.0.0.1_100_0]: not listed"),
     ],
 )
 def test_state_invariants(kwargs: dict[str, object], words: str) -> None:
@@ -488,16 +490,23 @@ def test_state_invariants(kwargs: dict[str, object], words: str) -> None:
 # --- codec ------------------------------------------------------------------------------------------------------
 
 ENCODED = (
-    b'{"v":2,"round":3,"complete":true,"closed":false,"nodes":[["10.0.0.1",100,0],["10.0.0.1",200,0],'
-    b'["10.0.0.1",300,0],["::1",7,1]],"participants":[1,0],"wait_list":[3],"redundancy_list":[],'
-    b'"rank_order":[2,1,0]}'
+    b'{"v":3,"round":3,"complete":true,"closed":false,"nodes":[["10.0.0.1",100,0],["10.0.0.1",200,0],'
+    b'["10.0.0.1",300,0],["::1",7,1]],"endpoints":[null,"10.0.0.1:40001","10.0.0.1:40002","[::1]:40003"],'
+    b'"participants":[1,0],"wait_list":[3],"redundancy_list":[],"rank_order":[2,1,0]}'
 )
 DECODED = RendezvousState(
-    round=3, complete=True, participants=(B, A), wait_list=(NodeDesc("::1", 7, 1),), rank_order=(C, B, A)
+    round=3,
+    complete=True,
+    participants=(B, A),
+    wait_list=(NodeDesc("::1", 7, 1),),
+    rank_order=(C, B, A),
+    endpoints={B: "10.0.0.1:40001", C: "10.0.0.1:40002", NodeDesc("::1", 7, 1): "[::1]:40003"},
 )
 
 
 def test_codec_format_is_pinned() -> None:
+    assert DECODED.master == "10.0.0.1:40002"  # rank 0's (C: it left the round, its endpoint stays with its rank)
+    assert hash(DECODED) == hash(decode_state(ENCODED))  # a hashable value, endpoints and all
     assert encode_state(DECODED) == ENCODED
     assert decode_state(ENCODED) == DECODED
     assert decode_state(json.dumps(json.loads(ENCODED), indent=2).encode()) == DECODED  # any JSON layout reads
@@ -519,11 +528,11 @@ BAD_PAYLOADS: list[tuple[str, bytes, str]] = [
     ("not JSON", b"{round: 3}", "not JSON"),
     ("trailing bytes", ENCODED + b"x", "not JSON"),
     ("an array", b"[1, 2]", "a JSON list, not an object"),
-    ("no version", _doc(v=...), "format v=None is not v=2"),
-    ("the previous version", _doc(v=1), "format v=1 is not v=2, the one this aelastic reads (are all nodes"),
-    ("a later version", _doc(v=3), "format v=3 is not v=2"),
-    ("a boolean version", _doc(v=True), "format v=True is not v=2"),
-    ("a string version", _doc(v="2"), "format v='2' is not v=2"),
+    ("no version", _doc(v=...), "format v=None is not v=3"),
+    ("the previous version", _doc(v=2), "format v=2 is not v=3, the one this aelastic reads (are all nodes"),
+    ("a later version", _doc(v=4), "format v=4 is not v=3"),
+    ("a boolean version", _doc(v=True), "format v=True is not v=3"),
+    ("a string version", _doc(v="3"), "format v='3' is not v=3"),
     ("a missing field", _doc(closed=...), "missing ['closed'], unknown []"),
     ("an unknown field", _doc(deadline=1.5), "missing [], unknown ['deadline']"),
     ("a string round", _doc(round="3"), "round='3': must be an integer >= 0"),
@@ -544,7 +553,12 @@ BAD_PAYLOADS: list[tuple[str, bytes, str]] = [
     ("a node on no list", _doc(wait_list=[]), "nodes [3] are on no list"),
     ("a node on two lists", _doc(wait_list=[3, 0]), "lists 10.0.0.1_100_0 twice"),
     ("a broken invariant", _doc(participants=[0, 1]), "are not in rank_order"),
-    ("a key twice", ENCODED[:-1] + b',"v":2}', "key 'v' twice"),
+    ("a key twice", ENCODED[:-1] + b',"v":3}', "key 'v' twice"),
+    ("endpoints not a list", _doc(endpoints={}), "endpoints: must be a list as long as nodes (4)"),
+    ("an endpoint short", _doc(endpoints=[None]), "endpoints: must be a list as long as nodes (4)"),
+    ("an endpoint number", _doc(endpoints=[None, 1, None, None]), "endpoints[1]=1: must be a 'host:port' string"),
+    ("an endpoint without port", _doc(endpoints=[None, "h", None, None]), "endpoints[1] 'h': needs a port"),
+    ("an endpoint of no node", _doc(endpoints=[None, None, None, "h:1"], wait_list=[]), "nodes [3] are on no"),
     ("NaN", _doc(round=float("nan")), "holds NaN"),
 ]
 
@@ -584,6 +598,8 @@ def states(draw: st.DrawFn) -> RendezvousState:
     complete = bool(participants) and draw(st.booleans())
     if complete:  # participants must be a subsequence of rank_order
         participants = tuple(n for n in rank_order if n in set(participants))
+    known = dict.fromkeys([*pool, *rank_order])
+    endpoints = {n: format_address(n.addr, port) for n in known if (port := draw(st.integers(0, 2))) > 0}
     return RendezvousState(
         round=draw(st.integers(0, 2**40)),
         complete=complete,
@@ -592,6 +608,7 @@ def states(draw: st.DrawFn) -> RendezvousState:
         wait_list=wait_list,
         redundancy_list=redundancy_list,
         rank_order=rank_order,
+        endpoints=endpoints,
     )
 
 
@@ -611,7 +628,8 @@ def test_decode_fails_only_with_state_errors(data: bytes) -> None:
 
 # --- join requests: folding them equals each requester writing its own join ---------------------------------------
 
-requests_st = st.lists(st.builds(JoinRequest, nodes_st, st.integers(1, 6)), max_size=10)
+endpoints_st = st.one_of(st.none(), st.sampled_from(["10.0.0.9:1", "[::1]:2", "host_a:3"]))
+requests_st = st.lists(st.builds(JoinRequest, nodes_st, st.integers(1, 6), endpoints_st), max_size=10)
 
 
 def joined_one_by_one(state: RendezvousState, requests: list[JoinRequest]) -> RendezvousState:
@@ -621,6 +639,8 @@ def joined_one_by_one(state: RendezvousState, requests: list[JoinRequest]) -> Re
         action = decide_join(state, request.node, settings, NodeTimers(join_deadline=math.inf), 0.0)
         if action in JOIN_REQUESTS:
             state = apply(state, action, request.node, settings)
+            if request.endpoint is not None:  # the listed node's endpoint is its newest request's
+                state = dataclasses.replace(state, endpoints={**state.endpoints, request.node: request.endpoint})
     return state
 
 
@@ -631,9 +651,11 @@ def test_folding_join_requests_equals_joining_one_by_one(state: RendezvousState,
 
 
 def test_folding_the_max_th_request_completes_the_round() -> None:
-    folded = fold_joins(S(participants=(B,)), [JoinRequest(A, 3), JoinRequest(C, 3), JoinRequest(D, 3)])
+    requests = [JoinRequest(A, 3, "a:1"), JoinRequest(C, 3, "c:1"), JoinRequest(D, 3)]
+    folded = fold_joins(S(participants=(B,), endpoints={B: "b:1"}), requests)
     assert folded.complete
     assert folded.participants == folded.rank_order == (A, B, C)  # NodeDesc order on a first round
+    assert folded.master == "a:1"  # rank 0's endpoint, from the request that listed it
     assert folded.redundancy_list == (D,)  # the round was complete and full when D's request came
     late = fold_joins(done(A, B), [JoinRequest(D, 3), JoinRequest(D, 3)])
     assert late.wait_list == (D,)  # complete with room: waits for the next round, once
@@ -649,11 +671,25 @@ def test_join_request_codec_round_trips(requests: list[JoinRequest]) -> None:
 
 
 @pytest.mark.parametrize(
-    "data", [b"", b"{}", b'["a",1,2]', b'["a",1,2,0]', b'["",1,2,3]', b"[1,1,2,3]", b'["a",1,2,true]', b"\xff"]
+    ("data", "words"),
+    [
+        (b"", "not JSON"),
+        (b"\xff", "not JSON"),
+        (b"{}", "not [3, addr, pid, local_id, max_nodes, endpoint]"),
+        (b'["a",1,2,3]', "format v=None is not v=3, the one this aelastic reads (are all nodes"),  # v2's
+        (b'[2,"a",1,2,3,null]', "format v=2 is not v=3"),
+        (b'[3,"a",1,2,3]', "not [3, addr"),
+        (b'[3,"a",1,2,0,null]', "max_nodes=0"),
+        (b'[3,"",1,2,3,null]', "addr=''"),
+        (b'[3,"a",1,2,true,null]', "not [3, addr"),
+        (b'[3,"a",1,2,3,5]', "not [3, addr"),
+        (b'[3,"a",1,2,3,"h"]', "'h': needs a port"),
+    ],
 )
-def test_join_request_decode_rejects_bad_payloads(data: bytes) -> None:
-    with pytest.raises(RendezvousStateError, match="join request"):
+def test_join_request_decode_rejects_bad_payloads(data: bytes, words: str) -> None:
+    with pytest.raises(RendezvousStateError, match="join request") as info:
         decode_join_request(data)
+    assert words in str(info.value)
 
 
 # --- a simulated cluster ----------------------------------------------------------------------------------------
@@ -988,6 +1024,7 @@ def test_a_nodes_view_decides_as_the_whole_state(state: RendezvousState, outside
                     timers, state, cfg, NOW, node=node
                 )
         assert view.rank_of(node) == state.rank_of(node)
+        assert view.master == state.master
         assert (view.round, view.world_size, view.num_waiting) == (state.round, state.world_size, state.num_waiting)
         expected = order[order.index(node) - 1] if node in order and len(order) > 1 else None
         assert view.neighbour == expected
@@ -1007,9 +1044,14 @@ def test_digest_shards_are_bounded_and_cover_every_node() -> None:
 @pytest.mark.parametrize(
     ("summary", "words"),
     [
-        (b'{"v":1,"round":0}', "digest format v=1 is not v=2, the one this aelastic reads (are all nodes"),
+        (b'{"v":2,"round":0}', "digest format v=2 is not v=3, the one this aelastic reads (are all nodes"),
         (b"not json", "digest is not JSON"),
-        (b'{"v":2,"round":0}', "not the v2 summary"),
+        (b'{"v":3,"round":0}', "not the v3 summary"),
+        (
+            b'{"v":3,"round":0,"complete":false,"closed":false,"participants":0,"wait_list":0,"redundancy_list":0,'
+            b'"world_size":0,"shards":1,"master":"h"}',
+            "digest master 'h': needs a port",
+        ),
     ],
 )
 def test_digest_rejects_other_formats(summary: bytes, words: str) -> None:

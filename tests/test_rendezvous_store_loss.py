@@ -17,11 +17,15 @@ from silent_relay import Relay, open_relay
 
 from aelastic.errors import RendezvousConnectionError
 from aelastic.rendezvous.api import RendezvousParameters, open_rendezvous
+from aelastic.rendezvous.backends.store import _NO_VALUE
 from aelastic.store.server import open_store_server
 
 pytestmark = pytest.mark.anyio
 
 FAST = {"keep_alive_interval": 0.1, "keep_alive_max_attempt": 3, "heartbeat_timeout": 0.3, "is_host": False}
+# Several nodes watch each other: a grace and timeouts a busy machine cannot outrun by accident (a false eviction or
+# a lost store declared before the test silences it would end a node without the error under test).
+WATCHED = {"keep_alive_interval": 0.1, "keep_alive_max_attempt": 20, "heartbeat_timeout": 1.0, "is_host": False}
 
 
 @asynccontextmanager
@@ -69,3 +73,74 @@ async def test_a_silence_shorter_than_read_timeout_is_survived() -> None:
                 assert not await handler.is_closed()
                 await handler.set_closed()
                 assert await handler.is_closed()
+
+
+async def test_a_store_silent_during_a_neighbour_check_fails_both_nodes_after_read_timeout() -> None:
+    """The store goes silent with a node's neighbour check in flight (the request swallowed): the check must not
+    hang that node's liveness, which is what gives up on the store; both nodes fail naming it."""
+    read_timeout = 3.0
+    errors: list[RendezvousConnectionError] = []
+    async with open_relayed_store() as relay:
+        relay.silence_on(b"/alive/", _NO_VALUE)  # the neighbour check's non-blocking read of a counter
+
+        async def member() -> None:
+            params = RendezvousParameters(
+                "c10d", f"127.0.0.1:{relay.port}", "check", 2, 2, read_timeout=read_timeout, **WATCHED
+            )
+            try:
+                async with open_rendezvous(params) as handler:
+                    await handler.next_rendezvous()
+                    await handler.wait_for_membership_change()  # only losing the store ends it
+            except RendezvousConnectionError as exc:
+                errors.append(exc)
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(member)
+                tg.start_soon(member)
+    assert not relay.audible.is_set(), "no neighbour check was ever sent"
+    assert len(errors) == 2
+    for error in errors:
+        assert f"127.0.0.1:{relay.port}" in str(error)
+        assert "read_timeout=3s" in str(error)
+
+
+async def test_a_store_silent_during_an_eviction_fails_the_evicting_node_after_read_timeout() -> None:
+    """A node dies; the store goes silent with its neighbour's eviction in flight (the read of the state that the
+    eviction rewrites): the eviction must not hang the evicting node's liveness either."""
+    read_timeout = 3.0
+    errors: list[RendezvousConnectionError] = []
+    victim = anyio.CancelScope()
+    completed = 0
+    all_completed = anyio.Event()
+    async with open_relayed_store() as relay:
+
+        async def member(scope: anyio.CancelScope) -> None:
+            nonlocal completed
+            params = RendezvousParameters(
+                "c10d", f"127.0.0.1:{relay.port}", "evict", 3, 3, read_timeout=read_timeout, **WATCHED
+            )
+            with scope:
+                try:
+                    async with open_rendezvous(params) as handler:
+                        await handler.next_rendezvous()
+                        completed += 1
+                        if completed == 3:
+                            all_completed.set()
+                        await handler.wait_for_membership_change()  # only losing the store ends it
+                except RendezvousConnectionError as exc:
+                    errors.append(exc)
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(member, victim)
+                tg.start_soon(member, anyio.CancelScope())
+                tg.start_soon(member, anyio.CancelScope())
+                await all_completed.wait()
+                relay.silence_on(b"/state")  # after the round, only an eviction reads the whole state
+                victim.cancel()  # its heartbeats stop: its neighbour evicts it after the grace
+    assert not relay.audible.is_set(), "no eviction was ever sent"
+    assert len(errors) == 2
+    assert any("evicting the dead node" in str(error) for error in errors), errors
+    for error in errors:
+        assert f"127.0.0.1:{relay.port}" in str(error)

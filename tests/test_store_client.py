@@ -8,6 +8,7 @@ from contextlib import AsyncExitStack
 from datetime import timedelta
 
 import anyio
+import anyio.lowlevel
 import pytest
 import torch.distributed as dist
 
@@ -145,6 +146,24 @@ async def test_a_wait_holds_the_command_connection_and_yields_it_to_commands(
             await anyio.to_thread.run_sync(torch_server.set, "late", b"x")
             await done.wait()
         assert await client.get("late") == b"x"
+
+
+async def test_a_preempted_wait_ends_whichever_comes_first(client: StoreClient, torch_server: dist.TCPStore) -> None:
+    """A key that arrives around a preemption (set by the very command that preempts the wait, or by another
+    client while the CANCEL_WAIT is on its way) still ends the wait: its WAIT, sent again, finds the key."""
+    with anyio.fail_after(60):
+        for i in range(40):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(client.wait, [f"race{i}"])
+                for _ in range(i % 3):
+                    await anyio.lowlevel.checkpoint()  # the WAIT sent or not yet, varied
+                if i % 2:
+                    await client.set(f"race{i}", b"by the preempting command")
+                else:
+                    tg.start_soon(anyio.to_thread.run_sync, torch_server.set, f"race{i}", b"by another client")
+                    await client.add("beats", 1)
+            # The task group ended: the wait returned.
+        assert await client.add("beats", 0) == 20
 
 
 async def test_one_connection_per_client_while_it_waits() -> None:

@@ -34,10 +34,11 @@ inside the handler (the agent stops its workers).
 Clocks: every deadline is this process's monotonic clock (``anyio.current_time``); nothing compares times
 written by different hosts.
 
-Bootstrap store: when a round completes, its rank-0 node starts a fresh, empty store server in the handler's
-task group (stopping the one of its previous round) and publishes its address in the round store; workers of
-every node use it (``MASTER_ADDR``/``MASTER_PORT``). A fresh server per round means a restarted attempt never
-reads the dead attempt's keys.
+Bootstrap store: every node binds a listener before it asks to join and sends its endpoint in the join request;
+the state keeps the endpoints, and the state (or digest) that completes a round names rank 0's. Rank 0 then
+serves a fresh, empty store on that listener in the handler's task group (stopping the one of its previous
+round); workers of every node use it (``MASTER_ADDR``/``MASTER_PORT``), and no member waits for rank 0 after the
+round. A fresh server per round means a restarted attempt never reads the dead attempt's keys.
 """
 
 from __future__ import annotations
@@ -379,7 +380,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
                     deadlines.append(timers.last_call_deadline)
                 await self._wait_for_change(min(deadlines))
             elif action in JOIN_REQUESTS:
-                self._request = encode_join_request(JoinRequest(self.node, self.settings.max_nodes))
+                endpoint = await self._bootstrap.reserve()
+                self._request = encode_join_request(JoinRequest(self.node, self.settings.max_nodes, endpoint))
                 self._ticket = await self.backend.request_join(self._request)
                 counters["join requests"] += 1
                 counted = None
@@ -413,9 +415,16 @@ class DynamicRendezvousHandler(RendezvousHandler):
         reached = anyio.current_time()  # when a beat last reached the backend
         while True:
             await anyio.sleep(self.settings.keep_alive_interval)
+            dead: NodeDesc | None = None
             try:
+                # The neighbour's check is bounded with the beat: a store that goes silent while it is in flight
+                # must not hang the liveness, which is what notices a lost store.
                 with anyio.fail_after(self._heartbeat_timeout):
                     await self.backend.keep_alive(self.node.key)
+                    reached = anyio.current_time()
+                    neighbour = self._neighbour()
+                    if neighbour is not None and await self.backend.find_dead([neighbour.key], grace):
+                        dead = neighbour
             except (TimeoutError, StoreConnectionError) as exc:
                 # A missed beat is what liveness is for: the others judge this node. Only a backend that no beat
                 # has reached for read_timeout is given up on: other operations may hang on it meanwhile.
@@ -429,10 +438,15 @@ class DynamicRendezvousHandler(RendezvousHandler):
                     ) from exc
                 logger.warning("rendezvous %s: heartbeat of %s failed: %s", self.settings.run_id, self.node.id, error)
                 continue
-            reached = anyio.current_time()
-            neighbour = self._neighbour()
-            if neighbour is not None and await self.backend.find_dead([neighbour.key], grace):
-                await self._evict(frozenset({neighbour}))
+            if dead is not None:
+                try:
+                    with anyio.fail_after(self._read_timeout):  # nor may the eviction hang the liveness
+                        await self._evict(frozenset({dead}))
+                except TimeoutError as exc:
+                    raise RendezvousConnectionError(
+                        f"rendezvous {self.settings.run_id!r}: lost {self.backend.location}: evicting the dead "
+                        f"node {dead.id} got no answer within read_timeout={self._read_timeout:g}s"
+                    ) from exc
 
     def _neighbour(self) -> NodeDesc | None:
         if isinstance(self._state, StateView):
@@ -472,7 +486,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         if rank is None:  # the state machine finishes a join only as a member of a complete round
             raise RendezvousClosedError(f"rendezvous {settings.run_id!r}: join finished without a rank")
         round_store = self.backend.store.prefixed(f"torch.rendezvous.{settings.run_id}.{state.round}")
-        bootstrap = await self._bootstrap.publish(round_store, rank)
+        bootstrap = await self._bootstrap.start_round(rank, state.master)
         self._round, self._world = state.round, state.world_size
         record_rendezvous(
             "round_complete", settings.run_id, node.id, backend=self._backend_name, round=state.round, rank=rank,
@@ -584,6 +598,8 @@ async def open_dynamic_rendezvous(
             heartbeat_timeout=heartbeat_timeout, read_timeout=read_timeout,
         )  # fmt: skip
         try:
+            await handler._bootstrap.reserve()  # the first join's endpoint, bound before any round starts
             yield handler
         finally:
             tg.cancel_scope.cancel()
+            handler._bootstrap.close()

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any, Final, NamedTuple
 from urllib.parse import quote, unquote
 
+from .._net import parse_endpoint
 from ..errors import ConfigurationError, RendezvousStateError
 
 __all__ = [
@@ -75,9 +76,11 @@ __all__ = [
     "update_timers",
 ]
 
-FORMAT_VERSION: Final = 2
-"""The ``"v"`` field of the encoded state and of its digest; a reader rejects any other value. v2 added the digest
-(:func:`make_digest`): a reader of v1 state would not publish one, so the two must not share a run."""
+FORMAT_VERSION: Final = 3
+"""The ``"v"`` field of the encoded state, of its digest and of join requests; a reader rejects any other value.
+v2 added the digest (:func:`make_digest`): a reader of v1 state would not publish one, so the two must not share a
+run. v3 added each node's bootstrap endpoint (``endpoints``, the ``"master"`` of the summary): a v2 node would
+wait for a rank 0 that no longer publishes its address in the round's store."""
 
 
 class Action(enum.Enum):
@@ -205,6 +208,17 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _check_endpoint(value: object, what: str, error: type[Exception]) -> str:
+    """``value`` if it is a ``host:port`` endpoint (an IPv6 host in brackets), else ``error`` naming ``what``."""
+    try:
+        if isinstance(value, str):
+            parse_endpoint(value, None, what=what)
+            return value
+    except ConfigurationError as exc:
+        raise error(str(exc)) from None
+    raise error(f"{what}={value!r}: must be a 'host:port' string")
+
+
 @dataclass(frozen=True, slots=True, order=True)
 class NodeDesc:
     """One rendezvous participant: an agent process (torch's ``_NodeDesc``). Ordered by (addr, pid, local_id).
@@ -300,6 +314,8 @@ class RendezvousState:
         redundancy_list: Late nodes beyond ``max_nodes``, in reserve until a slot frees.
         rank_order: The nodes of the latest completed round at its completion; index = rank. While the round is
             complete it is this round's; after, it is kept so the next round keeps the survivors' relative order.
+        endpoints: The bootstrap endpoint (``host:port``) of each listed or ranked node that sent one with its join
+            request; :attr:`master` is rank 0's.
     """
 
     round: int = 0
@@ -309,6 +325,8 @@ class RendezvousState:
     wait_list: tuple[NodeDesc, ...] = ()
     redundancy_list: tuple[NodeDesc, ...] = ()
     rank_order: tuple[NodeDesc, ...] = ()
+    # Compared, not hashed (a dict is not hashable): the state stays a hashable value, as its other fields allow.
+    endpoints: Mapping[NodeDesc, str] = dataclasses.field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         if not _is_int(self.round) or self.round < 0:
@@ -337,6 +355,9 @@ class RendezvousState:
                     f"rendezvous state round {self.round} is complete but participants={_render(self.participants)} "
                     f"are not in rank_order={_render(self.rank_order)}"
                 )
+        stray = set(self.endpoints) - seen - set(self.rank_order)
+        if stray:
+            raise RendezvousStateError(f"rendezvous state has endpoints of {_render(tuple(sorted(stray)))}: not listed")
 
     def __repr__(self) -> str:
         return (
@@ -364,6 +385,12 @@ class RendezvousState:
     def all_nodes(self) -> tuple[NodeDesc, ...]:
         """Every node the state lists: participants, then the wait list, then the redundancy list."""
         return self.participants + self.wait_list + self.redundancy_list
+
+    @property
+    def master(self) -> str | None:
+        """The bootstrap endpoint (``host:port``) of the complete round's rank 0: where its workers' store is served.
+        ``None`` before completion, or when rank 0 joined without one (a state built by hand)."""
+        return self.endpoints.get(self.rank_order[0]) if self.complete else None
 
 
 def _is_subsequence(items: tuple[NodeDesc, ...], of: tuple[NodeDesc, ...]) -> bool:
@@ -486,26 +513,35 @@ def _without(nodes: tuple[NodeDesc, ...], gone: frozenset[NodeDesc]) -> tuple[No
     return tuple(n for n in nodes if n not in gone)
 
 
+def _kept_endpoints(endpoints: Mapping[NodeDesc, str], *lists: tuple[NodeDesc, ...]) -> dict[NodeDesc, str]:
+    """The endpoints of the nodes on ``lists``: the lists and the rank order of the state about to be made."""
+    kept = set().union(*lists)
+    return {n: e for n, e in endpoints.items() if n in kept}
+
+
 def _completed(state: RendezvousState) -> RendezvousState:
     """Mark the round complete and fix the ranks: the previous group's survivors first, in their old order."""
     previous = {n: i for i, n in enumerate(state.rank_order)}
     order = tuple(
         sorted(state.participants, key=lambda n: (0, previous[n], n) if n in previous else (1, 0, n)),
     )
-    return dataclasses.replace(state, complete=True, participants=order, rank_order=order)
+    endpoints = _kept_endpoints(state.endpoints, order, state.wait_list, state.redundancy_list)
+    return dataclasses.replace(state, complete=True, participants=order, rank_order=order, endpoints=endpoints)
 
 
 def _removed(state: RendezvousState, gone: frozenset[NodeDesc]) -> RendezvousState:
     """Take ``gone`` off every list; torch's ``_remove_participant_epilogue`` after a participant leaves."""
     participants = _without(state.participants, gone)
     round_over = state.complete and not participants  # the last member of a completed round left
+    wait_list, reserve = _without(state.wait_list, gone), _without(state.redundancy_list, gone)
     return dataclasses.replace(
         state,
         round=state.round + 1 if round_over else state.round,
         complete=state.complete and not round_over,
         participants=participants,
-        wait_list=_without(state.wait_list, gone),
-        redundancy_list=_without(state.redundancy_list, gone),
+        wait_list=wait_list,
+        redundancy_list=reserve,
+        endpoints=_kept_endpoints(state.endpoints, participants, wait_list, reserve, state.rank_order),
     )
 
 
@@ -578,14 +614,19 @@ JOIN_REQUESTS: Final[frozenset[Action]] = frozenset(
 
 @dataclass(frozen=True, slots=True)
 class JoinRequest:
-    """A node's request to be added to the state, with the ``max_nodes`` it was configured with."""
+    """A node's request to be added to the state, with the ``max_nodes`` it was configured with and its bootstrap
+    endpoint (``host:port``, already listening): where its workers' store is served if it becomes rank 0, so
+    every member learns the address from the state that completes the round, with no lookup after it."""
 
     node: NodeDesc
     max_nodes: int
+    endpoint: str | None = None
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_nodes) or self.max_nodes < 1:
             raise ConfigurationError(f"JoinRequest.max_nodes={self.max_nodes!r}: must be an integer >= 1")
+        if self.endpoint is not None:
+            _check_endpoint(self.endpoint, "JoinRequest.endpoint", ConfigurationError)
 
 
 def fold_joins(state: RendezvousState, requests: Iterable[JoinRequest]) -> RendezvousState:
@@ -595,14 +636,15 @@ def fold_joins(state: RendezvousState, requests: Iterable[JoinRequest]) -> Rende
     wait list of a round that is over: to the participants of a gathering round (the ``max_nodes``-th completes
     it, as :func:`apply` does), to the wait list of a complete round with room, to the redundancy list of a full
     one. It is dropped when the node is otherwise listed, when the rendezvous is closed, or while a gathering
-    round is full; the node then decides again on what it reads. Linear in the size of the state and the number
-    of requests (moving a node off the wait list is linear in the wait list).
+    round is full; the node then decides again on what it reads. An admitted request's endpoint becomes its node's.
+    Linear in the size of the state and the number of requests (moving a node off the wait list is linear in the
+    wait list).
     """
     if state.closed:
         return state
     listed = set(state.all_nodes())
     participants, wait_list, reserve = list(state.participants), list(state.wait_list), list(state.redundancy_list)
-    complete, rank_order = state.complete, state.rank_order
+    complete, rank_order, endpoints = state.complete, state.rank_order, dict(state.endpoints)
     changed = False
     for request in requests:
         node = request.node
@@ -610,19 +652,24 @@ def fold_joins(state: RendezvousState, requests: Iterable[JoinRequest]) -> Rende
         if node in listed and (complete or node not in wait_list):
             continue
         full = len(participants) >= request.max_nodes
+        if full and not complete:
+            continue
+        if request.endpoint is not None:
+            endpoints[node] = request.endpoint
         if complete:
             (reserve if full else wait_list).append(node)
-        elif full:
-            continue
         else:
             if node in listed:
                 wait_list.remove(node)
             participants.append(node)
             if len(participants) >= request.max_nodes:
                 done = _completed(
-                    dataclasses.replace(state, participants=tuple(participants), wait_list=tuple(wait_list))
+                    dataclasses.replace(
+                        state, participants=tuple(participants), wait_list=tuple(wait_list), endpoints=endpoints
+                    )
                 )
                 participants, complete, rank_order = list(done.participants), True, done.rank_order
+                endpoints = dict(done.endpoints)
         listed.add(node)
         changed = True
     if not changed:
@@ -634,6 +681,7 @@ def fold_joins(state: RendezvousState, requests: Iterable[JoinRequest]) -> Rende
         wait_list=tuple(wait_list),
         redundancy_list=tuple(reserve),
         rank_order=rank_order,
+        endpoints=endpoints,
     )
 
 
@@ -687,12 +735,13 @@ def update_timers(
 
 
 # --- encoding -----------------------------------------------------------------------------------------------------
-# {"v":1,"round":3,"complete":true,"closed":false,"nodes":[["10.0.0.1",4242,0],...],
-#  "participants":[0,1],"wait_list":[2],"redundancy_list":[],"rank_order":[0,1,3]}
-# Each node appears once in "nodes" (sorted); the lists hold indices into it.
+# {"v":3,"round":3,"complete":true,"closed":false,"nodes":[["10.0.0.1",4242,0],...],
+#  "endpoints":["10.0.0.1:40123",null,...],"participants":[0,1],"wait_list":[2],"redundancy_list":[],
+#  "rank_order":[0,1,3]}
+# Each node appears once in "nodes" (sorted); "endpoints" pairs with it; the lists hold indices into it.
 
 _LISTS: Final = ("participants", "wait_list", "redundancy_list", "rank_order")
-_KEYS: Final = frozenset({"v", "round", "complete", "closed", "nodes", *_LISTS})
+_KEYS: Final = frozenset({"v", "round", "complete", "closed", "nodes", "endpoints", *_LISTS})
 
 
 def encode_state(state: RendezvousState) -> bytes:
@@ -705,6 +754,7 @@ def encode_state(state: RendezvousState) -> bytes:
         "complete": state.complete,
         "closed": state.closed,
         "nodes": [[n.addr, n.pid, n.local_id] for n in table],
+        "endpoints": [state.endpoints.get(n) for n in table],
     }
     for name in _LISTS:
         doc[name] = [index[n] for n in getattr(state, name)]
@@ -727,7 +777,7 @@ def decode_state(data: bytes) -> RendezvousState:
     """The state that :func:`encode_state` encoded as ``data``.
 
     Raises:
-        RendezvousStateError: ``data`` is not the v2 JSON format (not UTF-8 JSON, another version, a missing,
+        RendezvousStateError: ``data`` is not the v3 JSON format (not UTF-8 JSON, another version, a missing,
             unknown or ill-typed field, an index out of range) or breaks a state invariant; the message says which.
     """
     if not isinstance(data, (bytes, bytearray, memoryview)):
@@ -758,6 +808,9 @@ def decode_state(data: bytes) -> RendezvousState:
         if not isinstance(doc[name], bool):
             raise RendezvousStateError(f"rendezvous state {name}={doc[name]!r}: must be true or false")
     table = _decode_nodes(doc["nodes"])
+    endpoints = doc["endpoints"]
+    if not isinstance(endpoints, list) or len(endpoints) != len(table):
+        raise RendezvousStateError(f"rendezvous state endpoints: must be a list as long as nodes ({len(table)})")
     lists: dict[str, tuple[NodeDesc, ...]] = {}
     used: set[int] = set()
     for name in _LISTS:
@@ -772,7 +825,12 @@ def decode_state(data: bytes) -> RendezvousState:
         lists[name] = tuple(table[i] for i in indices)
     if len(used) != len(table):
         raise RendezvousStateError(f"rendezvous state nodes {sorted(set(range(len(table))) - used)} are on no list")
-    return RendezvousState(round=rnd, complete=doc["complete"], closed=doc["closed"], **lists)
+    known = {
+        node: _check_endpoint(endpoint, f"rendezvous state endpoints[{i}]", RendezvousStateError)
+        for i, (node, endpoint) in enumerate(zip(table, endpoints, strict=True))
+        if endpoint is not None
+    }
+    return RendezvousState(round=rnd, complete=doc["complete"], closed=doc["closed"], endpoints=known, **lists)
 
 
 def _decode_nodes(raw: object) -> list[NodeDesc]:
@@ -798,27 +856,41 @@ def _decode_nodes(raw: object) -> list[NodeDesc]:
 
 
 def encode_join_request(request: JoinRequest) -> bytes:
-    """A join request as compact JSON: ``["addr",pid,local_id,max_nodes]`` (no newline in it)."""
+    """A join request as compact JSON: ``[3,"addr",pid,local_id,max_nodes,"host:port" or null]`` (no newline)."""
     node = request.node
-    return json.dumps([node.addr, node.pid, node.local_id, request.max_nodes], separators=(",", ":")).encode()
+    doc = [FORMAT_VERSION, node.addr, node.pid, node.local_id, request.max_nodes, request.endpoint]
+    return json.dumps(doc, separators=(",", ":")).encode()
 
 
 def decode_join_request(data: bytes) -> JoinRequest:
     """The request :func:`encode_join_request` encoded as ``data``.
 
     Raises:
-        RendezvousStateError: ``data`` is not ``["addr",pid,local_id,max_nodes]``; the message shows it.
+        RendezvousStateError: ``data`` is not a v3 request; the message shows it.
     """
     try:
         doc = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RendezvousStateError(f"rendezvous join request is not JSON: {bytes(data)[:60]!r}") from exc
-    if not (isinstance(doc, list) and len(doc) == 4 and isinstance(doc[0], str) and all(map(_is_int, doc[1:]))):
+    version = doc[0] if isinstance(doc, list) and doc and _is_int(doc[0]) else None
+    if isinstance(doc, list) and version != FORMAT_VERSION:
         raise RendezvousStateError(
-            f"rendezvous join request {bytes(data)[:60]!r}: not [addr, pid, local_id, max_nodes]"
+            f"rendezvous join request {bytes(data)[:60]!r}: format v={version!r} is not v={FORMAT_VERSION}, the one "
+            "this aelastic reads (are all nodes running the same aelastic version?)"
+        )
+    if not (
+        isinstance(doc, list)
+        and len(doc) == 6
+        and isinstance(doc[1], str)
+        and all(map(_is_int, doc[2:5]))
+        and (doc[5] is None or isinstance(doc[5], str))
+    ):
+        raise RendezvousStateError(
+            f"rendezvous join request {bytes(data)[:60]!r}: not [{FORMAT_VERSION}, addr, pid, local_id, max_nodes, "
+            "endpoint]"
         )
     try:
-        return JoinRequest(NodeDesc(doc[0], doc[1], doc[2]), doc[3])
+        return JoinRequest(NodeDesc(doc[1], doc[2], doc[3]), doc[4], doc[5])
     except ConfigurationError as exc:
         raise RendezvousStateError(f"rendezvous join request {bytes(data)[:60]!r}: {exc}") from exc
 
@@ -829,15 +901,16 @@ def decode_join_request(data: bytes) -> JoinRequest:
 # size of each list) and each node's position (its list, its rank, its liveness neighbour) in shards of at most
 # SHARD_SIZE nodes, the node's shard chosen by a hash of its key. A node that only waits reads the summary and its
 # shard, O(1) bytes, and decides on a StateView; a node about to write reads the whole state and decides again on it.
-# "summary": {"v":2,"round":3,"complete":true,"closed":false,"participants":2,"wait_list":1,"redundancy_list":0,
-#             "world_size":3,"shards":1}
+# "summary": {"v":3,"round":3,"complete":true,"closed":false,"participants":2,"wait_list":1,"redundancy_list":0,
+#             "world_size":3,"shards":1,"master":"10.0.0.1:40123"}   (master: rank 0's endpoint, or null)
 # a shard:   one line per node: "<key> <p|w|r> <rank or -> <neighbour key or ->"
 
 SHARD_SIZE: Final = 64
 _WHERE: Final = {"p": "participants", "w": "wait_list", "r": "redundancy_list"}
-_SUMMARY_KEYS: Final = frozenset(
-    {"v", "round", "complete", "closed", "participants", "wait_list", "redundancy_list", "world_size", "shards"}
-)
+_SUMMARY_KEYS: Final = frozenset({
+    "v", "round", "complete", "closed", "participants", "wait_list", "redundancy_list", "world_size", "shards",
+    "master",
+})  # fmt: skip
 
 
 def shard_of(key: str, shards: int) -> int:
@@ -881,6 +954,7 @@ def make_digest(state: RendezvousState) -> Digest:
         "redundancy_list": len(state.redundancy_list),
         "world_size": state.world_size,
         "shards": count,
+        "master": state.master,
     }
     summary = json.dumps(doc, separators=(",", ":")).encode()
     return Digest(summary, tuple("\n".join(ls).encode() for ls in lines))
@@ -909,6 +983,7 @@ class StateView(NamedTuple):
         node: The viewing node; ``where`` is the list it is on (``None``: on none), ``rank`` its rank in a
             complete round, ``neighbour`` the node its liveness watches.
         summary: The decoded summary (round, flags, list sizes, world size, shard count).
+        master: Rank 0's bootstrap endpoint in a complete round (:attr:`RendezvousState.master`).
     """
 
     node: NodeDesc
@@ -920,6 +995,7 @@ class StateView(NamedTuple):
     where: str | None = None
     rank: int | None = None
     neighbour: NodeDesc | None = None
+    master: str | None = None
 
     def _list(self, index: int, name: str) -> _Listed:
         return _Listed(self.sizes[index], self.node if self.where == name else None)
@@ -953,7 +1029,7 @@ def decode_view(node: NodeDesc, summary: bytes, shard: bytes | None) -> tuple[St
     state lists no node); also the number of shards, to find the shard of a later version.
 
     Raises:
-        RendezvousStateError: the summary or the shard is not the v2 format; the message says which.
+        RendezvousStateError: the summary or the shard is not the v3 format; the message says which.
     """
     try:
         doc = json.loads(summary)
@@ -968,6 +1044,9 @@ def decode_view(node: NodeDesc, summary: bytes, shard: bytes | None) -> tuple[St
     ints = ("round", "participants", "wait_list", "redundancy_list", "world_size", "shards")
     if doc.keys() != _SUMMARY_KEYS or not all(_is_int(doc[k]) and doc[k] >= 0 for k in ints):
         raise RendezvousStateError(f"rendezvous digest {bytes(summary)[:120]!r}: not the v{FORMAT_VERSION} summary")
+    master = doc["master"]
+    if master is not None:
+        _check_endpoint(master, "rendezvous digest master", RendezvousStateError)
     where = rank = neighbour = None
     key = node.key
     for line in (shard or b"").decode(errors="replace").split("\n"):
@@ -989,5 +1068,6 @@ def decode_view(node: NodeDesc, summary: bytes, shard: bytes | None) -> tuple[St
         where,
         rank,
         neighbour,
+        master,
     )
     return view, doc["shards"]

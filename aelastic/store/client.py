@@ -11,9 +11,11 @@ server in the order they were issued, which keeps read-your-writes for reply-les
 
 A WAIT (also the one before a GET) holds the command connection too, while no other wait does: a client then
 costs the server one connection, which is what lets ten thousand nodes share one store. A command that arrives
-meanwhile *preempts* the wait: the waiter sends CANCEL_WAIT, reads the replies the codec pairs with the two
-requests (the wait's is STOP_WAITING if its keys arrived first: then it is done), hands the lock to the
-commands queued on it and sends its WAIT again once they are through (WAIT is idempotent; a BARRIER is not).
+meanwhile *preempts* the wait: the waiter sends CANCEL_WAIT and hands the lock at once to the commands queued
+on it; the first sends its request right behind and reads the two replies owed first (the codec pairs them with
+the WAIT and the CANCEL_WAIT), so a preemption adds no round trip of its own. The waiter sends its WAIT again once
+the commands are through (WAIT is idempotent: if its keys arrived before the cancel, the new WAIT finds them at
+once; a BARRIER is not idempotent).
 Other blocking operations (a second concurrent wait, BARRIER) each borrow a *wait* connection from a small
 pool, so a task waiting for a key never holds up another task's SET.
 
@@ -270,13 +272,13 @@ class StoreClient(Store):
             with preempt:
                 reply = await conn.receive(wire.WaitReply)
             if preempt.cancelled_caught:
-                # An exchange like any command's, without the grace of a cancelled wait: a silent server holds
-                # it up as it would hold up the command that preempted it (if the caller is cancelled meanwhile,
-                # the replies are still owed and ``settle`` reads them).
+                # Hand the connection over at once, its two replies still owed: the command that preempted the
+                # wait sends its request right behind the CANCEL_WAIT and reads them first (``roundtrip``; a
+                # reply-less command leaves them to ``settle`` above), one round trip for both. If the wait's keys
+                # came first (its reply is STOP_WAITING), the WAIT sent again finds them at once.
                 await conn.send(wire.CancelWait())
                 outstanding = False
-                reply = await conn.receive(wire.WaitReply)  # the wait's own: STOP_WAITING if its keys came first
-                await conn.receive(wire.WaitReply)  # the cancel's: WAIT_CANCELED
+                return False
             outstanding = False
         except anyio.get_cancelled_exc_class():
             if outstanding and not conn.broken:

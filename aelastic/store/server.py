@@ -50,13 +50,14 @@ from __future__ import annotations
 import abc
 import asyncio
 import errno
+import ipaddress
 import logging
 import math
 import resource
 import socket
 import struct
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
@@ -71,7 +72,15 @@ from .._net import format_address
 from ..errors import StoreBindError, StoreProtocolError
 from . import auth, wire
 
-__all__ = ["ServerSettings", "ServerStatistics", "StoreServer", "open_store_server", "serve_store", "serving"]
+__all__ = [
+    "ServerSettings",
+    "ServerStatistics",
+    "StoreServer",
+    "bind_listeners",
+    "open_store_server",
+    "serve_store",
+    "serving",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -793,8 +802,9 @@ def _listen_socket(family: socket.AddressFamily, sockaddr: tuple[Any, ...], *, v
     return sock
 
 
-async def _bind(host: str, port: int) -> list[socket.socket]:
-    """Bound, listening sockets for ``host``: one dual-stack socket for ``::``, else one per resolved address.
+async def bind_listeners(host: str, port: int) -> list[socket.socket]:
+    """Bound, listening sockets for ``host``: one dual-stack socket for ``::``, else one per resolved address (one
+    port for all). Connections queue in the backlog until a server serves them (``open_store_server(sockets=...)``).
 
     Raises:
         StoreBindError: naming the address, with the socket error's ``errno``.
@@ -812,7 +822,13 @@ async def _bind_sockets(host: str, port: int) -> list[socket.socket]:
         if socket.has_dualstack_ipv6():
             return [_listen_socket(socket.AF_INET6, ("::", port), v6only=False)]
         host = "0.0.0.0"
-    infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    infos: Sequence[tuple[socket.AddressFamily, Any, Any, Any, tuple[Any, ...]]]
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    else:  # an address literal: nothing to look up, so no worker thread to wait for
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE | socket.AI_NUMERICHOST)
     targets: list[tuple[socket.AddressFamily, tuple[Any, ...]]] = []
     for family, _, _, _, sockaddr in infos:
         if family in (socket.AF_INET, socket.AF_INET6) and (family, sockaddr) not in targets:
@@ -865,7 +881,7 @@ async def serve_store(
 
     Cancellation closes the listeners and every client connection; the store's contents are gone with it.
     """
-    await _serve_sockets(host, await _bind(host, port), settings or ServerSettings(), task_status=task_status)
+    await _serve_sockets(host, await bind_listeners(host, port), settings or ServerSettings(), task_status=task_status)
 
 
 async def _serve_sockets(
@@ -958,16 +974,22 @@ def _log_listening(server: StoreServer) -> None:
 
 @asynccontextmanager
 async def open_store_server(
-    host: str = "::", port: int = 0, settings: ServerSettings | None = None
+    host: str = "::",
+    port: int = 0,
+    settings: ServerSettings | None = None,
+    *,
+    sockets: list[socket.socket] | None = None,
 ) -> AsyncIterator[StoreServer]:
     """Run a TCPStore server for the duration of the ``async with`` block.
 
     Yields the running :class:`StoreServer` (``server.port`` is the bound port); a binding error is raised
-    before the block runs, as :class:`~aelastic.errors.StoreBindError` naming the address. One error ending the
+    before the block runs, as :class:`~aelastic.errors.StoreBindError` naming the address. ``sockets``: listeners
+    bound earlier for ``host`` (:func:`bind_listeners`), served instead of binding ``port``. One error ending the
     server or the block is raised as itself, never in an ExceptionGroup. Leaving the block, normally or by
     cancellation, stops the server: the listeners and every connection are closed.
     """
-    sockets = await _bind(host, port)
+    if sockets is None:
+        sockets = await bind_listeners(host, port)
     with single_error():
         async with anyio.create_task_group() as tg:
             server: StoreServer = await tg.start(_serve_sockets, host, sockets, settings or ServerSettings())

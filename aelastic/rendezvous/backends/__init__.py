@@ -239,7 +239,11 @@ async def open_static_rendezvous(params: RendezvousParameters) -> AsyncIterator[
     async with anyio.create_task_group() as tg, AsyncExitStack() as stack:
         client = await _serve_or_connect(stack, host, port, rank == 0, read_timeout)
         addr = await _local_address(client, params.local_addr)
-        yield StaticRendezvousHandler(params, rank, client, BootstrapStores(tg, addr))
+        bootstrap = BootstrapStores(tg, addr)
+        try:
+            yield StaticRendezvousHandler(params, rank, client, bootstrap)
+        finally:
+            bootstrap.close()
         tg.cancel_scope.cancel()
 
 
