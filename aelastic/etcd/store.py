@@ -95,16 +95,12 @@ class EtcdStore(Store):
         raise StoreError(f"etcd watch of {ekey!r} ended")  # a watch stream only ends by raising
 
     async def _read_all(self, ekeys: Sequence[bytes], *, count_only: bool = False) -> list[KeyValue | None]:
-        """Several keys read at one revision (one txn with no conditions)."""
-        response = await self.client.txn([], [RangeOp(k, count_only=count_only) for k in ekeys])
-        out: list[KeyValue | None] = []
-        for index, ekey in enumerate(ekeys):
-            r = response.range(index)
-            if count_only:
-                out.append(KeyValue(ekey, b"", 0, 0, 1) if r.count else None)
-            else:
-                out.append(r.kvs[0] if r.kvs else None)
-        return out
+        """Several keys read at one revision: a txn of counts, or :meth:`EtcdClient.read` of values."""
+        ops = [RangeOp(k, count_only=count_only) for k in ekeys]
+        if count_only:
+            response = await self.client.txn([], ops)
+            return [KeyValue(ekey, b"", 0, 0, 1) if response.range(i).count else None for i, ekey in enumerate(ekeys)]
+        return [r.kvs[0] if r.kvs else None for r in await self.client.read(ops)]
 
     # --- the Store API ------------------------------------------------------------------------------------------
 

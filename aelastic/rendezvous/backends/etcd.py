@@ -8,8 +8,8 @@ Keys, under ``<key_prefix>/<run_id>/`` (``key_prefix`` defaults to ``/aelastic/r
     still the one read (0 for a key never written) and no join request is newer than the read, deletes the join
     requests (the writer folded them into the state), and whose failure branch reads the winner's state back.
 ``joins/<random>``
-    one pending join request each (see ``RendezvousBackend.request_join``), read with the state in one txn and
-    ordered by create revision.
+    one pending join request each (see ``RendezvousBackend.request_join``), read with the state at one revision
+    and ordered by create revision.
 ``alive/<node_key>``
     attached to the node's own lease (TTL = the liveness grace); each beat renews the lease. A node that stops
     beating loses the key when etcd expires its lease: the server is the only clock, no other node writes.
@@ -53,9 +53,9 @@ from ...etcd.client import (
     EtcdConfig,
     PutOp,
     RangeOp,
+    RangeResponse,
     SortOrder,
     SortTarget,
-    TxnResponse,
     open_etcd_client,
     parse_endpoints,
     prefix_range_end,
@@ -149,11 +149,10 @@ class EtcdBackend(RendezvousBackend):
     def _alive_key(self, node_key: str) -> bytes:
         return f"{self.root}/alive/{node_key}".encode()
 
-    def _versioned(self, response: TxnResponse) -> Versioned:
-        """The state and its pending join requests from a txn whose first two ops are ``self._read_ops``."""
-        read_revision = response.revision
-        pending = tuple(kv.value for kv in response.range(1).kvs)
-        kvs = response.range(0).kvs
+    def _versioned(self, read_revision: int, state: RangeResponse, joins: RangeResponse) -> Versioned:
+        """The state and its pending join requests from the two ranges of ``self._read_ops``."""
+        pending = tuple(kv.value for kv in joins.kvs)
+        kvs = state.kvs
         if not kvs:
             return Versioned(0, None, _Token(0, read_revision), pending)
         raw = kvs[0].value
@@ -165,8 +164,9 @@ class EtcdBackend(RendezvousBackend):
         return Versioned(int(head), body, _Token(kvs[0].mod_revision, read_revision), pending)
 
     async def get_state(self) -> Versioned:
-        """The state and the join requests pending on it, read at one revision (a txn of two ranges)."""
-        return self._versioned(await self.client.txn([], self._read_ops))
+        """The state and the join requests pending on it, read at one revision."""
+        state, joins = await self.client.read(self._read_ops)
+        return self._versioned(state.revision, state, joins)
 
     async def set_state(self, data: bytes, expected: Versioned, digest: Digest) -> tuple[Versioned, bool]:
         """A txn: if the state is unchanged and no join request is newer than the read, write the state and delete
@@ -195,7 +195,7 @@ class EtcdBackend(RendezvousBackend):
             return current, (current.version, current.data) == (version, data)
         if response.succeeded:
             return Versioned(version, data, _Token(response.revision, response.revision)), True
-        return self._versioned(response), False
+        return self._versioned(response.revision, response.range(0), response.range(1)), False
 
     async def request_join(self, request: bytes) -> None:
         """A key of its own under ``joins/``; the create revision orders the requests."""
