@@ -215,6 +215,48 @@ async def test_node_dying_before_completion_is_dropped(backend: Backend) -> None
         assert_consistent(a, b)
 
 
+async def test_a_beat_due_while_a_node_waits_for_its_round_lets_the_wait_end_first(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A beat would preempt the wait (on c10d: CANCEL_WAIT, the beat, WAIT again); at 10,000 nodes the beats that
+    fall due as the round completes starve the write that completes it. Such a beat lets the wait end first, for
+    at most half an interval. Fails without that: the beat goes out at once, into the wait."""
+    conf = {**backend.defaults, "keep_alive_interval": 2.0, "keep_alive_max_attempt": 20}  # a beat may wait 1 s
+    name, endpoint = conf.pop("backend", "c10d"), conf.pop("endpoint", "")
+    params = RendezvousParameters(name, endpoint, f"run{next(_run_ids)}", 2, 2, **conf)
+    beats: list[tuple[float, bool]] = []  # when node a beat, and whether its wait for the round was in flight
+    waiting = False
+    with anyio.fail_after(30):
+        async with backend.opener(params) as a, anyio.create_task_group() as tg:
+            assert isinstance(a, DynamicRendezvousHandler)
+            keep_alive, wait_for_change = a.backend.keep_alive, a.backend.wait_for_change
+
+            async def beat(node_key: str) -> None:
+                beats.append((anyio.current_time(), waiting))
+                await keep_alive(node_key)
+
+            async def wait(seen: Any) -> None:
+                nonlocal waiting
+                waiting = True
+                try:
+                    await wait_for_change(seen)
+                finally:
+                    waiting = False
+
+            monkeypatch.setattr(a.backend, "keep_alive", beat)
+            monkeypatch.setattr(a.backend, "wait_for_change", wait)
+            tg.start_soon(a.next_rendezvous)
+            while not (beats and waiting):  # a beat as it joined, and now waits for a second node
+                await anyio.sleep(0.01)
+            await anyio.sleep_until(beats[0][0] + 2.3)  # a's next beat fell due 0.3 s ago, inside its wait
+            async with backend.opener(params) as b:
+                await b.next_rendezvous()
+                while len(beats) < 2:
+                    await anyio.sleep(0.01)
+    assert not beats[1][1], beats
+    assert beats[1][0] - beats[0][0] >= 2.3, beats  # it fell due inside the wait (else the test did not test)
+
+
 async def test_member_death_after_completion_is_detected(backend: Backend) -> None:
     async with cluster(backend) as c:
         a = await c.start(2, 2)
