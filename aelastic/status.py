@@ -117,10 +117,16 @@ def waiting_reason(
     return f"last call: completes in {math.ceil(left)}s unless {_nodes(more, 'more ')} {join} first {counts}"
 
 
+def _left(deadline: float, now: float) -> float:
+    """Seconds from ``now`` to ``deadline``, to the millisecond: a deadline set ``timeout`` after ``now`` reads
+    ``timeout``, not the float sum's 120.00000000000011 (a time left must not exceed the timeout it counts)."""
+    return round(max(0.0, deadline - now), 3)
+
+
 def _last_call_left(state: RendezvousState | StateView, timers: NodeTimers | None, now: float | None) -> float | None:
     if timers is None or now is None or timers.last_call_deadline is None or timers.last_call_round != state.round:
         return None
-    return max(0.0, timers.last_call_deadline - now)
+    return _left(timers.last_call_deadline, now)
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,7 +266,7 @@ class Watch:
 
     def join_seconds_left(self, node: NodeDesc, now: float) -> float | None:
         timers = self._joins.get(node)
-        return None if timers is None else max(0.0, timers.join_deadline - now)
+        return None if timers is None else _left(timers.join_deadline, now)
 
 
 def describe(
@@ -308,7 +314,7 @@ def describe(
         waiting=tuple(view(n) for n in state.wait_list),
         reserve=tuple(view(n) for n in state.redundancy_list),
         last_call_seconds_left=_last_call_left(state, timers, now),
-        join_seconds_left=None if own is None or now is None else max(0.0, own.join_deadline - now),
+        join_seconds_left=None if own is None or now is None else _left(own.join_deadline, now),
         clock=clock,
         timing=timing + _windows(settings),
         reason=waiting_reason(state if exists else None, settings, timers, now),

@@ -167,6 +167,15 @@ def test_watch_times_only_what_it_saw_begin() -> None:
     assert "last call: at most 20.0s left" in view.render()
     assert "join: at most 585s left" in view.render()
 
+    # A join timed from a clock reading whose float sum with the timeout overshoots it: (8.57... + 120) - 8.57...
+    # is 120.00000000000001, and a time left must not exceed the timeout (a CI run read 120.00000000000011).
+    fresh = Watch(RendezvousSettings("job", 2, 3, join_timeout=120.0))
+    fresh.observe(RendezvousState(), now=0.0)
+    now = 60 / 7
+    assert (now + 120.0) - now > 120.0
+    fresh.observe(RendezvousState(participants=(A,)), now=now)
+    assert fresh.join_seconds_left(A, now) == 120.0
+
     unknown = Watch(None)  # no --nnodes: nothing can be timed
     unknown.observe(state, now=1.0)
     view = describe(state, None, run_id="job", backend="c10d", endpoint="h:1", watch=unknown, now=2.0)
