@@ -2,10 +2,13 @@
 
     python -m benchmarks.soak [--minutes 10] [--nodes 1024] [--procs 4] [--json PATH]
 
-The store is ``aelastic store`` in a process of its own. The nodes are real rendezvous handlers (the ``c10d``
-backend, each with its own store client), run as tasks spread over ``--procs`` processes. They all join one run
-(``--nnodes N:N``), then each waits for a membership change while its liveness task beats and checks its
-neighbour at torch's defaults (every 5 s; dead after 3 missed beats). Nobody dies, so any membership change is a
+The store is aelastic's store server in a process of its own, admitting twice as many connections as nodes (a
+heartbeat cancelled by its timeout breaks its connection, and the node reconnects before the store has seen the
+old one close; ``aelastic store``'s default, half the open-file limit, is exactly 10,000 here); it logs its
+connection and waiter counts once a minute. The nodes are real rendezvous handlers (the ``c10d`` backend, each
+with its own store client), run as tasks spread over ``--procs`` processes. They all join one run (``--nnodes
+N:N``), then each waits for a membership change while its liveness task beats and checks its neighbour at torch's
+defaults (every 5 s; dead after 3 missed beats). Nobody dies, so any membership change is a
 false eviction. The RSS of the store and of every node process is sampled once a minute after the round
 completes; memory is flat when the last sample is within 10 % (and 8 MiB) of the first.
 
@@ -81,18 +84,35 @@ async def nodes_main(endpoint: str, run_id: str, total: int, count: int, seconds
     print(json.dumps({"evictions": len(evictions), "reasons": sorted(set(evictions))[:5]}), flush=True)
 
 
+# --- the store process ------------------------------------------------------------------------------------------
+
+
+async def store_main(max_connections: int) -> None:
+    """Serve until killed; print the address, then the server's counts once a minute (stderr)."""
+    import anyio
+
+    from aelastic.store.server import ServerSettings, open_store_server
+
+    async with open_store_server("127.0.0.1", 0, ServerSettings(max_connections=max_connections)) as server:
+        print(f"listening on 127.0.0.1:{server.port}", flush=True)
+        while True:
+            await anyio.sleep(60)
+            s = server.statistics()
+            print(f"  store: {s.connections} connections, {s.waiters} waiters, {s.keys} keys, {s.ops_served} requests "
+                  f"served", file=sys.stderr, flush=True)  # fmt: skip
+
+
 # --- the driver --------------------------------------------------------------------------------------------------
 
 
 def soak(nodes: int, procs: int, minutes: float) -> dict[str, Any]:
     store = subprocess.Popen(
-        [sys.executable, "-m", "aelastic", "store", "--host", "127.0.0.1", "--port", "0"],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [sys.executable, "-m", "benchmarks.soak", "--store-process", str(2 * nodes)], stdout=subprocess.PIPE, text=True
+    )
     workers: list[subprocess.Popen[str]] = []
     try:
         assert store.stdout is not None
-        endpoint = store.stdout.readline().split()[-1]  # "aelastic store listening on HOST:PORT"
+        endpoint = store.stdout.readline().split()[-1]  # "listening on HOST:PORT"
         shares = [nodes // procs + (i < nodes % procs) for i in range(procs)]
         seconds = minutes * 60
         started = time.monotonic()
@@ -136,6 +156,11 @@ def flat(first: float, last: float) -> bool:
 
 
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--store-process":
+        import anyio
+
+        anyio.run(store_main, int(sys.argv[2]))
+        return
     if len(sys.argv) > 1 and sys.argv[1] == "--nodes-process":
         import anyio
 
