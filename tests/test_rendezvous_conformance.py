@@ -226,6 +226,7 @@ async def test_a_beat_due_while_a_node_waits_for_its_round_lets_the_wait_end_fir
     params = RendezvousParameters(name, endpoint, f"run{next(_run_ids)}", 2, 2, **conf)
     beats: list[tuple[float, bool]] = []  # when node a beat, and whether its wait for the round was in flight
     waiting = False
+    joined_and_waiting, beat_again = anyio.Event(), anyio.Event()
     with anyio.fail_after(30):
         async with backend.opener(params) as a, anyio.create_task_group() as tg:
             assert isinstance(a, DynamicRendezvousHandler)
@@ -233,11 +234,15 @@ async def test_a_beat_due_while_a_node_waits_for_its_round_lets_the_wait_end_fir
 
             async def beat(node_key: str) -> None:
                 beats.append((anyio.current_time(), waiting))
+                if len(beats) == 2:
+                    beat_again.set()
                 await keep_alive(node_key)
 
             async def wait(seen: Any) -> None:
                 nonlocal waiting
                 waiting = True
+                if beats:
+                    joined_and_waiting.set()
                 try:
                     await wait_for_change(seen)
                 finally:
@@ -246,13 +251,11 @@ async def test_a_beat_due_while_a_node_waits_for_its_round_lets_the_wait_end_fir
             monkeypatch.setattr(a.backend, "keep_alive", beat)
             monkeypatch.setattr(a.backend, "wait_for_change", wait)
             tg.start_soon(a.next_rendezvous)
-            while not (beats and waiting):  # a beat as it joined, and now waits for a second node
-                await anyio.sleep(0.01)
+            await joined_and_waiting.wait()  # a beat as it joined, and now a wait for a second node
             await anyio.sleep_until(beats[0][0] + 2.3)  # a's next beat fell due 0.3 s ago, inside its wait
             async with backend.opener(params) as b:
                 await b.next_rendezvous()
-                while len(beats) < 2:
-                    await anyio.sleep(0.01)
+                await beat_again.wait()
     assert not beats[1][1], beats
     assert beats[1][0] - beats[0][0] >= 2.3, beats  # it fell due inside the wait (else the test did not test)
 
