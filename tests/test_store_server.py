@@ -437,6 +437,37 @@ async def test_queue_push_wakes_one_waiter(server: StoreServer) -> None:
         await c.aclose()
 
 
+async def test_a_cancelled_waiter_leaves_the_others_of_its_key_waiting_in_order(server: StoreServer) -> None:
+    """The waiters of a key are kept in registration order with a count each (so that a cancel is O(1) at 10,000
+    waiters of one key): a cancel in the middle leaves the others, still first-come first-woken; a key named twice
+    in one WAIT is awaited twice, and one SET wakes it once (torch's libuv server: two registrations, one
+    STOP_WAITING)."""
+    waiters = [await RawClient.connect(server.port) for _ in range(3)]
+    writer = await RawClient.connect(server.port)
+    for i, w in enumerate(waiters):
+        await w.send(wire.Wait((b"q",)))
+        await wait_until(lambda n=i + 1: server.statistics().waiters == n, "the WAITs")
+    await waiters[1].send(wire.CancelWait())
+    with anyio.fail_after(5):
+        assert await waiters[1].stream.receive() == b"\x01"  # WAIT_CANCELED alone
+    assert server.statistics().waiters == 2
+    await writer.send(wire.QueuePush(b"q", b"1"))
+    assert await waiters[0].reply() == STOP
+    await writer.send(wire.QueuePush(b"q", b"2"))
+    assert await waiters[2].reply() == STOP
+    assert server.statistics().waiters == 0
+
+    twice = await RawClient.connect(server.port)
+    await twice.send(wire.Wait((b"k", b"k")))
+    await wait_until(lambda: server.statistics().waiters == 1, "the WAIT")
+    await writer.send(wire.Set(b"k", b"v"))
+    assert await twice.reply() == STOP
+    assert await twice.ask(wire.Ping(7)) == wire.PingReply(7)  # one STOP_WAITING, nothing after it
+    assert server.statistics().waiters == 0
+    for c in (*waiters, twice, writer):
+        await c.aclose()
+
+
 async def test_barrier_releases_everyone_at_world_size(server: StoreServer) -> None:
     clients = [await RawClient.connect(server.port) for _ in range(3)]
     await clients[0].send(wire.Barrier(b"bar", 3))
