@@ -31,14 +31,14 @@ from ._groups import single_error
 from .agent.agent import ElasticAgent, RunResult, WorkerSpec
 from .agent.errors import ChildFailedError
 from .agent.logs import LogSpec
-from .agent.processes import Reaper, open_reaper
+from .agent.reaper.parent import Reaper, open_reaper
 from .agent.status_events import record_agent
 from .config import LaunchConfig, new_run_id
 from .errors import RendezvousGracefulExitError
 from .rendezvous.api import RendezvousParameters, open_rendezvous
 
 if TYPE_CHECKING:
-    from .agent.standby import Standbys
+    from .agent.prewarm.parent import Standbys
 
 __all__ = ["launch", "run"]
 
@@ -174,7 +174,7 @@ async def _open_standbys(config: LaunchConfig, reaper: Reaper) -> AsyncIterator[
     if not config.prewarm:
         yield None
         return
-    from .agent.standby import open_standbys
+    from .agent.prewarm.parent import open_standbys
 
     async with open_standbys(config.prewarm_modules, reaper) as standbys:
         yield standbys

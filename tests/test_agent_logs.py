@@ -18,7 +18,8 @@ import pytest
 
 from aelastic.agent import logs
 from aelastic.agent.logs import ConsoleSinks, LogSpec, Std, WorkerLog
-from aelastic.agent.processes import GroupOutcome, WorkerCommand, run_workers
+from aelastic.agent.processes import GroupOutcome, run_workers
+from aelastic.agent.spawn.parent import WorkerCommand
 from aelastic.errors import ConfigurationError
 
 DEADLINE = 30.0

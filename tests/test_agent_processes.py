@@ -24,10 +24,12 @@ import anyio
 import anyio.abc
 import pytest
 
-from aelastic.agent._bootstrap import bootstrap_args, read_result, write_payload
+from aelastic.agent.callables.parent import bootstrap_args, read_result, write_payload
 from aelastic.agent.errors import ProcessFailure
 from aelastic.agent.logs import ConsoleSinks, LogSpec
-from aelastic.agent.processes import GroupOutcome, WorkerCommand, open_reaper, run_workers
+from aelastic.agent.processes import GroupOutcome, run_workers
+from aelastic.agent.reaper.parent import open_reaper
+from aelastic.agent.spawn.parent import WorkerCommand
 
 pytestmark = pytest.mark.anyio
 
@@ -326,7 +328,7 @@ async def test_reaper_kills_registered_groups_when_closed() -> None:
         async with proc:
             async with open_reaper() as reaper:
                 await reaper.register(proc.pid)
-                assert reaper.statistics() == {proc.pid}
+                assert reaper.statistics().registered == {proc.pid}
                 reaper_pid = reaper.pid
             assert await proc.wait() == -signal.SIGKILL
             await wait_gone([reaper_pid])
@@ -337,10 +339,12 @@ async def test_reaper_kills_registered_groups_when_closed() -> None:
 AGENT = """
 import os, shutil, sys
 import anyio
-from aelastic.agent._bootstrap import bootstrap_args, read_result, write_payload
+from aelastic.agent.callables.parent import bootstrap_args, read_result, write_payload
 from aelastic.agent.errors import ProcessFailure
 from aelastic.agent.logs import LogSpec
-from aelastic.agent.processes import WorkerCommand, open_reaper, run_workers
+from aelastic.agent.processes import run_workers
+from aelastic.agent.reaper.parent import open_reaper
+from aelastic.agent.spawn.parent import WorkerCommand
 
 backend, use_reaper, use_shim = sys.argv[1], sys.argv[2] == "1", sys.argv[3] == "1"
 if use_shim:
@@ -496,7 +500,7 @@ async def test_failing_callable_writes_an_error_file_and_no_result(tmp_path: Pat
 
 MAIN_PARENT = """
 import subprocess, sys
-from aelastic.agent._bootstrap import bootstrap_args, read_result, write_payload
+from aelastic.agent.callables.parent import bootstrap_args, read_result, write_payload
 
 def square_all(xs, offset=0):  # lives in __main__ of `python -c`: no worker could import it
     return [x * x + offset for x in xs]
