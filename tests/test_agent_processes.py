@@ -27,7 +27,7 @@ import pytest
 from aelastic.agent.callables.parent import bootstrap_args, read_result, write_payload
 from aelastic.agent.errors import ProcessFailure
 from aelastic.agent.logs import ConsoleSinks, LogSpec
-from aelastic.agent.processes import GroupOutcome, run_workers
+from aelastic.agent.processes import GroupOutcome, StopSignal, run_workers
 from aelastic.agent.reaper.parent import open_reaper
 from aelastic.agent.spawn.parent import WorkerCommand
 
@@ -221,6 +221,40 @@ async def test_stopped_worker_is_killed_after_grace() -> None:
                 [command(0, sleeper), command(1, gate.code(4))], spec(sink), grace=0.3, reaper=None
             )
     assert exitcodes(outcome) == {0: -signal.SIGKILL, 1: 4}
+
+
+REPORTS_ITS_STOP = """
+    import signal, sys, time
+    def stopped(signum, frame):
+        print("stopped by", signal.Signals(signum).name, flush=True)
+        sys.exit(0)
+    signal.signal(signal.SIGINT, stopped)
+    signal.signal(signal.SIGTERM, stopped)
+    print("ready", flush=True)
+    time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("stop", [None, StopSignal(), StopSignal(signal.SIGINT)], ids=["default", "term", "int"])
+async def test_a_cancelled_run_stops_the_workers_with_the_stop_signal_it_was_given(stop: StopSignal | None) -> None:
+    """The holder is read when the stop comes (the CLI sets it when the signal arrives, after the start)."""
+    sink = Sink()
+    holder = None if stop is None else StopSignal()
+    with anyio.fail_after(DEADLINE):
+        async with anyio.create_task_group() as tg:
+
+            async def cancel_when_ready() -> None:
+                await sink.wait_for(r"^\[default\d\]:ready$", count=2)
+                if holder is not None and stop is not None:
+                    holder.signum = stop.signum
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(cancel_when_ready)
+            commands = [command(0, REPORTS_ITS_STOP), command(1, REPORTS_ITS_STOP)]
+            await run_workers(commands, spec(sink), grace=5, reaper=None, stop_signal=holder)
+            pytest.fail("run_workers returned although cancelled")
+    expected = "SIGTERM" if stop is None else stop.signum.name
+    assert sorted(re.findall(r"stopped by (\w+)", sink.text)) == [expected, expected], sink.text
 
 
 PARENT_OF_SLEEPER = """

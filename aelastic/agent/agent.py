@@ -47,7 +47,7 @@ from ..rendezvous.api import RendezvousHandler, RendezvousInfo
 from .errors import ChildFailedError, ProcessFailure
 from .logs import LogSpec
 from .logs_specs import LogsSpecs, reify
-from .processes import GroupOutcome, run_workers
+from .processes import GroupOutcome, StopSignal, run_workers
 from .ranks import RankAssignment, RoleInfo, exchange_ranks
 from .reaper.parent import Reaper
 from .spawn.parent import WorkerCommand, WorkerProcess
@@ -185,6 +185,7 @@ class ElasticAgent:
         stack_dump_timeout: float = DEFAULT_DUMP_TIMEOUT,
         logs_specs: LogsSpecs | None = None,
         standbys: Standbys | None = None,
+        stop_signal: StopSignal | None = None,
     ) -> None:
         self.spec = spec
         self.handler = handler
@@ -200,6 +201,7 @@ class ElasticAgent:
         self.stack_dump_timeout = stack_dump_timeout
         self.logs_specs = logs_specs  # a custom torch LogsSpecs (--logs-specs): reify() routes each attempt's logs
         self.standbys = standbys
+        self.stop_signal = stop_signal  # what a cancelled run stops the workers with (None: SIGTERM)
         # torch's rule: the timer server runs when its variable is exactly "1"; aelastic's watchdog needs it too.
         self.timer_file: Path | None = None
         if self.base_env.get(ENABLE_ENV) == "1" or watchdog_timeout is not None:
@@ -366,6 +368,7 @@ class ElasticAgent:
                 before_kill=before_kill,
                 started=self._started,
                 standbys=self.standbys,
+                stop_signal=self.stop_signal,
             )
             tg.cancel_scope.cancel()
         return (outcome, None) if reason is None else (None, reason)

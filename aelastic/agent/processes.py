@@ -51,7 +51,6 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Sequence
-from contextvars import ContextVar
 from typing import TYPE_CHECKING, Final, NamedTuple
 
 import anyio
@@ -76,7 +75,7 @@ from .spawn.parent import (
 if TYPE_CHECKING:
     from .prewarm.parent import Standbys  # imported by the launcher only with --prewarm
 
-__all__ = ["GroupOutcome", "StopSignal", "WorkerExit", "run_workers", "stop_signal"]
+__all__ = ["GroupOutcome", "StopSignal", "WorkerExit", "run_workers"]
 
 logger = logging.getLogger(__name__)
 
@@ -87,19 +86,21 @@ _DRAIN_LIMIT: Final = 5.0
 
 
 class StopSignal:
-    """The signal that stops the workers when their supervision is cancelled (see :data:`stop_signal`)."""
+    """The signal that stops the workers when their supervision is cancelled (``run_workers(stop_signal=...)``).
+
+    Whoever turns a signal into cancellation (the CLI) sets :attr:`signum` to the signal the agent received, so the
+    workers are stopped with it, as torchrun forwards it (SIGINT stays SIGINT: KeyboardInterrupt in the workers).
+    The holder is mutable because the signal arrives after supervision has started. A stop after a worker's
+    failure is always SIGTERM.
+    """
 
     __slots__ = ("signum",)
 
     def __init__(self, signum: signal.Signals = signal.SIGTERM) -> None:
         self.signum = signum
 
-
-# Set by whoever turns a signal into cancellation (the CLI): the workers are stopped with the signal the agent
-# received, as torchrun forwards it (SIGINT stays SIGINT: KeyboardInterrupt in the workers). Unset, or for a stop
-# after a worker's failure, it is SIGTERM. The holder is mutable because the signal arrives after the agent's tasks
-# have copied the context.
-stop_signal: ContextVar[StopSignal | None] = ContextVar("aelastic_stop_signal", default=None)
+    def __repr__(self) -> str:
+        return f"<StopSignal {self.signum.name}>"
 
 
 class WorkerExit(NamedTuple):
@@ -247,6 +248,7 @@ async def run_workers(
     before_kill: WorkerHook | None = None,
     started: Callable[[Sequence[WorkerProcess]], None] | None = None,
     standbys: Standbys | None = None,
+    stop_signal: StopSignal | None = None,
 ) -> GroupOutcome:
     """Run one node's workers until all exit 0, or the first fails; then stop the rest.
 
@@ -267,12 +269,13 @@ async def run_workers(
         started: called once every worker has been spawned, with all of them (their pids), before any is awaited.
         standbys: pre-warmed interpreters (:mod:`aelastic.agent.prewarm`): each worker that has a fitting one is
             handed to it instead of spawned, and beside the running workers the next attempt's are started.
+        stop_signal: what stops the workers when this call is cancelled; ``None`` is SIGTERM.
 
     Returns:
         Every worker's exit, in command order. Workers stopped by the agent after the first failure are reported
         with their signal exit codes (``-15``, or ``-9`` when SIGKILL was needed), as torch does.
 
-    On cancellation every worker is stopped the same way (the signal in :data:`stop_signal`, SIGTERM by default;
+    On cancellation every worker is stopped the same way (the signal in ``stop_signal``, SIGTERM by default;
     ``grace``; KILL; reap), under a shield, its output drained into the logs, and then the cancellation
     propagates. A worker that cannot be executed is a worker that exits 127; an error spawning the wrapper itself
     (out of processes, file descriptors) stops the workers already started and propagates.
@@ -306,9 +309,9 @@ async def run_workers(
                 started([w.handle() for w in workers])
         except BaseException:
             with anyio.CancelScope(shield=True):
-                await _stop(workers, grace, reaper, _requested_stop_signal(), before_kill)
+                await _stop(workers, grace, reaper, _requested(stop_signal), before_kill)
             raise
-        first_failure = await _supervise(workers, grace, reaper, finish, watch, before_kill, standbys)
+        first_failure = await _supervise(workers, grace, reaper, finish, watch, before_kill, standbys, stop_signal)
         exits = tuple(w.to_exit() for w in workers)
         first = None if first_failure is None else exits[workers.index(first_failure)]
         return GroupOutcome(exits=exits, first_failure=first)
@@ -320,9 +323,8 @@ async def run_workers(
             worker.process.close()
 
 
-def _requested_stop_signal() -> signal.Signals:
-    holder = stop_signal.get()
-    return signal.SIGTERM if holder is None else holder.signum
+def _requested(stop_signal: StopSignal | None) -> signal.Signals:
+    return signal.SIGTERM if stop_signal is None else stop_signal.signum
 
 
 async def _supervise(
@@ -333,6 +335,7 @@ async def _supervise(
     watch: WorkerHook | None,
     before_kill: WorkerHook | None,
     standbys: Standbys | None,
+    stop_signal: StopSignal | None,
 ) -> _Worker | None:
     first_failure: list[_Worker] = []
 
@@ -377,7 +380,7 @@ async def _supervise(
                 waiters.cancel_scope.cancel()  # every worker exited: the watch ends too
         finally:
             # A peer's failure stops the others with SIGTERM (torch does); a cancellation with what was asked.
-            signum = signal.SIGTERM if first_failure else _requested_stop_signal()
+            signum = signal.SIGTERM if first_failure else _requested(stop_signal)
             with anyio.CancelScope(shield=True):
                 await _stop(workers, grace, reaper, signum, before_kill)
             deadline = anyio.current_time() + _DRAIN_LIMIT
