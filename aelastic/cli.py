@@ -24,7 +24,6 @@ from ._net import format_address
 from .agent.agent import visible_devices
 from .agent.errors import ChildFailedError
 from .agent.logs import Std
-from .agent.processes import StopSignal, stop_signal
 from .config import DEFAULT_SIGNALS, LIST_LIMIT, LaunchConfig, new_run_id, parse_nnodes, parse_rdzv_conf, parse_signals
 from .errors import AelasticError, ConfigurationError
 from .events import check_event_handler
@@ -442,13 +441,13 @@ class _LiveLine:
 
 
 async def _run_job(config: LaunchConfig, entrypoint: str | Callable[..., Any], args: list[str]) -> int:
-    from .launcher import launch
+    from .launcher import LaunchControl, launch
     from .rendezvous.dynamic import join_observer  # after the launcher: dynamic first is a circular import
 
     signals = parse_signals(config.signals_to_handle)
     received: list[int] = []
-    forwarded = StopSignal()
-    stop_signal.set(forwarded)  # the workers are stopped with the signal received (torchrun forwards it too)
+    control = LaunchControl()
+    forwarded = control.stop_signal  # the workers are stopped with the signal received (torchrun forwards it too)
     async with anyio.create_task_group() as tg:
         if sys.stderr.isatty():
             live = _LiveLine(sys.stderr)
@@ -469,7 +468,7 @@ async def _run_job(config: LaunchConfig, entrypoint: str | Callable[..., Any], a
         tg.start_soon(on_signals)
         with anyio.CancelScope() as job:
             try:
-                await launch(config, entrypoint, *args)
+                await launch(config, entrypoint, *args, control=control)
             except ChildFailedError as exc:
                 print(exc.format_report(), file=sys.stderr, flush=True)
                 tg.cancel_scope.cancel()

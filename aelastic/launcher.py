@@ -20,6 +20,7 @@ import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,20 +32,29 @@ from ._groups import single_error
 from .agent.agent import ElasticAgent, RunResult, WorkerSpec
 from .agent.errors import ChildFailedError
 from .agent.logs import LogSpec
-from .agent.processes import Reaper, open_reaper
+from .agent.processes import StopSignal
+from .agent.reaper.parent import Reaper, open_reaper
 from .agent.status_events import record_agent
 from .config import LaunchConfig, new_run_id
 from .errors import RendezvousGracefulExitError
 from .rendezvous.api import RendezvousParameters, open_rendezvous
 
 if TYPE_CHECKING:
-    from .agent.standby import Standbys
+    from .agent.prewarm.parent import Standbys
 
-__all__ = ["launch", "run"]
+__all__ = ["LaunchControl", "launch", "run"]
 
 logger = logging.getLogger(__name__)
 
 _SHUTDOWN_GRACE = 10.0  # bound on closing the rendezvous when the agent is done
+
+
+@dataclass(slots=True)
+class LaunchControl:
+    """What an embedding application (the CLI is one) holds of a launch: ``stop_signal`` is what a cancelled
+    launch stops the workers with (set it when a signal arrives; SIGTERM by default)."""
+
+    stop_signal: StopSignal = field(default_factory=StopSignal)
 
 
 def endpoint_ports(config: LaunchConfig) -> list[int]:
@@ -73,7 +83,9 @@ def rendezvous_parameters(config: LaunchConfig, run_id: str) -> RendezvousParame
     )
 
 
-async def launch(config: LaunchConfig, entrypoint: str | Callable[..., Any], *args: Any) -> dict[int, Any]:
+async def launch(
+    config: LaunchConfig, entrypoint: str | Callable[..., Any], *args: Any, control: LaunchControl | None = None
+) -> dict[int, Any]:
     """Run ``entrypoint`` on ``config.nproc_per_node`` workers of this node, elastically; see the module doc.
 
     ``entrypoint`` is an executable run with ``args`` (as torch's ``elastic_launch``:
@@ -119,7 +131,7 @@ async def launch(config: LaunchConfig, entrypoint: str | Callable[..., Any], *ar
     ports = endpoint_ports(config)
     try:
         with single_error(), events.open_event_log(config.event_log_handler, log_dir):
-            result = await _run_agent(config, spec, logs, run_dir, run_id, ports)
+            result = await _run_agent(config, spec, logs, run_dir, run_id, ports, control or LaunchControl())
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
     if result is None:
@@ -130,7 +142,13 @@ async def launch(config: LaunchConfig, entrypoint: str | Callable[..., Any], *ar
 
 
 async def _run_agent(
-    config: LaunchConfig, spec: WorkerSpec, logs: LogSpec, run_dir: Path, run_id: str, ports: list[int]
+    config: LaunchConfig,
+    spec: WorkerSpec,
+    logs: LogSpec,
+    run_dir: Path,
+    run_id: str,
+    ports: list[int],
+    control: LaunchControl,
 ) -> RunResult | None:
     """The agent's run and the rendezvous's closing; ``None`` if this node was in reserve when it closed."""
     async with (
@@ -149,6 +167,7 @@ async def _run_agent(
             shutdown_timeout=config.shutdown_timeout,
             logs_specs=config.logs_specs,
             standbys=standbys,
+            stop_signal=control.stop_signal,
         )
         try:
             if ports:
@@ -174,7 +193,7 @@ async def _open_standbys(config: LaunchConfig, reaper: Reaper) -> AsyncIterator[
     if not config.prewarm:
         yield None
         return
-    from .agent.standby import open_standbys
+    from .agent.prewarm.parent import open_standbys
 
     async with open_standbys(config.prewarm_modules, reaper) as standbys:
         yield standbys

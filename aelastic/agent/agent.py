@@ -44,18 +44,20 @@ import anyio
 from ..errors import AelasticError, RendezvousClosedError, StoreConnectionError
 from ..metrics import AgentMetrics
 from ..rendezvous.api import RendezvousHandler, RendezvousInfo
-from ..worker import WATCHDOG_ENV
 from .errors import ChildFailedError, ProcessFailure
 from .logs import LogSpec
 from .logs_specs import LogsSpecs, reify
-from .processes import GroupOutcome, Reaper, WorkerCommand, WorkerProcess, run_workers
+from .processes import GroupOutcome, StopSignal, run_workers
 from .ranks import RankAssignment, RoleInfo, exchange_ranks
-from .stacks import DEFAULT_DUMP_TIMEOUT, StackDumper
+from .reaper.parent import Reaper
+from .spawn.parent import WorkerCommand, WorkerProcess
+from .stacks.parent import DEFAULT_DUMP_TIMEOUT, StackDumper
 from .status_events import record_agent, record_started, record_workers
-from .timers import ENABLE_ENV, FILE_ENV, Expiry, FileTimerServer, signal_name
+from .timers.child import FILE_ENV, WATCHDOG_ENV
+from .timers.parent import ENABLE_ENV, Expiry, FileTimerServer, signal_name
 
 if TYPE_CHECKING:
-    from .standby import Standbys  # imported by the launcher only with --prewarm
+    from .prewarm.parent import Standbys  # imported by the launcher only with --prewarm
 
 __all__ = ["ElasticAgent", "RunResult", "Worker", "WorkerGroup", "WorkerSpec", "WorkerState"]
 
@@ -183,6 +185,7 @@ class ElasticAgent:
         stack_dump_timeout: float = DEFAULT_DUMP_TIMEOUT,
         logs_specs: LogsSpecs | None = None,
         standbys: Standbys | None = None,
+        stop_signal: StopSignal | None = None,
     ) -> None:
         self.spec = spec
         self.handler = handler
@@ -198,6 +201,7 @@ class ElasticAgent:
         self.stack_dump_timeout = stack_dump_timeout
         self.logs_specs = logs_specs  # a custom torch LogsSpecs (--logs-specs): reify() routes each attempt's logs
         self.standbys = standbys
+        self.stop_signal = stop_signal  # what a cancelled run stops the workers with (None: SIGTERM)
         # torch's rule: the timer server runs when its variable is exactly "1"; aelastic's watchdog needs it too.
         self.timer_file: Path | None = None
         if self.base_env.get(ENABLE_ENV) == "1" or watchdog_timeout is not None:
@@ -364,6 +368,7 @@ class ElasticAgent:
                 before_kill=before_kill,
                 started=self._started,
                 standbys=self.standbys,
+                stop_signal=self.stop_signal,
             )
             tg.cancel_scope.cancel()
         return (outcome, None) if reason is None else (None, reason)
@@ -394,7 +399,7 @@ class ElasticAgent:
 
     def _command(self, worker: Worker, env: dict[str, str]) -> WorkerCommand:
         if callable(self.spec.entrypoint):
-            from ._bootstrap import bootstrap_args, write_payload  # cloudpickle: only callables need it
+            from .callables.parent import bootstrap_args, write_payload  # cloudpickle: only callables need it
 
             payload = self.run_dir / f"payload_{self._attempt}.pkl"
             if not payload.exists():
@@ -509,7 +514,7 @@ class ElasticAgent:
     def _result(self, state: WorkerState, outcome: GroupOutcome) -> RunResult:
         values: dict[int, Any] = {}
         if state is WorkerState.SUCCEEDED and callable(self.spec.entrypoint):
-            from ._bootstrap import read_result
+            from .callables.parent import read_result
 
             values = {w.global_rank: read_result(self._result_path(w.local_rank)) for w in self.group.workers}
         elif state is WorkerState.SUCCEEDED:
