@@ -44,6 +44,13 @@ logger = logging.getLogger(__name__)
 Entrypoint = str | Callable[..., Any]
 
 
+# The flags whose value (argparse's, already typed) is the LaunchConfig field of the same name.
+_AS_GIVEN = (
+    "role", "max_restarts", "monitor_interval", "start_method", "log_dir", "local_addr", "shutdown_timeout",
+    "signals_to_handle", "event_log_handler", "metrics_port", "virtual_local_rank", "watchdog_timeout", "prewarm",
+)  # fmt: skip
+
+
 class RunCommand(NamedTuple):
     """What ``aelastic run`` launches: ``launch(config, entrypoint, *args)``."""
 
@@ -177,29 +184,17 @@ def config_from_args(args: argparse.Namespace) -> RunCommand:
         max_nodes=rdzv.max_nodes,
         nproc_per_node=nproc,
         run_id=rdzv.run_id,
-        role=args.role,
         rdzv_endpoint=rdzv.endpoint,
         rdzv_backend=rdzv.backend,
         rdzv_configs=rdzv.configs,
-        max_restarts=args.max_restarts,
-        monitor_interval=args.monitor_interval,
-        start_method=args.start_method,
-        log_dir=args.log_dir,
         redirects=parse_std("--redirects", str(args.redirects)),
         tee=parse_std("--tee", str(args.tee)),
-        local_addr=args.local_addr,
         local_ranks_filter=parse_ranks_filter(args.local_ranks_filter),
         duplicate_stdout_filters=tuple(f for f in args.duplicate_stdout_filters if f),  # torch: '' filters nothing
         duplicate_stderr_filters=tuple(f for f in args.duplicate_stderr_filters if f),
         log_line_prefix_template=template,
-        shutdown_timeout=args.shutdown_timeout,
-        signals_to_handle=args.signals_to_handle,
-        event_log_handler=args.event_log_handler,
-        metrics_port=args.metrics_port,
-        virtual_local_rank=args.virtual_local_rank,
-        watchdog_timeout=args.watchdog_timeout,
-        prewarm=args.prewarm,
         prewarm_modules=tuple(m for m in args.prewarm_modules if m),
+        **{name: getattr(args, name) for name in _AS_GIVEN},
     )
     config = _load_plugins(args, config)
     check_parameters(config.rendezvous_parameters(config.run_id))
