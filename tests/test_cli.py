@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 from aelastic._net import format_address, parse_endpoint
-from aelastic.cli import build_parser, config_from_args, main
+from aelastic.cli import build_parser, main
+from aelastic.config.command import config_from_args
 from aelastic.errors import ConfigurationError
 
 TESTS = Path(__file__).parent

@@ -25,7 +25,25 @@ TORCH_AGENT = {
 # torch.distributed's store classes aelastic has (its TCPStore client is StoreClient).
 TORCH_STORE = {"PrefixStore", "Store"}
 
+# The top-level package: the launcher's names and the error tree's (torch's LaunchConfig, elastic_launch's
+# ChildFailedError/record, RunResult/WorkerSpec/WorkerState), and aelastic's own.
+AELASTIC = {
+    "AelasticError", "ChildFailedError", "ConfigurationError", "LaunchConfig", "LaunchControl", "ProcessFailure",
+    "QueueEmptyError", "RendezvousClosedError", "RendezvousConnectionError", "RendezvousError",
+    "RendezvousGracefulExitError", "RendezvousStateError", "RendezvousTimeoutError", "RunResult",
+    "StoreConnectionError", "StoreError", "StoreProtocolError", "WorkerSpec", "WorkerState", "__version__", "launch",
+    "record", "run",
+}  # fmt: skip
+ETCD = {
+    "Compare", "DeleteOp", "EtcdClient", "EtcdConfig", "EtcdStore", "EventType", "KeyValue", "Lease", "LocalEtcd",
+    "LocalEtcdMember", "PutOp", "RaftTiming", "RangeOp", "SortOrder", "SortTarget", "Watch", "WatchEvent",
+    "find_etcd_binary", "open_etcd_client", "open_local_etcd", "open_local_etcd_cluster", "parse_endpoints",
+    "prefix_range_end",
+}  # fmt: skip
+
 SURFACES = {
+    "aelastic": AELASTIC,
+    "aelastic.etcd": ETCD,
     "aelastic.rendezvous": TORCH_RENDEZVOUS | {"check_parameters", "open_rendezvous", "register_backend"},
     "aelastic.agent": TORCH_AGENT,
     "aelastic.store": TORCH_STORE | {
