@@ -29,7 +29,8 @@ from .config import DEFAULT_SIGNALS, LIST_LIMIT, LaunchConfig, new_run_id, parse
 from .errors import AelasticError, ConfigurationError
 from .events import check_event_handler
 from .launcher import rendezvous_parameters
-from .rendezvous.api import RendezvousParameters, check_parameters
+from .rendezvous.api import RendezvousParameters
+from .rendezvous.registry import check_parameters
 from .rendezvous.state import Action, NodeDesc, NodeTimers, RendezvousSettings, RendezvousState, StateView
 from .store.server import serve_store
 
@@ -443,16 +444,16 @@ class _LiveLine:
 
 async def _run_job(config: LaunchConfig, entrypoint: str | Callable[..., Any], args: list[str]) -> int:
     from .launcher import launch
-    from .rendezvous.dynamic import join_observer  # after the launcher: dynamic first is a circular import
 
     signals = parse_signals(config.signals_to_handle)
     received: list[int] = []
     forwarded = StopSignal()
     stop_signal.set(forwarded)  # the workers are stopped with the signal received (torchrun forwards it too)
+    observer = None
     async with anyio.create_task_group() as tg:
         if sys.stderr.isatty():
             live = _LiveLine(sys.stderr)
-            join_observer.set(live.observe)  # the agent's tasks, started below, inherit this context
+            observer = live.observe
             tg.start_soon(live.tick)
 
         async def on_signals() -> None:
@@ -469,7 +470,7 @@ async def _run_job(config: LaunchConfig, entrypoint: str | Callable[..., Any], a
         tg.start_soon(on_signals)
         with anyio.CancelScope() as job:
             try:
-                await launch(config, entrypoint, *args)
+                await launch(config, entrypoint, *args, join_observer=observer)
             except ChildFailedError as exc:
                 print(exc.format_report(), file=sys.stderr, flush=True)
                 tg.cancel_scope.cancel()

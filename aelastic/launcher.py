@@ -35,7 +35,8 @@ from .agent.processes import Reaper, open_reaper
 from .agent.status_events import record_agent
 from .config import LaunchConfig, new_run_id
 from .errors import RendezvousGracefulExitError
-from .rendezvous.api import RendezvousParameters, open_rendezvous
+from .rendezvous.api import JoinObserver, RendezvousParameters
+from .rendezvous.registry import open_rendezvous
 
 if TYPE_CHECKING:
     from .agent.standby import Standbys
@@ -73,7 +74,9 @@ def rendezvous_parameters(config: LaunchConfig, run_id: str) -> RendezvousParame
     )
 
 
-async def launch(config: LaunchConfig, entrypoint: str | Callable[..., Any], *args: Any) -> dict[int, Any]:
+async def launch(
+    config: LaunchConfig, entrypoint: str | Callable[..., Any], *args: Any, join_observer: JoinObserver | None = None
+) -> dict[int, Any]:
     """Run ``entrypoint`` on ``config.nproc_per_node`` workers of this node, elastically; see the module doc.
 
     ``entrypoint`` is an executable run with ``args`` (as torch's ``elastic_launch``:
@@ -119,7 +122,7 @@ async def launch(config: LaunchConfig, entrypoint: str | Callable[..., Any], *ar
     ports = endpoint_ports(config)
     try:
         with single_error(), events.open_event_log(config.event_log_handler, log_dir):
-            result = await _run_agent(config, spec, logs, run_dir, run_id, ports)
+            result = await _run_agent(config, spec, logs, run_dir, run_id, ports, join_observer)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
     if result is None:
@@ -130,13 +133,19 @@ async def launch(config: LaunchConfig, entrypoint: str | Callable[..., Any], *ar
 
 
 async def _run_agent(
-    config: LaunchConfig, spec: WorkerSpec, logs: LogSpec, run_dir: Path, run_id: str, ports: list[int]
+    config: LaunchConfig,
+    spec: WorkerSpec,
+    logs: LogSpec,
+    run_dir: Path,
+    run_id: str,
+    ports: list[int],
+    join_observer: JoinObserver | None = None,
 ) -> RunResult | None:
     """The agent's run and the rendezvous's closing; ``None`` if this node was in reserve when it closed."""
     async with (
         open_reaper() as reaper,
         _open_standbys(config, reaper) as standbys,
-        open_rendezvous(rendezvous_parameters(config, run_id)) as handler,
+        open_rendezvous(rendezvous_parameters(config, run_id), observer=join_observer) as handler,
     ):
         agent = ElasticAgent(
             spec,

@@ -26,10 +26,11 @@ import anyio.abc
 import pytest
 from anyio.streams.text import TextReceiveStream
 
-from aelastic.rendezvous.api import RendezvousParameters, open_rendezvous
+from aelastic.rendezvous.api import RendezvousParameters
 from aelastic.rendezvous.backends.base import RendezvousBackend
 from aelastic.rendezvous.backends.store import StoreBackend
 from aelastic.rendezvous.dynamic import DynamicRendezvousHandler, state_of
+from aelastic.rendezvous.registry import open_rendezvous
 from aelastic.rendezvous.state import NodeDesc, NodeTimers, RendezvousSettings, RendezvousState
 from aelastic.status import LIST_LIMIT, Watch, describe, waiting_reason
 from aelastic.store.client import open_store_client
