@@ -43,12 +43,12 @@ round. A fresh server per round means a restarted attempt never reads the dead a
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 
 import anyio
 import anyio.abc
@@ -149,20 +149,6 @@ def state_of(seen: Versioned) -> RendezvousState:
     return fold_joins(committed_state(seen), map(_decode_join_request, seen.pending))
 
 
-@dataclass(slots=True)
-class _Counts:
-    """What a handler did, counted as it goes; :meth:`DynamicRendezvousHandler.statistics` snapshots it."""
-
-    state_reads: int = 0
-    state_bytes_read: int = 0
-    digest_reads: int = 0
-    digest_bytes_read: int = 0
-    writes_won: int = 0
-    writes_lost: int = 0
-    wake_ups: int = 0
-    join_requests: int = 0
-
-
 class DynamicRendezvousHandler(RendezvousHandler):
     """torch's ``DynamicRendezvousHandler`` semantics, event driven. Open it with :func:`open_dynamic_rendezvous`."""
 
@@ -203,7 +189,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._observer = observer
         self._servers = tuple(servers)  # the store servers the backend hosts for this handler (c10d's host)
         self._folds = FoldCache()
-        self._counts = _Counts()
+        self._counted = RendezvousStatistics()  # what this handler did (stores and folds: see statistics())
 
     def __repr__(self) -> str:
         s = self._state
@@ -224,22 +210,19 @@ class DynamicRendezvousHandler(RendezvousHandler):
         return True
 
     def statistics(self) -> RendezvousStatistics:
-        counts, folds = self._counts, self._folds
         served = self._bootstrap.server
         servers = self._servers if served is None else (*self._servers, served)
-        return RendezvousStatistics(
+        return dataclasses.replace(
+            self._counted,
             stores=tuple(server.statistics() for server in servers),
-            state_reads=counts.state_reads,
-            state_bytes_read=counts.state_bytes_read,
-            digest_reads=counts.digest_reads,
-            digest_bytes_read=counts.digest_bytes_read,
-            writes_won=counts.writes_won,
-            writes_lost=counts.writes_lost,
-            wake_ups=counts.wake_ups,
-            join_requests=counts.join_requests,
-            folds=folds.folds,
-            requests_folded=folds.requests_folded,
+            folds=self._folds.folds,
+            requests_folded=self._folds.requests_folded,
         )
+
+    def _count(self, **added: int) -> None:
+        """Add to this handler's counters (fields of RendezvousStatistics)."""
+        counted = self._counted
+        self._counted = dataclasses.replace(counted, **{k: getattr(counted, k) + v for k, v in added.items()})
 
     @property
     def state(self) -> View:
@@ -263,8 +246,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         if read is None:
             await self._refresh()
             return
-        self._counts.digest_reads += 1
-        self._counts.digest_bytes_read += len(read.summary or b"") + len(read.shard or b"")
+        self._count(digest_reads=1, digest_bytes_read=len(read.summary or b"") + len(read.shard or b""))
         # A whole read of the same version holds the pending requests too: keep it.
         if read.version < self._version or (read.version == self._version and isinstance(self._state, RendezvousState)):
             return
@@ -336,17 +318,16 @@ class DynamicRendezvousHandler(RendezvousHandler):
 
     async def _refresh(self) -> None:
         seen = await self.backend.get_state()
-        self._counts.state_reads += 1
-        self._counts.state_bytes_read += len(seen.data or b"") + sum(len(r) + 1 for r in seen.pending)
+        self._count(state_reads=1, state_bytes_read=len(seen.data or b"") + sum(len(r) + 1 for r in seen.pending))
         self._adopt(seen)
 
     async def _write(self, state: RendezvousState) -> bool:
         digest = make_digest(state) if self.backend.digests else _NO_DIGEST
         seen, won = await self.backend.set_state(encode_state(state), self._seen, digest)
         if won:
-            self._counts.writes_won += 1
+            self._count(writes_won=1)
         else:
-            self._counts.writes_lost += 1
+            self._count(writes_lost=1)
         self._adopt(seen)
         return won
 
@@ -361,7 +342,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         with anyio.move_on_after(max(0.0, limit - anyio.current_time())):
             await self.backend.wait_for_change(seen)
             woke = True
-        self._counts.wake_ups += 1
+        self._count(wake_ups=1)
         if not woke and self._ticket is not None and self._joined < self._ticket:
             # No news while this node's request waits to be folded: the node that was to publish it may hang.
             # Read the whole state, which holds the request, and publish it if others wait for what it changes.
@@ -421,7 +402,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 endpoint = await self._bootstrap.reserve()
                 self._request = encode_join_request(JoinRequest(self.node, self.settings.max_nodes, endpoint))
                 self._ticket = await self.backend.request_join(self._request)
-                self._counts.join_requests += 1
+                self._count(join_requests=1)
                 counted = None
                 if self._ticket is not None and isinstance(self._state, StateView):
                     # No read: the view this request was decided on counts it as well as a newer one would.
