@@ -41,9 +41,8 @@ from .agent.status_events import record_agent
 from .config import LaunchConfig, new_run_id
 from .config.environ import health_check_port
 from .errors import RendezvousGracefulExitError
-from .rendezvous import backends as _backends  # noqa: F401  # before dynamic: dynamic first is a circular import
-from .rendezvous.api import open_rendezvous
-from .rendezvous.dynamic import JoinObserver, join_observer
+from .rendezvous.api import JoinObserver
+from .rendezvous.registry import open_rendezvous
 
 if TYPE_CHECKING:
     from .agent.prewarm.parent import Standbys
@@ -130,14 +129,10 @@ async def launch(
         logger.warning("numa_options=%r: accepted for torch compatibility and ignored (aelastic binds nothing)",
                        config.numa_options)  # fmt: skip
     control = LaunchControl() if control is None else control
-    # Until open_rendezvous takes it as a parameter: the ContextVar it reads, set for the tasks this launch
-    # starts and reset when it ends.
-    observer_token = join_observer.set(control.join_observer)
     try:
         with single_error(), events.open_event_log(config.event_log_handler, log_dir):
             result = await _run_agent(config, spec, logs, run_dir, run_id, ports, control)
     finally:
-        join_observer.reset(observer_token)
         shutil.rmtree(run_dir, ignore_errors=True)
     if result is None:
         return {}
@@ -159,7 +154,7 @@ async def _run_agent(
     async with (
         open_reaper() as reaper,
         _open_standbys(config, reaper) as standbys,
-        open_rendezvous(config.rendezvous_parameters(run_id)) as handler,
+        open_rendezvous(config.rendezvous_parameters(run_id), observer=control.join_observer) as handler,
     ):
         agent = ElasticAgent(
             spec,

@@ -17,7 +17,8 @@ from store_checks import GLOO_WORKER, wait_for_connections
 from torch_store_peer import PeerError, TorchPeer
 
 from aelastic.errors import ConfigurationError, RendezvousConnectionError, StoreAuthError
-from aelastic.rendezvous.api import RendezvousParameters, open_rendezvous
+from aelastic.rendezvous.api import RendezvousParameters
+from aelastic.rendezvous.registry import open_rendezvous
 from aelastic.store import auth
 from aelastic.store.api import PrefixStore
 from aelastic.store.client import StoreClient, open_store_client

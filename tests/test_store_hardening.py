@@ -14,7 +14,8 @@ import pytest
 from store_checks import closed_by_server, wait_for_connections
 from torch_store_peer import TorchPeer
 
-from aelastic.rendezvous.api import RendezvousParameters, open_rendezvous
+from aelastic.rendezvous.api import RendezvousParameters
+from aelastic.rendezvous.registry import open_rendezvous
 from aelastic.store import wire
 from aelastic.store.api import PrefixStore
 from aelastic.store.client import StoreClient

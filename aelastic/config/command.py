@@ -23,7 +23,8 @@ from typing import Any, NamedTuple
 from .._net import format_address
 from ..errors import ConfigurationError
 from ..events import check_event_handler
-from ..rendezvous.api import RendezvousParameters, check_parameters
+from ..rendezvous.api import RendezvousParameters
+from ..rendezvous.registry import check_parameters
 from . import environ
 from .launch_config import LaunchConfig
 from .values import (

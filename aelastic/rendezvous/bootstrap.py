@@ -24,7 +24,7 @@ import anyio.abc
 from .._net import format_address, parse_endpoint
 from ..errors import RendezvousStateError
 from ..store.api import Store
-from ..store.server import ServerSettings, bind_listeners, open_store_server
+from ..store.server import ServerSettings, StoreServer, bind_listeners, open_store_server
 from .api import RendezvousStoreInfo
 
 __all__ = ["BootstrapStores"]
@@ -41,6 +41,7 @@ class BootstrapStores:
         self._task_group = task_group
         self._scope: anyio.CancelScope | None = None  # the server of the last round this node was rank 0 of
         self._reserved: list[socket.socket] = []  # listeners for the next round this node may be rank 0 of
+        self._server: StoreServer | None = None  # the server that scope runs
 
     def __repr__(self) -> str:
         return f"<BootstrapStores host={self.host!r} serving={self._scope is not None}>"
@@ -51,6 +52,11 @@ class BootstrapStores:
         if not self._reserved:
             self._reserved = await bind_listeners(self.host, 0)
         return self._endpoint(self._reserved)
+
+    @property
+    def server(self) -> StoreServer | None:
+        """The workers' store this node serves now (it is rank 0 of its last round), if any."""
+        return self._server
 
     def _endpoint(self, sockets: list[socket.socket]) -> str:
         return format_address(self.host, sockets[0].getsockname()[1])
@@ -103,6 +109,11 @@ class BootstrapStores:
         task_status: anyio.abc.TaskStatus[anyio.CancelScope] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         with anyio.CancelScope() as scope:
-            async with open_store_server(self.host, settings=ServerSettings(name="workers"), sockets=sockets):
-                task_status.started(scope)
-                await anyio.sleep_forever()
+            async with open_store_server(self.host, settings=ServerSettings(name="workers"), sockets=sockets) as server:
+                self._server = server
+                try:
+                    task_status.started(scope)
+                    await anyio.sleep_forever()
+                finally:
+                    if self._server is server:
+                        self._server = None
