@@ -15,7 +15,9 @@ Three parts, each in a module of its own:
   :func:`serve_store`, :class:`StoreServer`, its settings and statistics).
 
 Either way a huge reply batch is flushed early so that a chunk full of GETs cannot build an unbounded reply, and
-unsent bytes beyond ``max_buffered_bytes`` close the connection.
+unsent bytes beyond ``max_buffered_bytes`` close the connection. The hot path per request is the table's
+``process`` loop and its handlers; per received chunk, each transport's read callback or loop (their module
+docstrings name it). Nothing of it is in this module.
 
 A protocol violation (first request not VALIDATE, unknown query, a key/value/key-count over the limits, more than
 ``max_buffered_bytes`` of unparsed or unsent data, ADD on a non-numeric value) closes that one connection and is

@@ -14,7 +14,7 @@ state, and three methods only the transport can implement: ``notify``, ``abort``
 received::
 
     table.receive(conn, data)      # count the bytes, buffer them in the connection's parser
-    while table.process(conn):     # handle every whole request; True: the outbox is big, flush it first
+    while table.process(conn):     # handle every whole request; True: the outbox passed _FLUSH_AT, flush it first
         flush(conn.outbox)
     flush(conn.outbox)
     table.check_buffered(conn)     # too much of a request buffered: StoreProtocolError
@@ -50,11 +50,11 @@ from typing import Any, Final, cast
 from ..errors import StoreProtocolError
 from . import auth, wire
 
-__all__ = ["FLUSH_AT", "Connection", "Refused", "StoreTable", "log_handshake_timeout"]
+__all__ = ["Connection", "Refused", "StoreTable", "log_handshake_timeout"]
 
 logger = logging.getLogger(__name__)
 
-FLUSH_AT: Final = 256 * 1024  # flush replies mid-chunk once this many bytes are queued
+_FLUSH_AT: Final = 256 * 1024  # flush replies mid-chunk once this many bytes are queued
 
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
@@ -248,7 +248,7 @@ class StoreTable:
             else:
                 self._handshake(conn, request)
             self.sent_by_kind[kind] += len(outbox) - queued
-            if len(outbox) >= FLUSH_AT:
+            if len(outbox) >= _FLUSH_AT:
                 return True
         return False
 
