@@ -44,7 +44,7 @@ async def ping(stream: anyio.abc.SocketStream, nonce: int) -> wire.Reply:
 
 @pytest.fixture(autouse=True)
 def _warnings_are_captured(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="aelastic.store.server")
+    caplog.set_level(logging.WARNING, logger="aelastic.store")
 
 
 # --- binding ------------------------------------------------------------------------------------------------------

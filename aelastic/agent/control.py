@@ -28,7 +28,7 @@ import h11
 
 from ..errors import AelasticError, ConfigurationError
 from ..metrics import RESTART_CAUSES, AgentMetrics
-from ..store.server import serving
+from ..store.server import StoreServer
 
 if TYPE_CHECKING:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -123,7 +123,7 @@ def _store_metrics(counter: type[CounterMetricFamily], gauge: type[GaugeMetricFa
     workers' store of the round on group rank 0), labelled by what the store is for and its port. Each server
     counts as it serves (O(1) per request); this reads the counts. The workers' store is new every round, so its
     counters start again at 0 under a new port."""
-    servers = serving()
+    servers: list[StoreServer] = []  # issue 23: the lead connects the handler's statistics().stores here
     labels = ["store", "port"]
     requests = counter("aelastic_store_requests", "requests handled, by request kind", labels=[*labels, "command"])
     received = counter("aelastic_store_received_bytes", "bytes received from clients", labels=labels)

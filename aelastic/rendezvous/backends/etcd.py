@@ -44,20 +44,17 @@ from ...errors import (
     RendezvousConnectionError,
     RendezvousStateError,
 )
-from ...etcd.client import (
+from ...etcd.client import EtcdClient, EtcdConfig, open_etcd_client, parse_endpoints
+from ...etcd.messages import (
     Compare,
     CompareResult,
     CompareTarget,
     DeleteOp,
-    EtcdClient,
-    EtcdConfig,
     PutOp,
     RangeOp,
     RangeResponse,
     SortOrder,
     SortTarget,
-    open_etcd_client,
-    parse_endpoints,
     prefix_range_end,
 )
 from ...etcd.store import EtcdStore
