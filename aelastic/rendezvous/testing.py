@@ -44,11 +44,11 @@ from ..store.client import StoreClient, open_store_client
 from .api import JoinObserver, RendezvousHandler, RendezvousInfo, RendezvousParameters
 from .registry import OpenHandler
 
-__all__ = [
-    "CHECKS",
-    "FAST",
+__all__ = [  # noqa: RUF022  (plain sorted order: tests/test_public_surface.py pins it for every public module)
     "BackendUnderTest",
+    "CHECKS",
     "Cluster",
+    "FAST",
     "Node",
     "assert_consistent",
     "check_barrier_blocks_until_min",
