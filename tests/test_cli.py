@@ -394,7 +394,10 @@ def test_a_known_rdzv_conf_key_with_a_bad_value_stays_an_error(tmp_path: Path) -
     flags = ["--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--rdzv-conf", "colour=blue,join_timeout=soon"]
     result = aelastic("run", *flags, PROBE, env={"PROBE_OUT": str(tmp_path)})
     assert result.returncode == 2, result.stderr
-    assert result.stderr.splitlines()[-1] == "aelastic run: error: --rdzv-conf join_timeout='soon': must be a number of seconds"
+    assert (
+        result.stderr.splitlines()[-1]
+        == "aelastic run: error: --rdzv-conf join_timeout='soon': must be a number of seconds"
+    )
     assert list(tmp_path.iterdir()) == []
 
 

@@ -35,10 +35,10 @@ AELASTIC = {
     "record", "run",
 }  # fmt: skip
 ETCD = {
-    "Compare", "DeleteOp", "EtcdClient", "EtcdClientStatistics", "EtcdConfig", "EtcdStore", "EventType", "KeyValue", "Lease", "LocalEtcd",
-    "LocalEtcdMember", "PutOp", "RaftTiming", "RangeOp", "SortOrder", "SortTarget", "Watch", "WatchEvent",
-    "find_etcd_binary", "open_etcd_client", "open_local_etcd", "open_local_etcd_cluster", "parse_endpoints",
-    "prefix_range_end",
+    "Compare", "DeleteOp", "EtcdClient", "EtcdClientStatistics", "EtcdConfig", "EtcdStore", "EventType", "KeyValue",
+    "Lease", "LocalEtcd", "LocalEtcdMember", "PutOp", "RaftTiming", "RangeOp", "SortOrder", "SortTarget", "Watch",
+    "WatchEvent", "find_etcd_binary", "open_etcd_client", "open_local_etcd", "open_local_etcd_cluster",
+    "parse_endpoints", "prefix_range_end",
 }  # fmt: skip
 
 # The rendezvous backend protocol, public for third-party backends (register_backend), and the conformance kit
