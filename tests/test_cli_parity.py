@@ -214,12 +214,6 @@ with open(os.path.join(os.environ["PROBE_OUT"], f"rank{os.environ['RANK']}.json"
 
 
 @pytest.mark.skipif(TORCHRUN is None, reason="torchrun is not on PATH")
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 23 item 7: with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torch's dynamic handler says "
-    "use_agent_store=False and rank 0's worker serves the store; aelastic's handler (rendezvous/dynamic.py, "
-    "bootstrap.py: WP-R) still serves it and says True",
-)
 def test_unshared_rendezvous_store_gives_workers_what_torchrun_gives(tmp_path: Path) -> None:
     """``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: torchrun's workers see ``TORCHELASTIC_USE_AGENT_STORE=False``
     and rank 0's worker serves the workers' store itself; the same job runs under aelastic, seeing the same."""

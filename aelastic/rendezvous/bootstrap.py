@@ -11,6 +11,12 @@ the round names rank 0's, and no member waits for rank 0 to publish it after the
 ``MASTER_ADDR``/``MASTER_PORT`` in the round's store and every other node reads them: two more round trips per
 node, and every node waits for rank 0's). A listener is served at most once: a fresh server per round still.
 The static rendezvous, whose ranks are given, publishes in the round's store as torch does.
+
+With ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` torch's dynamic handler serves no workers' store: rank 0's worker
+binds ``MASTER_PORT`` itself (``TORCHELASTIC_USE_AGENT_STORE=False``), on a port torch's rank 0 found free. aelastic
+does the same with ``serve=False``: rank 0 closes its reserved listeners instead of serving them and names their
+port, free again (a listener that never accepted leaves no TIME_WAIT), with the same small window as torch's
+``get_free_port`` for another process to take it first.
 """
 
 from __future__ import annotations
@@ -61,9 +67,10 @@ class BootstrapStores:
     def _endpoint(self, sockets: list[socket.socket]) -> str:
         return format_address(self.host, sockets[0].getsockname()[1])
 
-    async def start_round(self, rank: int, master: str | None) -> RendezvousStoreInfo:
+    async def start_round(self, rank: int, master: str | None, *, serve: bool = True) -> RendezvousStoreInfo:
         """Stop the last round's server; on rank 0, serve this round's on the reserved listeners, whose endpoint
-        the state names as ``master``. Returns where the workers find it."""
+        the state names as ``master`` (or, without ``serve``, release them for rank 0's worker to bind). Returns
+        where the workers find it."""
         self.stop()
         if master is None:
             raise RendezvousStateError("the rendezvous state completed a round without rank 0's bootstrap endpoint")
@@ -75,7 +82,11 @@ class BootstrapStores:
                     f"but it listens on {mine or 'none'}"
                 )
             sockets, self._reserved = self._reserved, []
-            self._scope = await self._task_group.start(self._serve, sockets)
+            if serve:
+                self._scope = await self._task_group.start(self._serve, sockets)
+            else:
+                for sock in sockets:
+                    sock.close()
         host, port = parse_endpoint(master, None, what="rank 0's bootstrap endpoint")
         return RendezvousStoreInfo(host, port)
 

@@ -47,6 +47,7 @@ import dataclasses
 import functools
 import logging
 import math
+import os
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 
@@ -184,6 +185,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._liveness_started = False
         self._joining: anyio.Event | None = None  # set when this node's wait for its round to complete ends
         self._bootstrap = BootstrapStores(task_group, bootstrap_host)
+        # torch's switch, read where torch's handler reads it: rank 0's worker serves the workers' store itself.
+        self._share_store = os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "0") != "1"
         self._round: int | None = None
         self._world = 0  # the world size of the round this node finished
         self._observer = observer
@@ -207,7 +210,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
 
     @property
     def use_agent_store(self) -> bool:
-        return True
+        return self._share_store
 
     def statistics(self) -> RendezvousStatistics:
         served = self._bootstrap.server
@@ -515,7 +518,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         if rank is None:  # the state machine finishes a join only as a member of a complete round
             raise RendezvousClosedError(f"rendezvous {settings.run_id!r}: join finished without a rank")
         round_store = self.backend.store.prefixed(f"torch.rendezvous.{settings.run_id}.{state.round}")
-        bootstrap = await self._bootstrap.start_round(rank, state.master)
+        bootstrap = await self._bootstrap.start_round(rank, state.master, serve=self._share_store)
         self._round, self._world = state.round, state.world_size
         record_rendezvous(
             "round_complete", settings.run_id, node.id, backend=self._backend_name, round=state.round, rank=rank,
