@@ -1,0 +1,249 @@
+"""PyTorch's own launcher tests (``upstream/``, unmodified) run against aelastic.
+
+``shim/aelastic_torch_shim.py`` points ``torch.distributed.launcher.api.launch_agent`` (behind ``elastic_launch``)
+and ``torch.distributed.run.main`` (torchrun) at aelastic. Every test that does not pass is in ``CLASSIFIED``
+below, the one place that says why:
+
+* ``a``: the test mocks or calls torch internals that aelastic does not have, or runs torch's code only; it
+  says nothing about aelastic's behaviour. Skipped.
+* ``b``: a deliberate difference, named by its row of README's "From torchrun" table.
+* ``c``: an aelastic defect, with its reproduction and the function at fault.
+
+Entries of kind b and c carry a regex that the failure must match: such a failure is reported as XFAIL with the
+reason; a failure that does not match fails, and so does a pass (XPASS(strict): the entry is stale, e.g. the
+defect was fixed). A failure not listed here fails the run. No test turned out to be of kind b.
+
+``pytest tests/torch_launcher`` takes about 30 s on a 2-CPU machine (19 passed, 12 skipped, 10 xfailed); the same
+files against torch take about 4 min. ``TORCH_LAUNCHER_TARGET=torch`` runs them against torch itself (no shim, no
+classification): the baseline, where all pass but the two-GPU test. ``TORCH_LAUNCHER_SHIM_NONE_DEFAULTS=1`` works
+around the None-defaults defect in the shim and applies no classification either, to see what lies beneath it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import re
+import sys
+from collections.abc import Generator, Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+HERE = Path(__file__).parent
+UPSTREAM = HERE / "upstream"
+SHIM = HERE / "shim"
+TARGET = os.environ.get("TORCH_LAUNCHER_TARGET", "aelastic")
+CLASSIFY = TARGET == "aelastic" and os.environ.get("TORCH_LAUNCHER_SHIM_NONE_DEFAULTS") != "1"
+TIMEOUT_S = 240  # per test; these tests start launchers and workers (a few seconds each when well)
+
+collect_ignore_glob = ["upstream/bin/*"]
+
+# The defects (c) in one place: each entry's regex must match the failure, so another failure of the same test fails.
+NONE_DEFAULTS = (
+    "known defect, being fixed elsewhere: torch's LaunchConfig defaults duplicate_stdout_filters="
+    "duplicate_stderr_filters=None crash aelastic's launch (aelastic/agent/logs.py LogSpec.__post_init__, reached from "
+    "aelastic/launcher.py launch; shutdown_timeout=None likewise in aelastic/config.py LaunchConfig.__post_init__). "
+    "Reproduction: aelastic.run(aelastic.LaunchConfig(duplicate_stdout_filters=None), 'true') -> TypeError: Value "
+    "after * must be an iterable, not NoneType"
+)
+NONE_DEFAULTS_MATCH = r"TypeError: Value after \* must be an iterable, not NoneType"
+UNREAD_CONF = (
+    "known defect, being fixed elsewhere: an --rdzv-conf key the c10d backend does not read is validated anyway "
+    "(aelastic/rendezvous/backends/__init__.py C10dSettings.from_parameters: conf_int(params, 'timeout', 900)); "
+    "README's row '--rdzv-conf key the backend does not use' says ignored with a warning. Reproduction: aelastic run "
+    '--rdzv-backend c10d --rdzv-endpoint localhost:0 --rdzv-conf "timeout=5\'" --no-python true -> exit 2, '
+    "'--rdzv-conf timeout=\"5'\": must be an integer' (upstream passes --rdzv-conf='join_timeout=5,...,timeout=5'' "
+    "with the quotes inside)"
+)
+UNREAD_CONF_MATCH = r"""ValueError: aelastic run: error: --rdzv-conf timeout="5'": must be an integer"""
+TORCH_ONLY = "calls torch's own code only ({}); no launcher runs, so it says nothing about aelastic"
+MOCKED_AGENT = "mocks torch's {} and asserts on the mock; aelastic's agent and rendezvous are its own: never called"
+RECORD_BENEATH = "; beneath it (seen with TORCH_LAUNCHER_SHIM_NONE_DEFAULTS=1 / the conf fixed) the test raises {} "
+RECORD_BENEATH += "as expected and then fails on record_mock.assert_called_once(): torch's events.record, kind (a)"
+
+# Not listed because it passes here: test_run.py's test_nproc_launch_auto_configurations fails under an affinity
+# mask (taskset -c 0 pytest ...: 2 workers, expected 1), a defect (c) of aelastic/cli.py _nproc, which counts
+# os.cpu_count() for 'cpu' and 'auto' where torch 2.13 counts os.sched_getaffinity(0) (torch._utils.cpu_count).
+# Reproduction: taskset -c 0 aelastic run --nproc-per-node cpu --no-python sh -c 'echo $LOCAL_RANK' prints 2 lines.
+
+# test id under upstream/ -> (kind, reason, regex the failure must match; None: skipped, kind a only)
+CLASSIFIED: dict[str, tuple[str, str, str | None]] = {
+    # --- api_test.py: every launch goes through torch's LaunchConfig, whose None defaults aelastic rejects
+    **{
+        f"api_test.py::ElasticLaunchTest::{name}": (
+            "c",
+            NONE_DEFAULTS + "; beneath it the test passes",
+            NONE_DEFAULTS_MATCH,
+        )
+        for name in (
+            "test_launch_script_python",
+            "test_launch_script_python_local_rank_transfer",
+            "test_launch_script_bash",
+            "test_launch_function",
+            "test_launch_dist_sum_with_static_rdzv",
+            "test_launch_elastic",
+            "test_launch_elastic_multiple_agents",
+        )
+    },
+    "api_test.py::ElasticLaunchTest::test_launch_elastic_worker_raise_exception": (
+        "c",
+        NONE_DEFAULTS + RECORD_BENEATH.format("ChildFailedError"),
+        NONE_DEFAULTS_MATCH,
+    ),
+    "api_test.py::ElasticLaunchTest::test_launch_elastic_agent_raise_exception": (
+        "a",
+        MOCKED_AGENT.format("LocalElasticAgent.run (side effect MockException)"),
+        None,
+    ),
+    "api_test.py::ElasticLaunchTest::test_launch_shutdown": (
+        "a",
+        MOCKED_AGENT.format("LocalElasticAgent and rendezvous registry (shutdown() of a mock handler)"),
+        None,
+    ),
+    "api_test.py::ElasticLaunchTest::test_rdzv_handler_shutdown_on_agent_error": (
+        "a",
+        MOCKED_AGENT.format("LocalElasticAgent.run and rendezvous registry"),
+        None,
+    ),
+    "api_test.py::ElasticLaunchTest::test_rdzv_handler_shutdown_on_agent_signal": (
+        "a",
+        MOCKED_AGENT.format("LocalElasticAgent.run (SignalException) and rendezvous registry"),
+        None,
+    ),
+    "api_test.py::ElasticLaunchTest::test_get_entrypoint_name": (
+        "a",
+        TORCH_ONLY.format("torch.distributed.launcher.api._get_entrypoint_name"),
+        None,
+    ),
+    # --- test_run.py
+    "test_run.py::ElasticLaunchTest::test_launch_elastic": (
+        "c",
+        UNREAD_CONF + "; beneath it the test passes",
+        UNREAD_CONF_MATCH,
+    ),
+    "test_run.py::ElasticLaunchTest::test_launch_elastic_worker_raise_exception": (
+        "c",
+        UNREAD_CONF + RECORD_BENEATH.format("ChildFailedError"),
+        UNREAD_CONF_MATCH,
+    ),
+    "test_run.py::ElasticLaunchTest::test_launch_elastic_agent_raise_exception": (
+        "a",
+        MOCKED_AGENT.format("LocalElasticAgent.run (side effect MockException)"),
+        None,
+    ),
+    "test_run.py::ElasticLaunchTest::test_launch_shutdown": (
+        "a",
+        MOCKED_AGENT.format("LocalElasticAgent and rendezvous registry (shutdown() of a mock handler)"),
+        None,
+    ),
+    "test_run.py::ElasticLaunchTest::test_nproc_gpu_launch_configurations": (
+        "a",
+        "patches torch.cuda/torch.accelerator to pretend 3 GPUs; aelastic counts GPUs without torch (/dev/nvidia<N>, "
+        "CUDA_VISIBLE_DEVICES), so the mock is not seen and 'auto' gives the CPU count",
+        None,
+    ),
+    "test_run.py::ElasticLaunchTest::test_nproc_xpu_launch_configurations": (
+        "a",
+        "patches torch.xpu/torch.accelerator to pretend 3 XPUs (the mock is not seen, as for the GPU test); note "
+        "that aelastic has no 'xpu' spelling of --nproc-per-node at all (exit 2), where torch counts torch.xpu",
+        None,
+    ),
+    "test_run.py::ElasticLaunchTest::test_min_max_nodes_parse": (
+        "a",
+        TORCH_ONLY.format("torch.distributed.run.parse_min_max_nnodes"),
+        None,
+    ),
+    "test_run.py::ElasticLaunchTest::test_is_not_torchelastic_launched": (
+        "a",
+        TORCH_ONLY.format("the bin/ script run with runpy, without a launcher"),
+        None,
+    ),
+}
+_ENTRY = pytest.StashKey[tuple[str, str, str]]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "multigpu: upstream's marker for tests that need two GPUs")
+    if TARGET not in ("aelastic", "torch"):
+        raise pytest.UsageError(f"TORCH_LAUNCHER_TARGET={TARGET!r}: must be aelastic or torch")
+
+
+def _shim() -> ModuleType:
+    module = sys.modules.get("aelastic_torch_shim")
+    if module is None:
+        spec = importlib.util.spec_from_file_location("aelastic_torch_shim", SHIM / "aelastic_torch_shim.py")
+        assert spec is not None
+        assert spec.loader is not None
+        module = sys.modules["aelastic_torch_shim"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(autouse=True)
+def _aelastic_behind_torch(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """For each test here only (the rest of the suite, e.g. tests/test_cli_parity.py's real torchrun, must keep
+    torch's own launcher): torch's entry points run aelastic, in this process and (sitecustomize.py on PYTHONPATH)
+    in the interpreters the test starts; and what upstream's tests leave behind (PET_* variables, the CLI's root
+    logging handler) is undone afterwards."""
+    environ, handlers, level = dict(os.environ), logging.root.handlers[:], logging.root.level
+    if TARGET == "aelastic":
+        import torch.distributed.launcher.api
+        import torch.distributed.run
+
+        shim = _shim()
+        monkeypatch.setattr(torch.distributed.launcher.api, "launch_agent", shim.launch_agent)
+        monkeypatch.setattr(torch.distributed.run, "main", shim.main)
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(SHIM), os.environ.get("PYTHONPATH")])))
+        monkeypatch.setenv("TORCH_LAUNCHER_SHIM", "1")
+    yield
+    os.environ.clear()
+    os.environ.update(environ)
+    logging.root.handlers[:] = handlers
+    logging.root.setLevel(level)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    ours = [item for item in items if UPSTREAM in item.path.parents]
+    for item in ours:
+        item.add_marker(pytest.mark.timeout(TIMEOUT_S))
+    if not CLASSIFY:
+        return
+    ids = {item.nodeid.split("upstream/", 1)[1]: item for item in ours}
+    for test_id, (kind, reason, match) in CLASSIFIED.items():
+        item = ids.get(test_id)
+        if item is None:
+            continue
+        if match is None:
+            item.add_marker(pytest.mark.skip(reason=f"({kind}) {reason}"))
+        else:
+            item.stash[_ENTRY] = (kind, reason, match)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A classified test that fails as its entry says is an expected failure (xfail); one that fails otherwise
+    fails, and one that passes fails too (a stale entry, as xfail's strict mode)."""
+    report = yield
+    entry = item.stash.get(_ENTRY, None)
+    if entry is None or report.when != "call":
+        return report
+    kind, reason, match = entry
+    if report.failed and re.search(match, report.longreprtext):
+        report.outcome = "skipped"
+        report.wasxfail = f"({kind}) {reason}"
+    elif report.failed:
+        report.sections.append(
+            (
+                "torch_launcher classification",
+                f"classified ({kind}) failing with /{match}/, but it failed otherwise: {reason}",
+            )
+        )
+    elif report.passed:
+        report.outcome = "failed"
+        report.longrepr = f"[XPASS(strict)] classified ({kind}) but passed: remove its CLASSIFIED entry: {reason}"
+    return report
