@@ -25,8 +25,8 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from .agent.agent import RunResult, WorkerSpec, WorkerState
     from .agent.errors import ChildFailedError, ProcessFailure, record
+    from .agent.workers import RunResult, WorkerSpec, WorkerState
     from .config import LaunchConfig
     from .launcher import launch, run
 
@@ -37,9 +37,9 @@ _LAZY = {
     "ChildFailedError": ".agent.errors",
     "LaunchConfig": ".config",
     "ProcessFailure": ".agent.errors",
-    "RunResult": ".agent.agent",
-    "WorkerSpec": ".agent.agent",
-    "WorkerState": ".agent.agent",
+    "RunResult": ".agent.workers",
+    "WorkerSpec": ".agent.workers",
+    "WorkerState": ".agent.workers",
     "launch": ".launcher",
     "record": ".agent.errors",
     "run": ".launcher",

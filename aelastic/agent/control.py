@@ -34,7 +34,8 @@ if TYPE_CHECKING:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
     from prometheus_client.registry import CollectorRegistry
 
-    from .agent import ElasticAgent, RunResult
+    from .agent import ElasticAgent
+    from .workers import RunResult
 
 __all__ = ["health", "run_with_endpoint", "serve_control"]
 
