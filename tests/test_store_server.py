@@ -320,7 +320,7 @@ def test_settings_validate() -> None:
 
 async def test_statistics_and_repr(server: StoreServer) -> None:
     assert server.statistics() == ServerStatistics(
-        connections=0, keys=0, queued=0, waiters=0, ops_served=0, bytes_received=0
+        name="store", port=server.port, connections=0, keys=0, queued=0, waiters=0, ops_served=0, bytes_received=0
     )
     client = await RawClient.connect(server.port)
     requests = (wire.Set(b"a", b"1"), wire.Set(b"b", b"2"), wire.QueuePush(b"q", b"x"), wire.Wait((b"c",)))
@@ -329,7 +329,7 @@ async def test_statistics_and_repr(server: StoreServer) -> None:
     sent = len(wire.encode_request(wire.Validate())) + sum(len(wire.encode_request(r)) for r in requests)
     kinds = {"Validate": 1, "Set": 2, "QueuePush": 1, "Wait": 1}
     assert server.statistics() == ServerStatistics(
-        connections=1, keys=2, queued=1, waiters=1, ops_served=5, bytes_received=sent,
+        name="store", port=server.port, connections=1, keys=2, queued=1, waiters=1, ops_served=5, bytes_received=sent,
         ops_by_kind=kinds, sent_by_kind=dict.fromkeys(kinds, 0),
     )  # fmt: skip
     assert repr(server) == (f"<StoreServer store [::]:{server.port} connections=1 keys=2 waiters=1 ops_served=5>")

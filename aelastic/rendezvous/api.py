@@ -23,12 +23,14 @@ from urllib.parse import parse_qsl, urlsplit
 
 from .._groups import single_error
 from ..errors import ConfigurationError
+from ..store import ServerStatistics
 from ..store.api import Store
 
 __all__ = [
     "RendezvousHandler",
     "RendezvousInfo",
     "RendezvousParameters",
+    "RendezvousStatistics",
     "RendezvousStoreInfo",
     "check_parameters",
     "conf_bool",
@@ -206,6 +208,18 @@ Finished = Callable[[frozenset[int]], Awaitable[bool]]
 """Whether the nodes of these ranks had finished the round's work before they left (see RendezvousHandler)."""
 
 
+@dataclass(frozen=True, slots=True)
+class RendezvousStatistics:
+    """What one handler runs and did (issue 23's interface; WP-R's record has the per-handler counters too).
+
+    Attributes:
+        stores: The store servers this handler runs now: the rendezvous store (c10d, on the hosting node) and
+            the workers' store of the round (on its rank 0).
+    """
+
+    stores: tuple[ServerStatistics, ...] = ()
+
+
 class RendezvousHandler(abc.ABC):
     """One node's view of a rendezvous (torch's ``RendezvousHandler``, async)."""
 
@@ -257,6 +271,15 @@ class RendezvousHandler(abc.ABC):
     @abc.abstractmethod
     async def shutdown(self) -> bool:
         """Close the rendezvous and leave; ``False`` if that failed (the error is logged)."""
+
+    def statistics(self) -> RendezvousStatistics:
+        """The store servers this handler runs now.
+
+        MERGE BRIDGE (WP-P's branch only; WP-R's per-handler statistics replace it): every store server of this
+        process, as the process-global registry knew them."""
+        from ..store.server import serving
+
+        return RendezvousStatistics(stores=tuple(server.statistics() for server in serving()))
 
 
 OpenHandler = Callable[[RendezvousParameters], AbstractAsyncContextManager[RendezvousHandler]]

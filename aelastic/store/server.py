@@ -159,6 +159,8 @@ class ServerStatistics:
     """A snapshot of a running server.
 
     Attributes:
+        name: what the store is for (``ServerSettings.name``: ``"rendezvous"``, ``"workers"``).
+        port: the port it listens on.
         connections: open client connections.
         keys: keys in the table (queues are not counted, as in torch's GETNUMKEYS).
         queued: values in queues (QUEUE_PUSH), all queues together.
@@ -170,6 +172,8 @@ class ServerStatistics:
         sent_by_kind: reply bytes per request kind; a WAIT's wake-up counts under ``"Wait"``.
     """
 
+    name: str
+    port: int
     connections: int
     keys: int
     queued: int
@@ -444,6 +448,8 @@ class StoreServer:
         # connection (a leak) would show.
         waiting = {id(conn) for registered in self._waiters.values() for conn in registered}
         return ServerStatistics(
+            name=self.name,
+            port=self.port,
             connections=len(self._connections),
             keys=len(self._table),
             queued=sum(map(len, self._queues.values())),
