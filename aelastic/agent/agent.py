@@ -33,8 +33,8 @@ import functools
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import replace
 from pathlib import Path
 from string import Template
@@ -51,7 +51,8 @@ from .errors import ChildFailedError, ProcessFailure
 from .logs import LogSpec
 from .logs_specs import LogsSpecs, reify
 from .policy import Action, Budget, Decision, Outcome, decide
-from .processes import GroupOutcome, Reaper, WorkerCommand, WorkerProcess, run_workers
+from .processes import GroupOutcome, Reaper, StopSignal, WorkerCommand, WorkerProcess, run_workers
+from .processes import stop_signal as stop_signal_context  # MERGE BRIDGE: goes with _stopping_with
 from .ranks import RankAssignment, RoleInfo, exchange_ranks
 from .stacks import DEFAULT_DUMP_TIMEOUT, StackDumper
 from .status_events import AgentSnapshot, record_agent, record_started, record_workers
@@ -105,6 +106,7 @@ class ElasticAgent:
         stack_dump_timeout: float = DEFAULT_DUMP_TIMEOUT,
         logs_specs: LogsSpecs | None = None,
         standbys: Standbys | None = None,
+        stop_signal: StopSignal | None = None,
     ) -> None:
         self.spec = spec
         self.handler = handler
@@ -120,6 +122,7 @@ class ElasticAgent:
         self.stack_dump_timeout = stack_dump_timeout
         self.logs_specs = logs_specs  # a custom torch LogsSpecs (--logs-specs): reify() routes each attempt's logs
         self.standbys = standbys
+        self.stop_signal = stop_signal  # what a cancelled run stops the workers with (None: SIGTERM)
         # torch's rule: the timer server runs when its variable is exactly "1"; aelastic's watchdog needs it too.
         self.timer_file: Path | None = None
         if self.base_env.get(ENABLE_ENV) == "1" or watchdog_timeout is not None:
@@ -263,17 +266,20 @@ class ElasticAgent:
 
             tg.start_soon(watch)
             self.recorder.running(len(commands), anyio.current_time())
-            outcome = await run_workers(
-                commands,
-                logs,
-                grace=self.shutdown_timeout,
-                reaper=self.reaper,
-                finish_together=callable(self.spec.entrypoint),  # as torch's multiprocessing runs functions
-                watch=None if timers is None else serve_timers,
-                before_kill=before_kill,
-                started=self.recorder.spawned,
-                standbys=self.standbys,
-            )
+            # MERGE: run_workers(..., stop_signal=self.stop_signal) once WP-A's run_workers takes it; then the
+            # bridge _stopping_with goes.
+            with _stopping_with(self.stop_signal):
+                outcome = await run_workers(
+                    commands,
+                    logs,
+                    grace=self.shutdown_timeout,
+                    reaper=self.reaper,
+                    finish_together=callable(self.spec.entrypoint),  # as torch's multiprocessing runs functions
+                    watch=None if timers is None else serve_timers,
+                    before_kill=before_kill,
+                    started=self.recorder.spawned,
+                    standbys=self.standbys,
+                )
             tg.cancel_scope.cancel()
         return (outcome, None) if reason is None else (None, reason)
 
@@ -451,6 +457,21 @@ class ElasticAgent:
         """The error file of ``local_rank`` in the current (or last) attempt."""
         logs = self._dumper.logs if self._dumper is not None else replace(self.logs, attempt=self._attempt)
         return logs.error_file_path(local_rank)
+
+
+@contextmanager
+def _stopping_with(holder: StopSignal | None) -> Iterator[None]:
+    """MERGE BRIDGE (WP-P's branch only): hands ``ElasticAgent(stop_signal=...)`` to the workers' supervision
+    through processes' ContextVar until WP-A's ``run_workers`` takes it as a parameter; ``None`` leaves the
+    context's as it is."""
+    if holder is None:
+        yield
+        return
+    token = stop_signal_context.set(holder)
+    try:
+        yield
+    finally:
+        stop_signal_context.reset(token)
 
 
 class _Recorder:
