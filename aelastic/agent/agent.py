@@ -35,7 +35,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from string import Template
 from typing import TYPE_CHECKING, Any
@@ -88,6 +88,20 @@ def visible_devices(env: Mapping[str, str]) -> list[str]:
     return sorted((index for index in indices if index.isdigit()), key=int)
 
 
+@dataclass(frozen=True, slots=True)
+class _Timeouts:
+    """The agent's durations, in seconds (named as :class:`ElasticAgent`'s parameters, less ``_timeout``)."""
+
+    exit_barrier: float  # the most a node waits for the others at the exit barrier, and again when closing
+    shutdown: float  # from SIGTERM to SIGKILL when the workers are stopped
+    watchdog: float | None  # aelastic.worker's progress watchdog (None: off)
+    stack_dump: float  # the most a stack dump of the workers may take
+
+    def __post_init__(self) -> None:
+        if self.watchdog is not None and self.watchdog <= 0:
+            raise AelasticError(f"watchdog_timeout={self.watchdog!r}: must be > 0 seconds")
+
+
 class ElasticAgent:
     """Runs one node's share of the job; see the module docstring."""
 
@@ -113,13 +127,8 @@ class ElasticAgent:
         self.logs = logs
         self.reaper = reaper
         self.run_dir = run_dir
-        self.exit_barrier_timeout = exit_barrier_timeout
-        self.shutdown_timeout = shutdown_timeout
+        self.timeouts = _Timeouts(exit_barrier_timeout, shutdown_timeout, watchdog_timeout, stack_dump_timeout)
         self.base_env = dict(os.environ if base_env is None else base_env)
-        if watchdog_timeout is not None and watchdog_timeout <= 0:
-            raise AelasticError(f"watchdog_timeout={watchdog_timeout!r}: must be > 0 seconds")
-        self.watchdog_timeout = watchdog_timeout
-        self.stack_dump_timeout = stack_dump_timeout
         self.logs_specs = logs_specs  # a custom torch LogsSpecs (--logs-specs): reify() routes each attempt's logs
         self.standbys = standbys
         self.stop_signal = stop_signal  # what a cancelled run stops the workers with (None: SIGTERM)
@@ -228,7 +237,7 @@ class ElasticAgent:
             for env in envs.values():
                 del env["TORCHELASTIC_ERROR_FILE"]  # as torch's: the spec's reify() sets it, if it wants one
             logs = replace(logs, custom=reify(self.logs_specs, envs))
-        dumper = self._dumper = StackDumper(logs, self.stack_dump_timeout)
+        dumper = self._dumper = StackDumper(logs, self.timeouts.stack_dump)
         try:
             commands = [self._command(w, envs[w.local_rank]) for w in self.group.workers]
             if self.standbys is None:  # a standby's interpreter started long ago, without the faulthandler hook
@@ -245,8 +254,8 @@ class ElasticAgent:
 
         async def before_kill(survivors: Sequence[WorkerProcess]) -> None:
             for worker in survivors:
-                dumper.note(worker.pid, f"did not exit within {self.shutdown_timeout:g} s of the stop: SIGKILLed")
-            await dumper.dump(survivors, f"still running {self.shutdown_timeout:g} s after the stop; SIGKILL next")
+                dumper.note(worker.pid, f"did not exit within {self.timeouts.shutdown:g} s of the stop: SIGKILLed")
+            await dumper.dump(survivors, f"still running {self.timeouts.shutdown:g} s after the stop; SIGKILL next")
 
         async with self._timer_server() as timers, anyio.create_task_group() as tg:
 
@@ -272,7 +281,7 @@ class ElasticAgent:
                 outcome = await run_workers(
                     commands,
                     logs,
-                    grace=self.shutdown_timeout,
+                    grace=self.timeouts.shutdown,
                     reaper=self.reaper,
                     finish_together=callable(self.spec.entrypoint),  # as torch's multiprocessing runs functions
                     watch=None if timers is None else serve_timers,
@@ -350,17 +359,17 @@ class ElasticAgent:
                 env["CUDA_VISIBLE_DEVICES"] = devices[worker.local_rank % len(devices)]
         if self.timer_file is not None:
             env[FILE_ENV] = str(self.timer_file)
-        if self.watchdog_timeout is not None:
-            env[WATCHDOG_ENV] = repr(self.watchdog_timeout)
+        if self.timeouts.watchdog is not None:
+            env[WATCHDOG_ENV] = repr(self.timeouts.watchdog)
         return env
 
     async def _exit_barrier(self, info: RendezvousInfo) -> None:
         """Wait until every node's workers are done, so no node tears down a store others still use."""
-        with anyio.move_on_after(self.exit_barrier_timeout) as scope:
+        with anyio.move_on_after(self.timeouts.exit_barrier) as scope:
             await self._members_barrier(info, _TERMINAL)
         if scope.cancelled_caught:
             logger.warning(
-                "[%s] exit barrier: not every node finished within %gs", self.spec.role, self.exit_barrier_timeout
+                "[%s] exit barrier: not every node finished within %gs", self.spec.role, self.timeouts.exit_barrier
             )
 
     async def _members_barrier(self, info: RendezvousInfo, key: str) -> None:
@@ -408,7 +417,7 @@ class ElasticAgent:
         closed = await self.handler.shutdown()
         if self._finished is not None:
             info = self._finished
-            with anyio.move_on_after(self.exit_barrier_timeout):
+            with anyio.move_on_after(self.timeouts.exit_barrier):
                 try:
                     await self._members_barrier(info, "aelastic/agent/closed")
                 except StoreConnectionError as exc:  # the job is done; a peer that left early changes nothing

@@ -66,11 +66,13 @@ class WorkerSpec:
 
 @dataclass(frozen=True, slots=True)
 class Worker:
+    """One worker of the group: its ranks in this round (torch's ``Worker``: ``-1`` until assigned) and its pid."""
+
     local_rank: int
-    global_rank: int
-    role_rank: int
-    world_size: int
-    role_world_size: int
+    global_rank: int = -1
+    role_rank: int = -1
+    world_size: int = -1
+    role_world_size: int = -1
     id: int | None = None  # the pid, once started
 
 
