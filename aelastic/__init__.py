@@ -1,7 +1,8 @@
 """aelastic: an asyncio/trio-native elastic launcher for PyTorch distributed jobs.
 
-The launcher's names (:func:`launch`, :func:`run`, :class:`LaunchConfig`, ...) are imported on first use: a worker
-that only needs :func:`record` (or the callable bootstrap) must not pay for the agent, anyio and the rendezvous.
+The launcher's names (:func:`launch`, :func:`run`, :class:`LaunchConfig`, :class:`LaunchControl`, ...) are
+imported on first use: a worker that only needs :func:`record` (or the callable bootstrap) must not pay for the
+agent, anyio and the rendezvous.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from .agent.errors import ChildFailedError, ProcessFailure, record
     from .agent.workers import RunResult, WorkerSpec, WorkerState
     from .config import LaunchConfig
-    from .launcher import launch, run
+    from .launcher import LaunchControl, launch, run
 
 __version__ = "0.1.0"
 
@@ -36,6 +37,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "ChildFailedError": ".agent.errors",
     "LaunchConfig": ".config",
+    "LaunchControl": ".launcher",
     "ProcessFailure": ".agent.errors",
     "RunResult": ".agent.workers",
     "WorkerSpec": ".agent.workers",
@@ -50,6 +52,7 @@ __all__ = [
     "ChildFailedError",
     "ConfigurationError",
     "LaunchConfig",
+    "LaunchControl",
     "ProcessFailure",
     "QueueEmptyError",
     "RendezvousClosedError",

@@ -7,10 +7,8 @@ and no traceback is shown. The library never installs log handlers: this module 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import os
-import shutil
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -21,15 +19,13 @@ import anyio
 
 from ._groups import leaves, single_error
 from ._net import format_address
-from .agent.agent import visible_devices
 from .agent.errors import ChildFailedError
-from .agent.logs import Std
-from .agent.processes import StopSignal, stop_signal
-from .config import DEFAULT_SIGNALS, LIST_LIMIT, LaunchConfig, new_run_id, parse_nnodes, parse_rdzv_conf, parse_signals
+from .config import DEFAULT_SIGNALS, LIST_LIMIT
+from .config.command import RunCommand, config_from_args
+from .config.environ import export_run_environment
+from .config.values import comma_list, parse_log_level, parse_port, parse_positive, pet_default, pet_flag
 from .errors import AelasticError, ConfigurationError
-from .events import check_event_handler
-from .launcher import rendezvous_parameters
-from .rendezvous.api import RendezvousParameters, check_parameters
+from .launcher import LaunchControl, launch
 from .rendezvous.state import Action, NodeDesc, NodeTimers, RendezvousSettings, RendezvousState, StateView
 from .store.server import serve_store
 
@@ -50,18 +46,22 @@ class _Parser(argparse.ArgumentParser):
 # --- torchrun's flags ------------------------------------------------------------------------------------------
 
 
-def _env_default(dest: str, default: Any) -> Any:
-    """torch's ``env`` action: the default is ``PET_<DEST>`` when set, else the coded default."""
-    return os.environ.get(f"PET_{dest.upper()}", default)
+def _arg_type(convert: Callable[[str], Any]) -> Callable[[str], Any]:
+    """A converter of :mod:`aelastic.config.values` as an argparse type: its error is argparse's one line."""
+
+    def arg_type(text: str) -> Any:
+        try:
+            return convert(text)
+        except ConfigurationError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    arg_type.__name__ = convert.__name__
+    return arg_type
 
 
-def _env_flag(dest: str) -> bool:
-    """torch's ``check_env`` action: a flag defaults to ``bool(int(PET_<DEST>))``."""
-    raw = os.environ.get(f"PET_{dest.upper()}", "0")
-    try:
-        return bool(int(raw))
-    except ValueError:
-        raise ConfigurationError(f"PET_{dest.upper()}={raw!r}: must be 0 or 1") from None
+_comma_list = _arg_type(comma_list)
+_port = _arg_type(parse_port)
+_positive = _arg_type(parse_positive)
 
 
 def _spellings(flags: tuple[str, ...]) -> list[str]:
@@ -71,16 +71,15 @@ def _spellings(flags: tuple[str, ...]) -> list[str]:
 
 
 def _add(group: Any, *flags: str, dest: str, default: Any, help: str, **kwargs: Any) -> None:
-    group.add_argument(*_spellings(flags), dest=dest, default=_env_default(dest, default), help=help, **kwargs)
+    """A torchrun flag: its default is ``PET_<DEST>`` when set (torch's ``env`` action)."""
+    default = pet_default(dest, default, os.environ)
+    group.add_argument(*_spellings(flags), dest=dest, default=default, help=help, **kwargs)
 
 
 def _add_flag(group: Any, *flags: str, dest: str, help: str) -> None:
-    group.add_argument(*_spellings(flags), dest=dest, action="store_true", default=_env_flag(dest), help=help)
-
-
-def _comma_list(text: str) -> list[str]:
-    """torch's ``comma_separated_list``: items split on ``,``; ``,,`` is a literal comma."""
-    return [item.replace("\0", ",") for item in text.replace(",,", "\0").split(",")]
+    """A torchrun switch: ``PET_<DEST>=1`` turns it on (torch's ``check_env`` action)."""
+    default = pet_flag(dest, os.environ)
+    group.add_argument(*_spellings(flags), dest=dest, action="store_true", default=default, help=help)
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -214,192 +213,6 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="its arguments")
 
 
-def _gpu_count() -> int:
-    return len(visible_devices(os.environ))
-
-
-def _nproc(text: str) -> int:
-    if text == "cpu":
-        return os.cpu_count() or 1
-    if text == "auto":
-        return _gpu_count() or os.cpu_count() or 1
-    if text == "gpu":
-        count = _gpu_count()
-        if count == 0:
-            raise ConfigurationError(
-                "--nproc-per-node 'gpu': no visible GPU on this machine (no /dev/nvidia<N>, or CUDA_VISIBLE_DEVICES "
-                "empty); give a number"
-            )
-        return count
-    try:
-        value = int(text)
-    except ValueError:
-        raise ConfigurationError(f"--nproc-per-node {text!r}: must be a positive integer, cpu, gpu or auto") from None
-    if value < 1:
-        raise ConfigurationError(f"--nproc-per-node {text!r}: must be a positive integer (>= 1)")
-    return value
-
-
-def _std(flag: str, text: str) -> Std | dict[int, Std]:
-    try:
-        return Std.from_str(text)
-    except ValueError:
-        raise ConfigurationError(f"{flag} {text!r}: must be 0..3 or LOCAL_RANK:0..3,...") from None
-
-
-def _ranks_filter(text: str) -> frozenset[int] | None:
-    if not text.strip():
-        return None
-    try:
-        return frozenset(int(part) for part in text.split(","))
-    except ValueError:
-        raise ConfigurationError(f"--local-ranks-filter {text!r}: must be a comma list of local ranks") from None
-
-
-def _run_script_path(script: str, *args: str) -> None:
-    """``--run-path``: run the script in the worker with runpy, as torch's ``run_script_path``."""
-    import runpy
-
-    sys.argv = [script, *args]
-    runpy.run_path(script, run_name="__main__")
-
-
-def _explain_ignored(args: argparse.Namespace) -> None:
-    """torchrun flags accepted for compatibility that do nothing here: say so once, never fail on them."""
-    ignored = {
-        "--numa-binding": (args.numa_binding, "torchrun would start each worker under 'numactl --physcpubind' "
-                           "with the CPUs of its GPU's NUMA node (or socket, core complex); aelastic binds nothing "
-                           "(no GPU to bind by on a CPU-only build)"),
-        "--start-method": (args.start_method != "spawn" and args.start_method, "workers always start as fresh "
-                           "processes"),
-    }  # fmt: skip
-    for flag, (value, why) in ignored.items():
-        if value:
-            logger.warning("%s %s: accepted for torchrun compatibility and ignored: %s", flag, value, why)
-
-
-def config_from_args(args: argparse.Namespace) -> tuple[LaunchConfig, str | Callable[..., Any], list[str]]:
-    """Map torchrun's arguments onto a LaunchConfig and a worker command, refusing bad input.
-
-    Everything is checked before anything changes (this process's environment, a log line): a refused command
-    line leaves no trace but its one-line error.
-    """
-    min_nodes, max_nodes = parse_nnodes(args.nnodes)
-    nproc = _nproc(str(args.nproc_per_node))
-    if args.max_restarts < 0:
-        raise ConfigurationError(f"--max-restarts {args.max_restarts}: must be >= 0")
-    if args.module and args.no_python:
-        raise ConfigurationError("-m/--module and --no-python cannot be used together: -m runs python")
-    backend, endpoint, run_id = args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id
-    rdzv_configs: dict[str, Any] = parse_rdzv_conf(args.rdzv_conf)
-    if endpoint.startswith("etcd://"):
-        # torch's legacy URL: it names the endpoint, the run id, the node counts and the timeouts; --rdzv-conf
-        # keys given beside it win, a different --rdzv-id or --nnodes is refused.
-        if backend not in ("etcd", "etcd-v2"):
-            raise ConfigurationError(f"--rdzv-endpoint {endpoint!r}: an etcd:// URL needs --rdzv-backend etcd")
-        legacy = RendezvousParameters.from_url(endpoint)
-        if run_id not in ("none", legacy.run_id):
-            raise ConfigurationError(f"--rdzv-id {run_id!r}: the URL {endpoint!r} names the run {legacy.run_id!r}")
-        if args.nnodes != "1:1" and (min_nodes, max_nodes) != (legacy.min_nodes, legacy.max_nodes):
-            raise ConfigurationError(f"--nnodes {args.nnodes!r}: the URL {endpoint!r} gives the node counts")
-        endpoint, run_id, min_nodes, max_nodes = legacy.endpoint, legacy.run_id, legacy.min_nodes, legacy.max_nodes
-        rdzv_configs = {**legacy.config, **rdzv_configs}
-    auto_standalone = backend == "static" and not endpoint and args.master_port is None and max_nodes == 1
-    standalone_ignores = args.standalone and (endpoint or backend != "static")
-    if args.standalone or auto_standalone:
-        backend, endpoint, run_id = "c10d", "localhost:0", new_run_id()
-    elif backend == "static":
-        rdzv_configs["rank"] = args.node_rank
-        if not endpoint:
-            endpoint = format_address(args.master_addr.strip("[]"), args.master_port or 29500)
-    if not endpoint and backend != "c10d":
-        raise ConfigurationError(f"--rdzv-endpoint '': the {backend!r} backend needs HOST[:PORT]")
-    parse_signals(args.signals_to_handle)
-    shutdown = args.shutdown_timeout
-    if shutdown is None:
-        shutdown = float(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30"))
-    template = args.log_line_prefix_template  # '' is a template too: no prefix
-    if template is None:
-        template = os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")
-    config = LaunchConfig(
-        min_nodes=min_nodes,
-        max_nodes=max_nodes,
-        nproc_per_node=nproc,
-        run_id=run_id,
-        role=args.role,
-        rdzv_endpoint=endpoint,
-        rdzv_backend=backend,
-        rdzv_configs=rdzv_configs,
-        max_restarts=args.max_restarts,
-        monitor_interval=args.monitor_interval,
-        start_method=args.start_method,
-        log_dir=args.log_dir,
-        redirects=_std("--redirects", str(args.redirects)),
-        tee=_std("--tee", str(args.tee)),
-        local_addr=args.local_addr,
-        local_ranks_filter=_ranks_filter(args.local_ranks_filter),
-        duplicate_stdout_filters=tuple(f for f in args.duplicate_stdout_filters if f),  # torch: '' filters nothing
-        duplicate_stderr_filters=tuple(f for f in args.duplicate_stderr_filters if f),
-        log_line_prefix_template=template,
-        shutdown_timeout=shutdown,
-        signals_to_handle=args.signals_to_handle,
-        event_log_handler=args.event_log_handler,
-        metrics_port=args.metrics_port,
-        virtual_local_rank=args.virtual_local_rank,
-        watchdog_timeout=args.watchdog_timeout,
-        prewarm=args.prewarm,
-        prewarm_modules=tuple(m for m in args.prewarm_modules if m),
-    )
-    if args.logs_specs not in (None, "default"):  # torch's entry-point group; importing the class imports torch
-        from .agent.logs_specs import load_logs_specs
-
-        specs = load_logs_specs(
-            args.logs_specs,
-            log_dir=config.log_dir,
-            redirects=config.redirects,
-            tee=config.tee,
-            local_ranks_filter=config.local_ranks_filter,
-        )
-        config = dataclasses.replace(config, logs_specs=specs)
-    check_event_handler(config.event_log_handler)
-    if config.metrics_port is not None:
-        from .agent.control import check_metrics_available  # prometheus-client only where the endpoint is on
-
-        check_metrics_available()
-    check_parameters(rendezvous_parameters(config, run_id))
-    script, script_args = args.training_script, list(args.training_script_args)
-    entrypoint: str | Callable[..., Any]
-    if args.run_path:
-        entrypoint, script_args = _run_script_path, [script, *script_args]
-    elif args.no_python:
-        if shutil.which(script) is None:
-            raise ConfigurationError(f"training script {script!r}: no such executable (--no-python runs it as one)")
-        entrypoint = script
-    else:
-        if not args.module and not os.path.isfile(script):
-            raise ConfigurationError(f"training script {script!r}: no such file")
-        python = os.environ.get("PYTHON_EXEC", sys.executable)
-        entrypoint, script_args = python, ["-u", *(["-m"] if args.module else []), script, *script_args]
-
-    # Accepted: now say what is ignored and set what torchrun sets in its own environment (workers inherit it).
-    if standalone_ignores:
-        logger.warning("--standalone: ignoring --rdzv-backend/--rdzv-endpoint; using c10d on localhost:0")
-    if backend != "static" and (args.node_rank != 0 or args.master_addr != "127.0.0.1"):
-        logger.warning("--node-rank/--master-addr only apply to --rdzv-backend static; ignored")
-    _explain_ignored(args)
-    if nproc > 1 and "OMP_NUM_THREADS" not in os.environ:
-        logger.warning(
-            "\n*****************************************\n"
-            "Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to avoid your "
-            "system being overloaded, please further tune the variable for optimal performance in your "
-            "application as needed. \n"
-            "*****************************************"
-        )
-        os.environ["OMP_NUM_THREADS"] = "1"
-    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = args.signals_to_handle
-    return config, entrypoint, script_args
-
-
 class _LiveLine:
     """The rendezvous's one-line status on a terminal while this node waits in it (``aelastic status``'s reason),
     redrawn at every step of the join and each second of a countdown, erased when the wait ends."""
@@ -441,35 +254,30 @@ class _LiveLine:
                 self.draw()
 
 
-async def _run_job(config: LaunchConfig, entrypoint: str | Callable[..., Any], args: list[str]) -> int:
-    from .launcher import launch
-    from .rendezvous.dynamic import join_observer  # after the launcher: dynamic first is a circular import
-
-    signals = parse_signals(config.signals_to_handle)
+async def _run_job(command: RunCommand) -> int:
     received: list[int] = []
-    forwarded = StopSignal()
-    stop_signal.set(forwarded)  # the workers are stopped with the signal received (torchrun forwards it too)
+    control = LaunchControl()  # the workers are stopped with the signal received (torchrun forwards it too)
     async with anyio.create_task_group() as tg:
         if sys.stderr.isatty():
             live = _LiveLine(sys.stderr)
-            join_observer.set(live.observe)  # the agent's tasks, started below, inherit this context
+            control.join_observer = live.observe
             tg.start_soon(live.tick)
 
         async def on_signals() -> None:
-            with anyio.open_signal_receiver(*signals) as receiver:
+            with anyio.open_signal_receiver(*command.config.signals) as receiver:
                 async for signum in receiver:
                     if received:  # a second signal: no more grace
                         logger.warning("received %s again: killing workers now", signal.Signals(signum).name)
                         os._exit(128 + received[0])  # the reaper and the parent-death signal kill every worker
                     received.append(int(signum))
-                    forwarded.signum = signal.Signals(signum)
-                    logger.warning("received %s: forwarding it to the workers", forwarded.signum.name)
+                    control.stop_signal.signum = signal.Signals(signum)
+                    logger.warning("received %s: forwarding it to the workers", control.stop_signal.signum.name)
                     job.cancel()
 
         tg.start_soon(on_signals)
         with anyio.CancelScope() as job:
             try:
-                await launch(config, entrypoint, *args)
+                await launch(command.config, command.entrypoint, *command.args, control=control)
             except ChildFailedError as exc:
                 print(exc.format_report(), file=sys.stderr, flush=True)
                 tg.cancel_scope.cancel()
@@ -506,18 +314,6 @@ async def _run_etcd(members: int) -> int:
         print(f"aelastic etcd ready: --rdzv-backend etcd --rdzv-endpoint {cluster.endpoint}", flush=True)
         await _until_stopped()
     return 0
-
-
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return int(text)
-
-
-def _port(text: str) -> int:
-    if not text.isdigit() or not 0 <= int(text) <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (an integer 0..65535)")
-    return int(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -599,8 +395,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _entry_run(args: argparse.Namespace) -> Callable[[], Any]:
-    config, entrypoint, script_args = config_from_args(args)
-    return partial(_run_job, config, entrypoint, script_args)
+    command = config_from_args(args)
+    export_run_environment(command.config.nproc_per_node, command.config.signals_to_handle)  # accepted: torchrun's
+    return partial(_run_job, command)
 
 
 def _entry_status(args: argparse.Namespace) -> Callable[[], Any]:
@@ -615,9 +412,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser = build_parser()  # PET_* flags are read here
         args = parser.parse_args(argv)
         prog = f"aelastic {args.command}"
-        level = args.log_level.upper()
-        if not isinstance(logging.getLevelName(level), int):
-            raise ConfigurationError(f"--log-level {args.log_level!r}: must be DEBUG, INFO, WARNING or ERROR")
+        level = parse_log_level(args.log_level)
         logging.basicConfig(level=level, format="[%(asctime)s] %(levelname)s %(name)s: %(message)s")
         entry = args.entry(args)
     except ConfigurationError as exc:

@@ -16,6 +16,7 @@ __all__ = [
     "EtcdLeaseExpiredError",
     "EtcdRequestError",
     "QueueEmptyError",
+    "ReaperError",
     "RendezvousClosedError",
     "RendezvousConnectionError",
     "RendezvousError",
@@ -27,6 +28,7 @@ __all__ = [
     "StoreConnectionError",
     "StoreError",
     "StoreProtocolError",
+    "TimerServerUnavailableError",
 ]
 
 
@@ -116,3 +118,12 @@ class EtcdCompactedError(EtcdError):
 
 class EtcdLeaseExpiredError(EtcdError):
     """A lease was kept alive after etcd had expired or revoked it; its keys are gone."""
+
+
+class ReaperError(AelasticError):
+    """The reaper sidecar is gone: worker groups can no longer be registered for cleanup after an agent crash."""
+
+
+class TimerServerUnavailableError(AelasticError):
+    """The timer FIFO has no reader: the agent that served it is gone (raised in the worker by
+    :mod:`aelastic.worker`)."""

@@ -8,18 +8,22 @@ cancellation propagates; nothing is left running.
 ``run(config, entrypoint, *args)`` is the same call for synchronous code. Where an event loop already runs in
 the calling thread (Jupyter, IPython), it runs the launch on a thread of its own with its own loop and blocks on
 the result; a keyboard interrupt (the kernel's "interrupt") cancels the launch, which stops the workers.
+
+An application that embeds a launch and steers it from outside (the command line is one) passes a
+:class:`LaunchControl`: the signal a cancelled launch stops the workers with, and an observer of this node's
+rendezvous joins.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import shutil
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,54 +35,58 @@ from ._groups import single_error
 from .agent.agent import ElasticAgent
 from .agent.errors import ChildFailedError
 from .agent.logs import LogSpec
-from .agent.processes import Reaper, open_reaper
+from .agent.processes import StopSignal
+from .agent.reaper.parent import Reaper, open_reaper
 from .agent.workers import RunResult, WorkerSpec
 from .config import LaunchConfig, new_run_id
+from .config.environ import health_check_port
 from .errors import RendezvousGracefulExitError
-from .rendezvous.api import RendezvousParameters, open_rendezvous
+from .rendezvous.api import JoinObserver
+from .rendezvous.registry import open_rendezvous
 
 if TYPE_CHECKING:
-    from .agent.standby import Standbys
+    from .agent.prewarm.parent import Standbys
 
-__all__ = ["launch", "run"]
+__all__ = ["LaunchControl", "launch", "run"]
 
 logger = logging.getLogger(__name__)
 
 _SHUTDOWN_GRACE = 10.0  # bound on closing the rendezvous when the agent is done
 
 
+@dataclass(slots=True, eq=False)
+class LaunchControl:
+    """What an application holds to steer a launch from outside; mutable, read by the launch while it runs.
+
+    Attributes:
+        stop_signal: the signal a cancelled launch stops the workers with (SIGTERM unless set; the command line
+            sets the signal it received, as torchrun forwards it).
+        join_observer: called at each step of this node's rendezvous joins (the command line draws its live
+            status line with it); ``None``: nobody observes.
+    """
+
+    stop_signal: StopSignal = field(default_factory=StopSignal)
+    join_observer: JoinObserver | None = None
+
+
 def endpoint_ports(config: LaunchConfig) -> list[int]:
     """The ports of the agent's endpoint: ``metrics_port`` and torch's ``TORCHELASTIC_HEALTH_CHECK_PORT`` (one
-    listener each, both serving ``/health``); a non-integer variable is logged and skipped, as torch does."""
+    listener each, both serving ``/health``)."""
     ports = [] if config.metrics_port is None else [config.metrics_port]
-    text = os.environ.get("TORCHELASTIC_HEALTH_CHECK_PORT")
-    if text is not None:
-        try:
-            port = int(text)
-        except ValueError:
-            logger.warning("TORCHELASTIC_HEALTH_CHECK_PORT=%r is not a port number: no health check server", text)
-        else:
-            if port not in ports:
-                ports.append(port)
+    port = health_check_port()
+    if port is not None and port not in ports:
+        ports.append(port)
     return ports
 
 
-def rendezvous_parameters(config: LaunchConfig, run_id: str) -> RendezvousParameters:
-    if config.standalone:
-        backend, endpoint = "c10d", "localhost:0"
-    else:
-        backend, endpoint = str(config.rdzv_backend), config.rdzv_endpoint
-    return RendezvousParameters(
-        backend, endpoint, run_id, config.min_nodes, config.max_nodes, config.local_addr, **config.rdzv_configs
-    )
-
-
-async def launch(config: LaunchConfig, entrypoint: str | Callable[..., Any], *args: Any) -> dict[int, Any]:
+async def launch(
+    config: LaunchConfig, entrypoint: str | Callable[..., Any], *args: Any, control: LaunchControl | None = None
+) -> dict[int, Any]:
     """Run ``entrypoint`` on ``config.nproc_per_node`` workers of this node, elastically; see the module doc.
 
     ``entrypoint`` is an executable run with ``args`` (as torch's ``elastic_launch``:
     ``launch(cfg, sys.executable, "-u", "train.py")``) or a callable called with ``args`` in each worker (it may
-    be defined in ``__main__`` or a notebook cell).
+    be defined in ``__main__`` or a notebook cell). ``control``: see :class:`LaunchControl` (default: a fresh one).
 
     Returns:
         The return values of this node's workers by global rank (``None`` for executables).
@@ -111,15 +119,19 @@ async def launch(config: LaunchConfig, entrypoint: str | Callable[..., Any], *ar
         redirects=config.redirects,
         tee=config.tee,
         local_ranks_filter=config.local_ranks_filter,
-        duplicate_stdout_filters=config.duplicate_stdout_filters,
-        duplicate_stderr_filters=config.duplicate_stderr_filters,
+        duplicate_stdout_filters=config.duplicate_filters[0],
+        duplicate_stderr_filters=config.duplicate_filters[1],
         line_prefix_template=config.log_line_prefix_template,
     )
     run_dir = Path(tempfile.mkdtemp(prefix="aelastic_run_"))
     ports = endpoint_ports(config)
+    if config.numa_options is not None:
+        logger.warning("numa_options=%r: accepted for torch compatibility and ignored (aelastic binds nothing)",
+                       config.numa_options)  # fmt: skip
+    control = LaunchControl() if control is None else control
     try:
         with single_error(), events.open_event_log(config.event_log_handler, log_dir):
-            result = await _run_agent(config, spec, logs, run_dir, run_id, ports)
+            result = await _run_agent(config, spec, logs, run_dir, run_id, ports, control)
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
     if result is None:
@@ -130,13 +142,19 @@ async def launch(config: LaunchConfig, entrypoint: str | Callable[..., Any], *ar
 
 
 async def _run_agent(
-    config: LaunchConfig, spec: WorkerSpec, logs: LogSpec, run_dir: Path, run_id: str, ports: list[int]
+    config: LaunchConfig,
+    spec: WorkerSpec,
+    logs: LogSpec,
+    run_dir: Path,
+    run_id: str,
+    ports: list[int],
+    control: LaunchControl,
 ) -> RunResult | None:
     """The agent's run and the rendezvous's closing; ``None`` if this node was in reserve when it closed."""
     async with (
         open_reaper() as reaper,
         _open_standbys(config, reaper) as standbys,
-        open_rendezvous(rendezvous_parameters(config, run_id)) as handler,
+        open_rendezvous(config.rendezvous_parameters(run_id), observer=control.join_observer) as handler,
     ):
         agent = ElasticAgent(
             spec,
@@ -146,9 +164,10 @@ async def _run_agent(
             run_dir=run_dir,
             exit_barrier_timeout=config.exit_barrier_timeout,
             watchdog_timeout=config.watchdog_timeout,
-            shutdown_timeout=config.shutdown_timeout,
+            shutdown_timeout=config.shutdown_grace,
             logs_specs=config.logs_specs,
             standbys=standbys,
+            stop_signal=control.stop_signal,
         )
         try:
             if ports:
@@ -173,7 +192,7 @@ async def _open_standbys(config: LaunchConfig, reaper: Reaper) -> AsyncIterator[
     if not config.prewarm:
         yield None
         return
-    from .agent.standby import open_standbys
+    from .agent.prewarm.parent import open_standbys
 
     async with open_standbys(config.prewarm_modules, reaper) as standbys:
         yield standbys
@@ -198,13 +217,17 @@ def _in_event_loop() -> bool:
 
 
 def run(
-    config: LaunchConfig, entrypoint: str | Callable[..., Any], *args: Any, backend: str = "asyncio"
+    config: LaunchConfig,
+    entrypoint: str | Callable[..., Any],
+    *args: Any,
+    backend: str = "asyncio",
+    control: LaunchControl | None = None,
 ) -> dict[int, Any]:
     """Blocking :func:`launch`; works where an event loop already runs in this thread (Jupyter).
 
     Raises what :func:`launch` raises (``RendezvousTimeoutError`` itself, ``ChildFailedError``, ...).
     """
-    call = partial(launch, config, entrypoint, *args)
+    call = partial(launch, config, entrypoint, *args, control=control)
     if not _in_event_loop():
         return anyio.run(call, backend=backend)
     from anyio.from_thread import start_blocking_portal  # only a caller inside a running loop (Jupyter) needs it

@@ -27,14 +27,12 @@ from typing import Any, Final
 
 import anyio
 
-from ._net import format_address, parse_endpoint
 from .config import LIST_LIMIT, parse_nnodes, parse_rdzv_conf
 from .errors import ConfigurationError, RendezvousConnectionError, StoreConnectionError
-from .rendezvous.api import RendezvousParameters, check_parameters
-from .rendezvous.backends import C10D_DEFAULT_PORT, C10dSettings
-from .rendezvous.backends.base import RendezvousBackend, Versioned
-from .rendezvous.backends.store import StoreBackend
+from .rendezvous.api import RendezvousParameters
+from .rendezvous.backends.base import StateReader, Versioned
 from .rendezvous.dynamic import state_of
+from .rendezvous.registry import check_parameters, lookup, readable_backends
 from .rendezvous.state import (
     NodeDesc,
     NodeTimers,
@@ -43,7 +41,6 @@ from .rendezvous.state import (
     StateView,
     update_timers,
 )
-from .store.client import open_store_client
 
 __all__ = [
     "NodeView",
@@ -322,11 +319,12 @@ def describe(
 
 
 def check_readable(params: RendezvousParameters) -> None:
-    """Refuse, without I/O, what :func:`open_reader` cannot read: a backend without shared state, bad keys."""
-    if params.backend not in ("c10d", "etcd", "etcd-v2"):
+    """Refuse, without I/O, what :func:`open_reader` cannot read: a backend whose registry entry opens no reader
+    (it keeps no shared state: static), bad keys."""
+    if lookup(params.backend).open_reader is None:
         raise ConfigurationError(
             f"--rdzv-backend {params.backend!r}: keeps no shared rendezvous state to show; "
-            "aelastic status reads the c10d and etcd backends"
+            f"aelastic status reads the {', '.join(readable_backends())} backends"
         )
     check_parameters(params)
 
@@ -334,24 +332,19 @@ def check_readable(params: RendezvousParameters) -> None:
 def rendezvous_settings(params: RendezvousParameters) -> RendezvousSettings:
     """The protocol settings ``params`` give (node counts, windows), as the job's nodes derive them."""
     check_readable(params)
-    if params.backend == "c10d":
-        return C10dSettings.from_parameters(params).rendezvous
-    from .rendezvous.backends.etcd import etcd_setup  # lazily, as _read_etcd: it pulls in httpx
-
-    return etcd_setup(params)[0].rendezvous
+    return lookup(params.backend).rendezvous_settings(params)
 
 
 @dataclass(frozen=True, slots=True)
 class RendezvousReader:
-    """Reads one run's rendezvous state through its backend, and waits for it to change; never writes."""
+    """Reads one run's rendezvous state through its backend's reader, and waits for it to change; never writes."""
 
-    backend: RendezvousBackend
+    backend: StateReader
 
     async def read(self) -> Versioned:
-        """The state now; version 0 while no node has opened the run (the store driver's reader never blocks
-        on, or creates, a key no node made)."""
-        backend = self.backend
-        return await (backend.read_state() if isinstance(backend, StoreBackend) else backend.get_state())
+        """The state now; version 0 while no node has opened the run (a reader never blocks on, or creates, a
+        key no node made)."""
+        return await self.backend.read_state()
 
     async def wait_for_change(self, seen: Versioned) -> None:
         """Return once the state moved past ``seen`` (a server-side wait or a watch). Join requests appended
@@ -393,25 +386,12 @@ def state_or_none(seen: Versioned) -> RendezvousState | None:
 
 
 @asynccontextmanager
-async def _open_backend(params: RendezvousParameters) -> AsyncIterator[RendezvousBackend]:
-    if params.backend == "c10d":
-        host, port = parse_endpoint(params.endpoint, C10D_DEFAULT_PORT)
-        if port == 0:
-            raise ConfigurationError(
-                f"--rdzv-endpoint {format_address(host, port)!r}: port 0 is chosen by the hosting node; "
-                "give the real port"
-            )
-        async with open_store_client(host, port) as client:
-            yield StoreBackend(client, params.run_id)
-        return
-    # Imported here: the etcd driver pulls in httpx, which only an etcd rendezvous needs.
-    from .etcd.client import open_etcd_client
-    from .rendezvous.backends.etcd import EtcdBackend, etcd_setup
-
-    _, settings = etcd_setup(params)
-    async with open_etcd_client(settings.etcd) as client:
-        # lease_ttl is never used: this reader grants no lease and writes nothing.
-        yield EtcdBackend(client, settings.key_prefix, params.run_id, lease_ttl=1)
+async def _open_backend(params: RendezvousParameters) -> AsyncIterator[StateReader]:
+    open_reader = lookup(params.backend).open_reader
+    if open_reader is None:  # check_readable refused it already
+        raise ConfigurationError(f"--rdzv-backend {params.backend!r}: keeps no shared rendezvous state to show")
+    async with open_reader(params) as reader:
+        yield reader
 
 
 # --- the aelastic status command -----------------------------------------------------------------------------------

@@ -47,7 +47,8 @@ async def nodes_main(endpoint: str, run_id: str, total: int, count: int, seconds
     """``count`` handlers of a ``total``-node run; one JSON line when all joined, one at the end."""
     import anyio
 
-    from aelastic.rendezvous.api import RendezvousParameters, open_rendezvous
+    from aelastic.rendezvous.api import RendezvousParameters
+    from aelastic.rendezvous.registry import open_rendezvous
 
     opened = joined = 0
     evictions: list[str] = []

@@ -12,7 +12,8 @@ import sys
 
 import anyio
 
-from aelastic.rendezvous.api import RendezvousParameters, open_rendezvous
+from aelastic.rendezvous.api import RendezvousParameters
+from aelastic.rendezvous.registry import open_rendezvous
 
 
 def emit(**fields: object) -> None:

@@ -540,7 +540,7 @@ async def test_an_agent_restarts_a_failure_and_stops_its_workers_with_its_stop_s
     from aelastic.agent.logs import LogSpec
     from aelastic.agent.processes import StopSignal
     from aelastic.agent.workers import WorkerSpec, WorkerState
-    from aelastic.rendezvous.api import open_rendezvous
+    from aelastic.rendezvous import open_rendezvous
 
     script = job.script("worker.py", STOPPED_WITH)
     spec = WorkerSpec("trainer", 1, sys.executable, ("-u", str(script), str(job.out)), max_restarts=1)

@@ -18,7 +18,8 @@ import torch.distributed.elastic.multiprocessing.errors as torch_errors
 
 from aelastic.agent.errors import ChildFailedError, ProcessFailure, record
 from aelastic.agent.logs import ConsoleSinks, LogSpec
-from aelastic.agent.processes import WorkerCommand, WorkerExit, run_workers
+from aelastic.agent.processes import WorkerExit, run_workers
+from aelastic.agent.spawn.parent import WorkerCommand
 from aelastic.errors import AelasticError
 
 DEADLINE = 30.0

@@ -4,6 +4,7 @@ in-memory sink."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -16,9 +17,9 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from aelastic.agent import logs
 from aelastic.agent.logs import ConsoleSinks, LogSpec, Std, WorkerLog
-from aelastic.agent.processes import GroupOutcome, WorkerCommand, run_workers
+from aelastic.agent.processes import GroupOutcome, run_workers
+from aelastic.agent.spawn.parent import WorkerCommand
 from aelastic.errors import ConfigurationError
 
 DEADLINE = 30.0
@@ -289,12 +290,29 @@ async def test_a_line_read_in_two_pieces_is_not_cut_by_another_workers_line() ->
     with anyio.fail_after(DEADLINE):
         async with anyio.create_task_group() as tg:
             tg.start_soon(other)
-            while not logs._line_ended:  # until it waits for its turn (the event it waits on exists)
+            while not spec.console.lines._ended:  # until it waits for its turn (the event it waits on exists)
                 await anyio.lowlevel.checkpoint()
             assert tty.text == "[default0]:isatty"
             first.feed(Std.OUT, b" 0 True\n")  # the rest: the line ends, and the other worker's turn comes
             await waited.wait()
     assert tty.text == "[default0]:isatty 0 True\n[default1]:isatty 1 True\n"
+
+
+def test_open_lines_belong_to_the_console_of_one_launch_not_to_the_process() -> None:
+    """Each attempt's spec (``replace``) shares its launch's console and its open line; another launch's console,
+    even on the same terminal, has its own (no process-global state)."""
+    tty = TerminalSink()
+    spec = LogSpec(console=ConsoleSinks(stdout=tty, stderr=tty))
+    bar = WorkerLog(spec, 0, 0)
+    bar.feed(Std.ERR, b"\r 10%|#")
+    next_attempt = dataclasses.replace(spec, attempt=1)
+    assert next_attempt.console.lines is spec.console.lines
+    other_launch = LogSpec(console=ConsoleSinks(stdout=tty, stderr=tty))
+    assert other_launch.console.lines is not spec.console.lines
+    other = WorkerLog(other_launch, 1, 1)
+    other.feed(Std.OUT, b"epoch done\n")  # does not end the bar's line: it is another launch's console
+    bar.feed(Std.ERR, b"\r 20%|##")
+    assert tty.text == "\r[default0]: 10%|#[default1]:epoch done\n\r[default0]: 20%|##"
 
 
 @pytest.mark.anyio
@@ -350,6 +368,7 @@ def test_duplicate_filters_append_matching_lines_of_every_worker_to_one_file(tmp
 # --- --logs-specs: a custom torch LogsSpecs found through its entry point --------------------------------------
 
 FLAT_LOGS_SPECS = '''
+import dataclasses
 import json
 import os
 import subprocess

@@ -24,10 +24,12 @@ import anyio
 import anyio.abc
 import pytest
 
-from aelastic.agent._bootstrap import bootstrap_args, read_result, write_payload
+from aelastic.agent.callables.parent import bootstrap_args, read_result, write_payload
 from aelastic.agent.errors import ProcessFailure
 from aelastic.agent.logs import ConsoleSinks, LogSpec
-from aelastic.agent.processes import GroupOutcome, WorkerCommand, open_reaper, run_workers
+from aelastic.agent.processes import GroupOutcome, StopSignal, run_workers
+from aelastic.agent.reaper.parent import open_reaper
+from aelastic.agent.spawn.parent import WorkerCommand
 
 pytestmark = pytest.mark.anyio
 
@@ -221,6 +223,40 @@ async def test_stopped_worker_is_killed_after_grace() -> None:
     assert exitcodes(outcome) == {0: -signal.SIGKILL, 1: 4}
 
 
+REPORTS_ITS_STOP = """
+    import signal, sys, time
+    def stopped(signum, frame):
+        print("stopped by", signal.Signals(signum).name, flush=True)
+        sys.exit(0)
+    signal.signal(signal.SIGINT, stopped)
+    signal.signal(signal.SIGTERM, stopped)
+    print("ready", flush=True)
+    time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("stop", [None, StopSignal(), StopSignal(signal.SIGINT)], ids=["default", "term", "int"])
+async def test_a_cancelled_run_stops_the_workers_with_the_stop_signal_it_was_given(stop: StopSignal | None) -> None:
+    """The holder is read when the stop comes (the CLI sets it when the signal arrives, after the start)."""
+    sink = Sink()
+    holder = None if stop is None else StopSignal()
+    with anyio.fail_after(DEADLINE):
+        async with anyio.create_task_group() as tg:
+
+            async def cancel_when_ready() -> None:
+                await sink.wait_for(r"^\[default\d\]:ready$", count=2)
+                if holder is not None and stop is not None:
+                    holder.signum = stop.signum
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(cancel_when_ready)
+            commands = [command(0, REPORTS_ITS_STOP), command(1, REPORTS_ITS_STOP)]
+            await run_workers(commands, spec(sink), grace=5, reaper=None, stop_signal=holder)
+            pytest.fail("run_workers returned although cancelled")
+    expected = "SIGTERM" if stop is None else stop.signum.name
+    assert sorted(re.findall(r"stopped by (\w+)", sink.text)) == [expected, expected], sink.text
+
+
 PARENT_OF_SLEEPER = """
     import os, subprocess, sys
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
@@ -326,7 +362,7 @@ async def test_reaper_kills_registered_groups_when_closed() -> None:
         async with proc:
             async with open_reaper() as reaper:
                 await reaper.register(proc.pid)
-                assert reaper.statistics() == {proc.pid}
+                assert reaper.statistics().registered == {proc.pid}
                 reaper_pid = reaper.pid
             assert await proc.wait() == -signal.SIGKILL
             await wait_gone([reaper_pid])
@@ -337,10 +373,12 @@ async def test_reaper_kills_registered_groups_when_closed() -> None:
 AGENT = """
 import os, shutil, sys
 import anyio
-from aelastic.agent._bootstrap import bootstrap_args, read_result, write_payload
+from aelastic.agent.callables.parent import bootstrap_args, read_result, write_payload
 from aelastic.agent.errors import ProcessFailure
 from aelastic.agent.logs import LogSpec
-from aelastic.agent.processes import WorkerCommand, open_reaper, run_workers
+from aelastic.agent.processes import run_workers
+from aelastic.agent.reaper.parent import open_reaper
+from aelastic.agent.spawn.parent import WorkerCommand
 
 backend, use_reaper, use_shim = sys.argv[1], sys.argv[2] == "1", sys.argv[3] == "1"
 if use_shim:
@@ -496,7 +534,7 @@ async def test_failing_callable_writes_an_error_file_and_no_result(tmp_path: Pat
 
 MAIN_PARENT = """
 import subprocess, sys
-from aelastic.agent._bootstrap import bootstrap_args, read_result, write_payload
+from aelastic.agent.callables.parent import bootstrap_args, read_result, write_payload
 
 def square_all(xs, offset=0):  # lives in __main__ of `python -c`: no worker could import it
     return [x * x + offset for x in xs]

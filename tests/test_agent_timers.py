@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from aelastic.agent.faultstacks import fault_top_frames
-from aelastic.agent.stacks import find_py_spy, top_frames
-from aelastic.agent.timers import TimerRequest, TimerTable, parse_request
+from aelastic.agent.stacks.fallback import fault_top_frames
+from aelastic.agent.stacks.parent import find_py_spy, top_frames
+from aelastic.agent.timers.parent import TimerRequest, TimerTable, parse_request
 
 needs_py_spy = pytest.mark.skipif(
     find_py_spy() is None, reason="py-spy is not installed (pip install 'aelastic[stacks]')"
@@ -76,7 +76,7 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 # The agent as ``aelastic`` runs it, but blind to py-spy even where it is installed: the faulthandler fallback.
 WITHOUT_PY_SPY = (
-    "import sys; import aelastic.agent.stacks as stacks; stacks.find_py_spy = lambda: None; "
+    "import sys; import aelastic.agent.stacks.parent as stacks; stacks.find_py_spy = lambda: None; "
     "from aelastic.cli import main; sys.exit(main())"
 )
 

@@ -197,3 +197,39 @@ def test_same_worker_environment_and_argv_as_torchrun(name: str, tmp_path: Path,
     assert ours == torch_view
     from_env = run(AELASTIC, flags(), tail, tmp_path / "aelastic-pet", pet=True, world_size=world_size)
     assert from_env == torch_view
+
+
+UNSHARED_STORE_WORKER = """
+import json, os, sys
+import torch
+import torch.distributed as dist
+dist.init_process_group("gloo")  # env://: rank 0's worker serves the store unless the agent's is used
+value = torch.tensor([dist.get_rank() + 1.0])
+dist.all_reduce(value)
+dist.destroy_process_group()
+record = {"use_agent_store": os.environ["TORCHELASTIC_USE_AGENT_STORE"], "sum": value.item()}
+with open(os.path.join(os.environ["PROBE_OUT"], f"rank{os.environ['RANK']}.json"), "w") as f:
+    json.dump(record, f)
+"""
+
+
+@pytest.mark.skipif(TORCHRUN is None, reason="torchrun is not on PATH")
+def test_unshared_rendezvous_store_gives_workers_what_torchrun_gives(tmp_path: Path) -> None:
+    """``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: torchrun's workers see ``TORCHELASTIC_USE_AGENT_STORE=False``
+    and rank 0's worker serves the workers' store itself; the same job runs under aelastic, seeing the same."""
+    script = tmp_path / "unshared.py"
+    script.write_text(UNSHARED_STORE_WORKER)
+    parent = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "TORCHELASTIC_"))}
+    parent |= {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+    seen = {}
+    for name, launcher in (("torchrun", [str(TORCHRUN)]), ("aelastic", AELASTIC)):
+        out = tmp_path / name
+        out.mkdir()
+        with launched(
+            [*launcher, "--standalone", "--nproc-per-node", "2", str(script)], parent | {"PROBE_OUT": str(out)}
+        ) as p:
+            finish(p)
+        seen[name] = {p.name: json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))}
+    expected = {"use_agent_store": "False", "sum": 3.0}
+    assert seen["torchrun"] == {"rank0.json": expected, "rank1.json": expected}
+    assert seen["aelastic"] == seen["torchrun"]

@@ -8,6 +8,7 @@ checked on a pseudo-terminal, and checked absent when stderr is not a terminal.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import pty
@@ -26,12 +27,16 @@ import anyio.abc
 import pytest
 from anyio.streams.text import TextReceiveStream
 
-from aelastic.rendezvous.api import RendezvousParameters, open_rendezvous
-from aelastic.rendezvous.backends.base import RendezvousBackend
+from aelastic.errors import ConfigurationError
+from aelastic.rendezvous import registry
+from aelastic.rendezvous.api import JoinObserver, RendezvousHandler, RendezvousParameters
+from aelastic.rendezvous.backends.base import RendezvousBackend, StateReader, Versioned
 from aelastic.rendezvous.backends.store import StoreBackend
+from aelastic.rendezvous.codec import encode_state
 from aelastic.rendezvous.dynamic import DynamicRendezvousHandler, state_of
+from aelastic.rendezvous.registry import open_rendezvous, register_backend
 from aelastic.rendezvous.state import NodeDesc, NodeTimers, RendezvousSettings, RendezvousState
-from aelastic.status import LIST_LIMIT, Watch, describe, waiting_reason
+from aelastic.status import LIST_LIMIT, Watch, check_readable, command, describe, waiting_reason
 from aelastic.store.client import open_store_client
 from aelastic.store.server import open_store_server
 
@@ -463,3 +468,64 @@ def test_ten_thousand_nodes_render_as_a_summary_unless_all_are_asked_for() -> No
     everything = view.render(None)
     assert len(everything.splitlines()) > 10_000
     assert all(n.id in everything for n in nodes)
+
+
+# --- a third-party backend ------------------------------------------------------------------------------------------
+
+
+class _FixedReader(StateReader):
+    """A third-party backend's reader: one state, which never changes."""
+
+    def __init__(self, state: RendezvousState) -> None:
+        self.seen = Versioned(1, encode_state(state))
+
+    async def read_state(self) -> Versioned:
+        await anyio.lowlevel.checkpoint()
+        return self.seen
+
+    async def wait_for_change(self, seen: Versioned) -> None:
+        await anyio.sleep_forever()
+
+
+@pytest.mark.anyio
+async def test_status_shows_a_third_party_backend_through_its_registered_reader(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """status knows no backend by name: a registered backend's entry opens its reader and derives its settings."""
+    monkeypatch.setattr(registry, "_entries", dict(registry._entries))
+    opened: list[RendezvousParameters] = []
+
+    @asynccontextmanager
+    async def open_reader(params: RendezvousParameters) -> AsyncIterator[StateReader]:
+        opened.append(params)
+        yield _FixedReader(RendezvousState(participants=(A,), endpoints={A: "10.0.0.1:4000"}))
+
+    def settings_of(params: RendezvousParameters) -> RendezvousSettings:
+        return RendezvousSettings(params.run_id, params.min_nodes, params.max_nodes, last_call_timeout=7.0)
+
+    @asynccontextmanager
+    async def no_handler(
+        params: RendezvousParameters, *, observer: JoinObserver | None = None
+    ) -> AsyncIterator[RendezvousHandler]:
+        raise AssertionError("status must not open a handler")
+        yield  # an async generator, as an opener is
+
+    register_backend("third-party", no_handler, open_reader=open_reader, settings=settings_of)
+    args = argparse.Namespace(
+        rdzv_backend="third-party", rdzv_endpoint="somewhere:1", rdzv_id="job", nnodes="2:3", rdzv_conf="",
+        timeout=5.0, json=True, show_all=False, watch=False,
+    )  # fmt: skip
+    with anyio.fail_after(10):
+        assert await command(args)() == 0
+    view = json.loads(capsys.readouterr().out)
+    assert [n["id"] for n in view["participants"]] == [A.id]
+    assert (view["backend"], view["min_nodes"], view["max_nodes"]) == ("third-party", 2, 3)
+    assert "last_call_timeout=7s" in view["timing"]  # the entry's settings, not the shared timing keys' 30 s
+    assert [p.run_id for p in opened] == ["job"]
+
+
+def test_status_refuses_a_backend_whose_entry_has_no_reader(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry, "_entries", dict(registry._entries))
+    register_backend("no-state", open_rendezvous)
+    with pytest.raises(ConfigurationError, match="'no-state': keeps no shared rendezvous state to show"):
+        check_readable(RendezvousParameters("no-state", "somewhere:1", "job", 1, 1))

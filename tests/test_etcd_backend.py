@@ -14,7 +14,6 @@ import anyio
 import anyio.from_thread
 import pytest
 from etcd3 import Client as Etcd3Client  # type: ignore[import-untyped]
-from rendezvous_cluster import open_cluster
 
 from aelastic.errors import ConfigurationError, RendezvousConnectionError
 from aelastic.etcd import (
@@ -29,11 +28,14 @@ from aelastic.etcd import (
     prefix_range_end,
 )
 from aelastic.rendezvous import api as rendezvous_api
-from aelastic.rendezvous.api import RendezvousInfo, RendezvousParameters, open_rendezvous
+from aelastic.rendezvous.api import RendezvousInfo, RendezvousParameters
 from aelastic.rendezvous.backends.base import Versioned
 from aelastic.rendezvous.backends.etcd import EtcdBackend, _Token
+from aelastic.rendezvous.codec import make_digest
 from aelastic.rendezvous.dynamic import DynamicRendezvousHandler, state_of
-from aelastic.rendezvous.state import RendezvousState, make_digest
+from aelastic.rendezvous.registry import open_rendezvous
+from aelastic.rendezvous.state import RendezvousState
+from aelastic.rendezvous.testing import open_cluster
 
 pytestmark = pytest.mark.anyio
 
@@ -270,4 +272,4 @@ async def test_rendezvous_completes_when_an_etcd_member_dies() -> None:
                 assert {i.world_size for i in infos if i is not None} == {4}
                 assert len({i.bootstrap_store_info for i in infos if i is not None}) == 1
                 assert observer.backend.client.endpoint != leader.client_url
-                assert observer.backend.client.statistics()["failovers"] >= 1
+                assert observer.backend.client.statistics().failovers >= 1

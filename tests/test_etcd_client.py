@@ -187,7 +187,7 @@ async def test_failover_when_a_member_dies() -> None:
                 assert first == cluster.members[0].client_url
                 await client.put(b"/f/k", b"2")  # fails over for unary calls ...
                 assert client.endpoint != first
-                assert client.statistics()["failovers"] >= 1
+                assert client.statistics().failovers >= 1
                 event = await events.__anext__()  # ... and the watch resumes on a live member
                 assert event.kv.value == b"2"
             assert reader(cluster.members[1].client_url).range(b"/f/k").kvs[0].value == b"2"

@@ -3,11 +3,14 @@ with real worker processes; and the public surface of ``aelastic``."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+from functools import partial
 from pathlib import Path
 from typing import cast
 
@@ -16,7 +19,7 @@ import anyio.abc
 import pytest
 
 import aelastic
-from aelastic import ChildFailedError, LaunchConfig
+from aelastic import ChildFailedError, LaunchConfig, LaunchControl
 from aelastic.agent.logs import Std
 
 pytestmark = pytest.mark.anyio
@@ -111,6 +114,101 @@ async def test_cancelling_launch_leaves_no_process(tmp_path: Path) -> None:
     assert not [pid for pid in pids if exists(pid)]
 
 
+def report_pid_and_record_the_stop_signal(port: int, out: str) -> None:
+    import socket
+    import time
+
+    def stopped(signum: int, frame: object) -> None:
+        Path(out, f"stopped{os.environ['RANK']}").write_text(signal.Signals(signum).name)
+        os._exit(0)
+
+    signal.signal(signal.SIGINT, stopped)
+    signal.signal(signal.SIGTERM, stopped)
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        conn.sendall(f"{os.getpid()}\n".encode())
+    time.sleep(600)
+
+
+@pytest.mark.usefixtures("importable_tests")
+async def test_launch_control_sets_the_stop_signal_and_observes_the_joins(tmp_path: Path) -> None:
+    """What the command line steers a launch with, through launch() alone: the signal a cancelled launch stops
+    the workers with, and an observer of this node's rendezvous joins."""
+    config = LaunchConfig(nproc_per_node=2, max_restarts=0, log_dir=tmp_path / "logs", shutdown_timeout=5)
+    seen: list[str] = []
+    control = LaunchControl(join_observer=lambda node, state, settings, timers, now, action: seen.append(action.name))
+    assert control.stop_signal.signum == signal.SIGTERM  # torch's default
+    multi = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    listener = cast(anyio.abc.SocketListener, multi.listeners[0])
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    with anyio.fail_after(DEADLINE):
+        async with multi, anyio.create_task_group() as tg:
+            tg.start_soon(
+                partial(
+                    aelastic.launch, config, report_pid_and_record_the_stop_signal, port, str(tmp_path), control=control
+                )
+            )
+            for _ in range(2):
+                async with await listener.accept() as conn:
+                    await conn.receive()
+            control.stop_signal.signum = signal.SIGINT  # as the command line does when it receives one
+            tg.cancel_scope.cancel()
+    stops = sorted(p.read_text() for p in tmp_path.glob("stopped*"))  # noqa: ASYNC240  # the launch has ended
+    assert stops == ["SIGINT", "SIGINT"]
+    assert seen, "the join observer was never called"
+
+
+def torch_launch_config_defaults() -> dict[str, object]:
+    """Every field of torch's ``LaunchConfig`` that has a default, with that default."""
+    api = pytest.importorskip("torch.distributed.launcher.api")
+    defaults: dict[str, object] = {}
+    for f in dataclasses.fields(api.LaunchConfig):
+        if f.default is not dataclasses.MISSING:
+            defaults[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            defaults[f.name] = f.default_factory()
+    return defaults
+
+
+@pytest.mark.torch
+@pytest.mark.usefixtures("importable_tests")
+async def test_a_launch_config_with_torchs_defaults_launches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 23, item 7: code ported from ``elastic_launch`` passes torch's defaults (``None`` filters and
+    ``shutdown_timeout``); every field torch's LaunchConfig has is aelastic's too and launches with its default."""
+    monkeypatch.delenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", raising=False)
+    defaults = torch_launch_config_defaults()
+    ours = {f.name for f in dataclasses.fields(LaunchConfig)}
+    assert set(defaults) <= ours, f"torch's fields aelastic lacks: {sorted(set(defaults) - ours)}"
+    assert defaults["duplicate_stdout_filters"] is None  # these crashed the launch
+    assert defaults["shutdown_timeout"] is None
+    # torch's required fields; and a rendezvous this machine has: torch's default backend, etcd, needs an etcd
+    # server at an endpoint (torch's default endpoint is '' and fails under torch too).
+    defaults |= {"rdzv_backend": "c10d", "rdzv_endpoint": "localhost:0"}
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, **defaults)  # type: ignore[arg-type]
+    assert config.shutdown_grace == 30.0
+    with anyio.fail_after(DEADLINE):
+        values = await aelastic.launch(config, rank_and_double, 21)
+    assert values == {0: (0, 42, 2), 1: (1, 42, 2)}
+
+
+@pytest.mark.torch
+def test_torchs_launch_config_fields_keep_torchs_meaning(monkeypatch: pytest.MonkeyPatch) -> None:
+    defaults = torch_launch_config_defaults()
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "7")
+    assert LaunchConfig(**defaults).shutdown_grace == 7.0  # type: ignore[arg-type]  # read when made, as torch
+    assert LaunchConfig(shutdown_timeout=0).shutdown_grace == 0.0  # torch's rule: non-negative
+    with pytest.raises(aelastic.ConfigurationError, match="shutdown_timeout=-1: must be >= 0"):
+        LaunchConfig(shutdown_timeout=-1)
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "soon")
+    with pytest.raises(aelastic.ConfigurationError, match="TORCH_ELASTIC_SHUTDOWN_TIMEOUT='soon'"):
+        LaunchConfig()
+    monkeypatch.delenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
+    config = LaunchConfig(duplicate_stdout_filters=["loss"], duplicate_stderr_filters=None)
+    assert config.duplicate_filters == (("loss",), ())
+    params = LaunchConfig(rdzv_backend="c10d", rdzv_timeout=60, rdzv_configs={"timeout": 5}).rendezvous_parameters("r")
+    assert params.config["timeout"] == 60  # torch: rdzv_timeout, when given, is rdzv_configs['timeout']
+    assert "timeout" not in LaunchConfig(rdzv_backend="c10d").rendezvous_parameters("r").config
+
+
 MAIN_PROGRAM = """
 import asyncio, json, os, sys
 import aelastic
@@ -146,6 +244,7 @@ def test_public_surface() -> None:
         "ChildFailedError",
         "ConfigurationError",
         "LaunchConfig",
+        "LaunchControl",
         "ProcessFailure",
         "QueueEmptyError",
         "RendezvousClosedError",

@@ -17,7 +17,7 @@ import pytest
 from aelastic.errors import ConfigurationError
 from aelastic.etcd import EtcdConfig, open_etcd_client, parse_endpoints
 from aelastic.rendezvous import RendezvousParameters
-from aelastic.rendezvous.api import check_parameters
+from aelastic.rendezvous.registry import check_parameters
 
 TESTS = Path(__file__).parent
 SEED_URL = "etcd://localhost:2379/1234?min_workers=1&max_workers=3&timeout=600&last_call_timeout=30&etcd_prefix=/te/p2p"

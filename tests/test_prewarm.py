@@ -20,7 +20,7 @@ import test_agent_e2e
 from test_agent_e2e import DEADLINE, Job, alive, common, processes_mentioning, wait_gone
 
 from aelastic import LaunchConfig, launch
-from aelastic.agent.standby import PER_ATTEMPT, python_target
+from aelastic.agent.prewarm.parent import PER_ATTEMPT, python_target
 
 pytestmark = [pytest.mark.anyio, pytest.mark.torch]
 
@@ -29,7 +29,7 @@ job = test_agent_e2e.job
 # Appended to test_agent_e2e.REPORT: what a worker knows about how it was started.
 ORIGIN = """
 import glob
-STANDBY = b"aelastic.agent._standby" in open("/proc/self/cmdline", "rb").read()
+STANDBY = b"aelastic.agent.prewarm.child" in open("/proc/self/cmdline", "rb").read()
 ATTEMPT = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 
 def ready_to_crash():
@@ -42,7 +42,7 @@ def ready_to_crash():
         workers = {r["pid"] for r in records if r["attempt"] == ATTEMPT}
         children = {int(pid) for task in os.listdir(f"/proc/{agent}/task")
                     for pid in open(f"/proc/{agent}/task/{task}/children").read().split()}
-        standbys = [pid for pid in children - workers if b"aelastic.agent._standby" in cmdline(pid)]
+        standbys = [pid for pid in children - workers if b"aelastic.agent.prewarm.child" in cmdline(pid)]
         if len(workers) == int(os.environ["WORLD_SIZE"]) and len(standbys) >= int(os.environ["LOCAL_WORLD_SIZE"]):
             return
         time.sleep(0.01)
@@ -62,7 +62,7 @@ def standby_pids(agent_pid: int) -> list[int]:
         for task in os.listdir(f"/proc/{agent_pid}/task")
         for child in Path(f"/proc/{agent_pid}/task/{task}/children").read_text().split()
     ]
-    return [pid for pid in children if b"aelastic.agent._standby" in cmdline(pid)]
+    return [pid for pid in children if b"aelastic.agent.prewarm.child" in cmdline(pid)]
 
 
 def cmdline(pid: int) -> bytes:
@@ -162,7 +162,7 @@ async def test_module_with_relative_imports_and_an_uncaught_exception(job: Job) 
     # The traceback is the interpreter's, from runpy down, with none of the standby's own frames.
     assert "RuntimeError: boom in attempt 0" in agent.output, agent.output
     assert 'File "<frozen runpy>"' in agent.output, agent.output
-    assert "_standby" not in agent.output, agent.output
+    assert "agent/prewarm/child.py" not in agent.output, agent.output
 
 
 # --- @record and the error file --------------------------------------------------------------------------------------
@@ -276,12 +276,12 @@ async def test_no_python_starts_cold_silently(job: Job) -> None:
     assert await agent.wait() == 0, agent.output
     cmdlines = sorted(p.read_text() for p in job.out.glob("cmdline-*"))
     assert len(cmdlines) == 2, cmdlines
-    assert not any("_standby" in c for c in cmdlines), cmdlines
+    assert not any("prewarm.child" in c for c in cmdlines), cmdlines
     assert "standby" not in agent.output.lower(), agent.output
 
 
 def rank_and_origin() -> tuple[int, bool]:
-    return int(os.environ["RANK"]), b"aelastic.agent._standby" in Path("/proc/self/cmdline").read_bytes()
+    return int(os.environ["RANK"]), b"aelastic.agent.prewarm.child" in Path("/proc/self/cmdline").read_bytes()
 
 
 async def test_callables_run_in_standbys(tmp_path: Path) -> None:
@@ -346,8 +346,8 @@ async def test_a_standby_dying_idle_is_replaced_once_then_its_rank_starts_cold(j
         (("python", "-u", "SCRIPT", "a"), ("SCRIPT", None, ("a",), ("-u",))),
         (("/usr/bin/python3", "-u", "-m", "pkg.mod", "-x"), (None, "pkg.mod", ("-x",), ("-u",))),
         (
-            (sys.executable, "-m", "aelastic.agent._bootstrap", "p", "r"),
-            (None, "aelastic.agent._bootstrap", ("p", "r"), ()),
+            (sys.executable, "-m", "aelastic.agent.callables.child", "p", "r"),
+            (None, "aelastic.agent.callables.child", ("p", "r"), ()),
         ),
         (("python", "-c", "pass"), None),
         (("python", "-O", "SCRIPT"), None),

@@ -25,7 +25,40 @@ TORCH_AGENT = {
 # torch.distributed's store classes aelastic has (its TCPStore client is StoreClient).
 TORCH_STORE = {"PrefixStore", "Store"}
 
+# The top-level package: the launcher's names and the error tree's (torch's LaunchConfig, elastic_launch's
+# ChildFailedError/record, RunResult/WorkerSpec/WorkerState), and aelastic's own.
+AELASTIC = {
+    "AelasticError", "ChildFailedError", "ConfigurationError", "LaunchConfig", "LaunchControl", "ProcessFailure",
+    "QueueEmptyError", "RendezvousClosedError", "RendezvousConnectionError", "RendezvousError",
+    "RendezvousGracefulExitError", "RendezvousStateError", "RendezvousTimeoutError", "RunResult",
+    "StoreConnectionError", "StoreError", "StoreProtocolError", "WorkerSpec", "WorkerState", "__version__", "launch",
+    "record", "run",
+}  # fmt: skip
+ETCD = {
+    "Compare", "DeleteOp", "EtcdClient", "EtcdClientStatistics", "EtcdConfig", "EtcdStore", "EventType", "KeyValue",
+    "Lease", "LocalEtcd", "LocalEtcdMember", "PutOp", "RaftTiming", "RangeOp", "SortOrder", "SortTarget", "Watch",
+    "WatchEvent", "find_etcd_binary", "open_etcd_client", "open_local_etcd", "open_local_etcd_cluster",
+    "parse_endpoints", "prefix_range_end",
+}  # fmt: skip
+
+# The rendezvous backend protocol, public for third-party backends (register_backend), and the conformance kit
+# they can run against it (aelastic's own conformance suite runs the same checks).
+RENDEZVOUS_BACKENDS = {"Digest", "DigestRead", "RendezvousBackend", "StateReader", "Versioned"}
+RENDEZVOUS_TESTING = {
+    "CHECKS", "FAST", "BackendUnderTest", "Cluster", "Node", "assert_consistent", "check_barrier_blocks_until_min",
+    "check_close_reaches_members_and_later_joiners", "check_completes_after_last_call_below_max",
+    "check_completes_at_once_at_max", "check_join_timeout_when_min_never_reached",
+    "check_late_node_waits_and_joins_next_round", "check_member_death_after_completion_is_detected",
+    "check_member_that_finished_may_leave", "check_node_dying_before_completion_is_dropped",
+    "check_reserve_nodes_exit_gracefully_on_close", "check_survivors_keep_rank_order",
+    "check_workers_store_is_served_by_rank_0_fresh_each_round", "open_cluster", "wait_done",
+}  # fmt: skip
+
 SURFACES = {
+    "aelastic": AELASTIC,
+    "aelastic.rendezvous.backends": RENDEZVOUS_BACKENDS,
+    "aelastic.rendezvous.testing": RENDEZVOUS_TESTING,
+    "aelastic.etcd": ETCD,
     "aelastic.rendezvous": TORCH_RENDEZVOUS | {"check_parameters", "open_rendezvous", "register_backend"},
     "aelastic.agent": TORCH_AGENT,
     "aelastic.store": TORCH_STORE | {

@@ -18,7 +18,8 @@ from aelastic.rendezvous.backends.base import DigestRead, RendezvousBackend
 from aelastic.rendezvous.backends.etcd import EtcdBackend
 from aelastic.rendezvous.backends.memory import MemoryBackend, MemoryRendezvous
 from aelastic.rendezvous.backends.store import StoreBackend
-from aelastic.rendezvous.state import NodeDesc, RendezvousState, decode_view, make_digest
+from aelastic.rendezvous.codec import decode_view, make_digest
+from aelastic.rendezvous.state import NodeDesc, RendezvousState
 from aelastic.store.client import open_store_client
 from aelastic.store.server import open_store_server
 
@@ -153,7 +154,8 @@ async def test_store_liveness_judges_counters_without_blocking() -> None:
 async def _round_traffic(n: int) -> tuple[int, int, int]:
     """One all-at-once round of ``n`` c10d nodes (tasks of this process): the store's requests, reply bytes and
     compare-and-sets from the first join to the last release (opening the handlers is not counted)."""
-    from aelastic.rendezvous.api import RendezvousParameters, open_rendezvous
+    from aelastic.rendezvous.api import RendezvousParameters
+    from aelastic.rendezvous.registry import open_rendezvous
 
     async with open_store_server("127.0.0.1", 0) as server:
         opened, go, released = anyio.Event(), anyio.Event(), anyio.Event()

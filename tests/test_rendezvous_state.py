@@ -22,11 +22,20 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from aelastic._net import format_address
 from aelastic.errors import ConfigurationError, RendezvousStateError
 from aelastic.rendezvous import state as sm
+from aelastic.rendezvous.codec import (
+    SHARD_SIZE,
+    decode_join_request,
+    decode_state,
+    decode_view,
+    encode_join_request,
+    encode_state,
+    make_digest,
+    shard_of,
+)
+from aelastic.rendezvous.joins import JOIN_REQUESTS, JoinRequest, fold_joins
 from aelastic.rendezvous.state import (
-    JOIN_REQUESTS,
     WRITE_ACTIONS,
     Action,
-    JoinRequest,
     NodeDesc,
     NodeTimers,
     RendezvousSettings,
@@ -35,14 +44,6 @@ from aelastic.rendezvous.state import (
     decide_close,
     decide_exit,
     decide_join,
-    decode_join_request,
-    decode_state,
-    decode_view,
-    encode_join_request,
-    encode_state,
-    fold_joins,
-    make_digest,
-    shard_of,
     update_timers,
 )
 
@@ -1032,9 +1033,9 @@ def test_a_nodes_view_decides_as_the_whole_state(state: RendezvousState, outside
 
 def test_digest_shards_are_bounded_and_cover_every_node() -> None:
     nodes = [NodeDesc(f"10.0.{i // 250}.{i % 250}", 7, 0) for i in range(1000)]
-    state = sm._completed(RendezvousState(participants=tuple(nodes[:900]), wait_list=tuple(nodes[900:])))
+    state = sm.completed(RendezvousState(participants=tuple(nodes[:900]), wait_list=tuple(nodes[900:])))
     digest = make_digest(state)
-    assert len(digest.shards) == 1000 // sm.SHARD_SIZE + 1
+    assert len(digest.shards) == 1000 // SHARD_SIZE + 1
     assert len(digest.summary) < 200  # O(1): the summary names no node
     assert sum(len(shard.split(b"\n")) for shard in digest.shards) == 1000
     for i in (0, 899, 900, 999):

@@ -16,8 +16,9 @@ import pytest
 from silent_relay import Relay, open_relay
 
 from aelastic.errors import RendezvousConnectionError
-from aelastic.rendezvous.api import RendezvousParameters, open_rendezvous
+from aelastic.rendezvous.api import RendezvousParameters
 from aelastic.rendezvous.backends.store import _NO_VALUE
+from aelastic.rendezvous.registry import open_rendezvous
 from aelastic.store.server import open_store_server
 
 pytestmark = pytest.mark.anyio

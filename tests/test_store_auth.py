@@ -17,7 +17,8 @@ from store_checks import GLOO_WORKER, wait_for_connections
 from torch_store_peer import PeerError, TorchPeer
 
 from aelastic.errors import ConfigurationError, RendezvousConnectionError, StoreAuthError
-from aelastic.rendezvous.api import RendezvousParameters, open_rendezvous
+from aelastic.rendezvous.api import RendezvousParameters
+from aelastic.rendezvous.registry import open_rendezvous
 from aelastic.store import auth
 from aelastic.store.api import PrefixStore
 from aelastic.store.client import StoreClient, open_store_client
@@ -68,7 +69,7 @@ async def test_client_without_or_with_a_wrong_token_is_refused_at_once(
 
 @pytest.mark.torch
 async def test_torch_client_is_refused_while_ours_works(server: StoreServer, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="aelastic.store.server")
+    caplog.set_level(logging.WARNING, logger="aelastic.store")
     peer = TorchPeer()
     try:
         async with open_store_client("127.0.0.1", server.port, auth_token=TOKEN) as client:

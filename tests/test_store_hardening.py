@@ -14,7 +14,8 @@ import pytest
 from store_checks import closed_by_server, wait_for_connections
 from torch_store_peer import TorchPeer
 
-from aelastic.rendezvous.api import RendezvousParameters, open_rendezvous
+from aelastic.rendezvous.api import RendezvousParameters
+from aelastic.rendezvous.registry import open_rendezvous
 from aelastic.store import wire
 from aelastic.store.api import PrefixStore
 from aelastic.store.client import StoreClient
@@ -43,7 +44,7 @@ async def ping(stream: anyio.abc.SocketStream, nonce: int) -> wire.Reply:
 
 @pytest.fixture(autouse=True)
 def _warnings_are_captured(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="aelastic.store.server")
+    caplog.set_level(logging.WARNING, logger="aelastic.store")
 
 
 # --- binding ------------------------------------------------------------------------------------------------------

@@ -33,8 +33,8 @@ import functools
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from string import Template
@@ -46,21 +46,22 @@ from .. import events
 from ..errors import AelasticError, RendezvousClosedError, StoreConnectionError
 from ..metrics import AgentMetrics
 from ..rendezvous.api import RendezvousHandler, RendezvousInfo
-from ..worker import WATCHDOG_ENV
 from .errors import ChildFailedError, ProcessFailure
 from .logs import LogSpec
 from .logs_specs import LogsSpecs, reify
 from .policy import Action, Budget, Decision, Outcome, decide
-from .processes import GroupOutcome, Reaper, StopSignal, WorkerCommand, WorkerProcess, run_workers
-from .processes import stop_signal as stop_signal_context  # MERGE BRIDGE: goes with _stopping_with
+from .processes import GroupOutcome, StopSignal, run_workers
 from .ranks import RankAssignment, RoleInfo, exchange_ranks
-from .stacks import DEFAULT_DUMP_TIMEOUT, StackDumper
+from .reaper.parent import Reaper
+from .spawn.parent import WorkerCommand, WorkerProcess
+from .stacks.parent import DEFAULT_DUMP_TIMEOUT, StackDumper
 from .status_events import AgentSnapshot, record_agent, record_started, record_workers
-from .timers import ENABLE_ENV, FILE_ENV, Expiry, FileTimerServer, signal_name
+from .timers.child import FILE_ENV, WATCHDOG_ENV
+from .timers.parent import ENABLE_ENV, Expiry, FileTimerServer, signal_name
 from .workers import RunResult, Worker, WorkerGroup, WorkerSpec, WorkerState
 
 if TYPE_CHECKING:
-    from .standby import Standbys  # imported by the launcher only with --prewarm
+    from .prewarm.parent import Standbys  # imported by the launcher only with --prewarm
 
 __all__ = ["ElasticAgent"]
 
@@ -275,20 +276,18 @@ class ElasticAgent:
 
             tg.start_soon(watch)
             self.recorder.running(len(commands), anyio.current_time())
-            # MERGE: run_workers(..., stop_signal=self.stop_signal) once WP-A's run_workers takes it; then the
-            # bridge _stopping_with goes.
-            with _stopping_with(self.stop_signal):
-                outcome = await run_workers(
-                    commands,
-                    logs,
-                    grace=self.timeouts.shutdown,
-                    reaper=self.reaper,
-                    finish_together=callable(self.spec.entrypoint),  # as torch's multiprocessing runs functions
-                    watch=None if timers is None else serve_timers,
-                    before_kill=before_kill,
-                    started=self.recorder.spawned,
-                    standbys=self.standbys,
-                )
+            outcome = await run_workers(
+                commands,
+                logs,
+                grace=self.timeouts.shutdown,
+                reaper=self.reaper,
+                finish_together=callable(self.spec.entrypoint),  # as torch's multiprocessing runs functions
+                watch=None if timers is None else serve_timers,
+                before_kill=before_kill,
+                started=self.recorder.spawned,
+                standbys=self.standbys,
+                stop_signal=self.stop_signal,
+            )
             tg.cancel_scope.cancel()
         return (outcome, None) if reason is None else (None, reason)
 
@@ -312,7 +311,7 @@ class ElasticAgent:
 
     def _command(self, worker: Worker, env: dict[str, str]) -> WorkerCommand:
         if callable(self.spec.entrypoint):
-            from ._bootstrap import bootstrap_args, write_payload  # cloudpickle: only callables need it
+            from .callables.parent import bootstrap_args, write_payload  # cloudpickle: only callables need it
 
             payload = self.run_dir / f"payload_{self._attempt}.pkl"
             if not payload.exists():
@@ -427,7 +426,7 @@ class ElasticAgent:
     def _result(self, state: WorkerState, outcome: GroupOutcome | None) -> RunResult:
         values: dict[int, Any] = {}
         if state is WorkerState.SUCCEEDED and callable(self.spec.entrypoint):
-            from ._bootstrap import read_result
+            from .callables.parent import read_result
 
             values = {w.global_rank: read_result(self._result_path(w.local_rank)) for w in self.group.workers}
         elif state is WorkerState.SUCCEEDED:
@@ -466,21 +465,6 @@ class ElasticAgent:
         """The error file of ``local_rank`` in the current (or last) attempt."""
         logs = self._dumper.logs if self._dumper is not None else replace(self.logs, attempt=self._attempt)
         return logs.error_file_path(local_rank)
-
-
-@contextmanager
-def _stopping_with(holder: StopSignal | None) -> Iterator[None]:
-    """MERGE BRIDGE (WP-P's branch only): hands ``ElasticAgent(stop_signal=...)`` to the workers' supervision
-    through processes' ContextVar until WP-A's ``run_workers`` takes it as a parameter; ``None`` leaves the
-    context's as it is."""
-    if holder is None:
-        yield
-        return
-    token = stop_signal_context.set(holder)
-    try:
-        yield
-    finally:
-        stop_signal_context.reset(token)
 
 
 class _Recorder:

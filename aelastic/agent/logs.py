@@ -46,7 +46,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from string import Template
-from typing import BinaryIO, Final, NamedTuple, Protocol
+from typing import BinaryIO, Final, Protocol
 
 import anyio
 import anyio.abc
@@ -101,11 +101,23 @@ class TextSink(Protocol):
     def flush(self) -> object: ...
 
 
-class ConsoleSinks(NamedTuple):
-    """The agent's console. ``None`` means the agent's ``sys.stdout`` / ``sys.stderr``, looked up at each write."""
+class ConsoleSinks:
+    """The agent's console: where console lines go, and which worker's line is open on it.
 
-    stdout: TextSink | None = None
-    stderr: TextSink | None = None
+    ``None`` means the agent's ``sys.stdout`` / ``sys.stderr``, looked up at each write. The open lines
+    (:class:`OpenLines`) belong to the console, not to the process: a :class:`LogSpec` makes one console by default,
+    which every attempt's spec derived from it (``dataclasses.replace``) shares, so there is one per launch.
+    """
+
+    __slots__ = ("lines", "stderr", "stdout")
+
+    def __init__(self, stdout: TextSink | None = None, stderr: TextSink | None = None) -> None:
+        self.stdout = stdout
+        self.stderr = stderr
+        self.lines = OpenLines()
+
+    def __repr__(self) -> str:
+        return f"<ConsoleSinks stdout={self.stdout!r} stderr={self.stderr!r} lines={self.lines!r}>"
 
 
 def _default_hostname() -> str:
@@ -293,12 +305,42 @@ def _std_for(spec: StdSpec, local_rank: int) -> Std:
 
 # A line ends at "\n", or at a "\r" that is not the first half of "\r\n" (a progress bar's redraw).
 _TERMINAL_PIECES: Final = re.compile(r"(?<=\n)|(?<=\r)(?!\n)")
-# The stream that left an open (unterminated) line on each console (see _console_key), and an event set when that
-# line ends: another worker's output waits for it up to _LINE_GRACE (WorkerLog.turn), so that a line the agent read
-# in two pieces (a pseudo-terminal may hand over one write(2) in parts) is not cut by a line of another worker.
-_open_lines: dict[object, _Stream] = {}
-_line_ended: dict[object, anyio.Event] = {}
 _LINE_GRACE: Final = 0.1  # an open line that stays open longer (a progress bar) is ended after it, as before
+
+
+class OpenLines:
+    """The stream that left an open (unterminated) line on each terminal of a console (see :func:`_console_key`),
+    and an event set when that line ends: another worker's output waits for it up to :data:`_LINE_GRACE`
+    (:meth:`WorkerLog.turn`), so that a line the agent read in two pieces (a pseudo-terminal may hand over one
+    write(2) in parts) is not cut by a line of another worker. Owned by :class:`ConsoleSinks`."""
+
+    __slots__ = ("_ended", "_open")
+
+    def __init__(self) -> None:
+        self._open: dict[object, _Stream] = {}
+        self._ended: dict[object, anyio.Event] = {}
+
+    def __repr__(self) -> str:
+        return f"<OpenLines open={len(self._open)} awaited={len(self._ended)}>"
+
+    def holder(self, key: object) -> _Stream | None:
+        """The stream whose line is open on console ``key``, if any."""
+        return self._open.get(key)
+
+    def opened(self, key: object, stream: _Stream) -> None:
+        self._open[key] = stream
+
+    def ended(self, key: object) -> None:
+        """The open line on console ``key`` has ended: wake the streams waiting for their turn on it."""
+        if self._open.pop(key, None) is None:
+            return
+        event = self._ended.pop(key, None)
+        if event is not None:
+            event.set()
+
+    async def wait_ended(self, key: object) -> None:
+        """Wait until the line open on console ``key`` ends (the caller bounds the wait)."""
+        await self._ended.setdefault(key, anyio.Event()).wait()
 
 
 def _console_key(sink: TextSink) -> object:
@@ -313,7 +355,9 @@ def _console_key(sink: TextSink) -> object:
 class _Stream:
     """One of a worker's two streams: its file, its console, its partial line."""
 
-    __slots__ = ("at_line_start", "console", "decoder", "duplicate", "file", "pending", "prefix", "tail", "terminal")
+    __slots__ = (
+        "at_line_start", "console", "decoder", "duplicate", "file", "lines", "pending", "prefix", "tail", "terminal",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -322,10 +366,12 @@ class _Stream:
         prefix: str,
         tail: deque[str] | None,
         *,
+        lines: OpenLines,
         terminal: bool = False,
         duplicate: tuple[BinaryIO, tuple[str, ...]] | None = None,
     ) -> None:
         self.file = file
+        self.lines = lines  # the open lines of the console, shared with every stream that goes there
         self.duplicate = duplicate  # the attempt's filtered_*.log and the strings a line must contain to go there
         self.console = console  # None: not shown (redirected, or filtered out)
         self.prefix = prefix
@@ -405,24 +451,22 @@ class _Stream:
     async def turn(self) -> None:
         """Wait (up to :data:`_LINE_GRACE`) until no other stream has an open line on this stream's console."""
         key = self.console_key()
-        other = None if key is None else _open_lines.get(key)
+        other = None if key is None else self.lines.holder(key)
         if other is None or other is self:
             return
-        event = _line_ended.setdefault(key, anyio.Event())
         with anyio.move_on_after(_LINE_GRACE):
-            await event.wait()
+            await self.lines.wait_ended(key)
 
     def _forward(self, text: str) -> None:
         key = self.console_key()
         if not text or key is None:
             return
-        other = _open_lines.get(key)
+        other = self.lines.holder(key)
         parts = []
         if other is not None and other is not self:
             other.at_line_start = True  # its line is ended here; its next output starts a new one
             parts.append("\n")
-            _open_lines.pop(key)
-            _ended(key)
+            self.lines.ended(key)
         for piece in _TERMINAL_PIECES.split(text):
             if not piece:
                 continue
@@ -431,10 +475,9 @@ class _Stream:
             parts.append(piece)
             self.at_line_start = piece[-1] in "\r\n"
         if self.at_line_start:
-            if _open_lines.pop(key, None) is not None:
-                _ended(key)
+            self.lines.ended(key)
         else:
-            _open_lines[key] = self
+            self.lines.opened(key, self)
         self._write("".join(parts))
 
     def _write(self, text: str) -> None:
@@ -446,13 +489,6 @@ class _Stream:
         except (OSError, ValueError) as exc:  # the agent's console went away (a closed pipe, a closed file)
             logger.warning("cannot write worker output to the console (%s): it is dropped from now on", exc)
             self.console = None
-
-
-def _ended(key: object) -> None:
-    """The open line on console ``key`` has ended: wake the streams waiting for their turn on it."""
-    event = _line_ended.pop(key, None)
-    if event is not None:
-        event.set()
 
 
 class WorkerLog:
@@ -496,7 +532,13 @@ class WorkerLog:
                     self._files.append(shared)
                     duplicate = (shared, needles)
                 self._streams[std] = _Stream(
-                    file, console, prefix, tail, terminal=size is not None, duplicate=duplicate
+                    file,
+                    console,
+                    prefix,
+                    tail,
+                    lines=spec.console.lines,
+                    terminal=size is not None,
+                    duplicate=duplicate,
                 )
         except BaseException:
             self.close()

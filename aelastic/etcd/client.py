@@ -2,10 +2,8 @@
 
 Theory of operation
 -------------------
-Every unary call (range, put, txn, deleterange, lease grant/keepalive/revoke) is one ``POST`` of a JSON body whose
-keys and values are base64; 64-bit integers come back as decimal strings and fields at their zero value are left
-out (a PUT event has no ``type``, a failed txn no ``succeeded``). The payloads are decoded here, once, into frozen
-value types.
+Every unary call (range, put, txn, deleterange, lease grant/keepalive/revoke) is one ``POST`` of a JSON body
+(:mod:`aelastic.etcd.messages` encodes the requests and decodes the answers, once, into frozen value types).
 
 Failover: the client keeps the index of the member that answered last and starts there. A connection error that
 proves the request was never sent (connect refused, connect timeout, TLS handshake) moves on to the next member.
@@ -37,8 +35,6 @@ refuses a txn of reads only unless every range only counts (a count never reache
 
 from __future__ import annotations
 
-import base64
-import enum
 import json
 import logging
 import ssl
@@ -60,30 +56,31 @@ from ..errors import (
     EtcdLeaseExpiredError,
     EtcdRequestError,
 )
+from .messages import (
+    Compare,
+    DeleteOp,
+    DeleteRangeResponse,
+    KeyValue,
+    Lease,
+    Op,
+    PutOp,
+    PutResponse,
+    RangeOp,
+    RangeResponse,
+    TxnResponse,
+    WatchEvent,
+    int_field,
+    txn_request,
+    watch_create_request,
+)
 
 __all__ = [
-    "Compare",
-    "CompareResult",
-    "CompareTarget",
-    "DeleteOp",
-    "DeleteRangeResponse",
     "EtcdClient",
+    "EtcdClientStatistics",
     "EtcdConfig",
-    "EventType",
-    "KeyValue",
-    "Lease",
-    "PutOp",
-    "PutResponse",
-    "RangeOp",
-    "RangeResponse",
-    "SortOrder",
-    "SortTarget",
-    "TxnResponse",
     "Watch",
-    "WatchEvent",
     "open_etcd_client",
     "parse_endpoints",
-    "prefix_range_end",
 ]
 
 logger = logging.getLogger(__name__)
@@ -95,29 +92,6 @@ _UNAVAILABLE: Final = 14  # "no leader", "leader changed": another member may an
 _OUT_OF_RANGE: Final = 11  # a read at a revision that was compacted away
 _RETRY_INITIAL: Final = 0.05  # pauses between rounds over the members while none has a leader
 _RETRY_MAX: Final = 1.0
-
-
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode("ascii")
-
-
-def _unb64(text: str | None) -> bytes:
-    return base64.b64decode(text) if text else b""
-
-
-def _int(obj: dict[str, Any], name: str) -> int:
-    return int(obj.get(name) or 0)
-
-
-def prefix_range_end(prefix: bytes) -> bytes:
-    """The ``range_end`` that makes a range cover every key starting with ``prefix`` (etcdctl's ``--prefix``)."""
-    end = bytearray(prefix)
-    while end:
-        if end[-1] < 0xFF:
-            end[-1] += 1
-            return bytes(end)
-        end.pop()
-    return b"\0"  # every key
 
 
 def parse_endpoints(text: str, *, protocol: str = "http", default_port: int = DEFAULT_PORT) -> tuple[str, ...]:
@@ -189,242 +163,6 @@ class EtcdConfig:
                 f"etcd TLS files (cacert={self.ca_cert!r}, cert={self.cert!r}, key={self.key!r}): {exc}"
             ) from exc
         return context
-
-
-# --- values -------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class KeyValue:
-    key: bytes
-    value: bytes
-    create_revision: int
-    mod_revision: int
-    version: int
-    lease: int = 0
-
-    @classmethod
-    def from_json(cls, obj: dict[str, Any]) -> KeyValue:
-        return cls(
-            _unb64(obj.get("key")), _unb64(obj.get("value")), _int(obj, "create_revision"),
-            _int(obj, "mod_revision"), _int(obj, "version"), _int(obj, "lease"),
-        )  # fmt: skip
-
-
-@dataclass(frozen=True, slots=True)
-class RangeResponse:
-    revision: int  # the store revision this read saw
-    kvs: tuple[KeyValue, ...]
-    count: int
-    more: bool = False
-
-    @classmethod
-    def from_json(cls, obj: dict[str, Any]) -> RangeResponse:
-        kvs = tuple(KeyValue.from_json(kv) for kv in obj.get("kvs", ()))
-        return cls(_int(obj.get("header", {}), "revision"), kvs, _int(obj, "count"), bool(obj.get("more")))
-
-
-@dataclass(frozen=True, slots=True)
-class PutResponse:
-    revision: int
-    prev_kv: KeyValue | None = None
-
-    @classmethod
-    def from_json(cls, obj: dict[str, Any]) -> PutResponse:
-        prev = obj.get("prev_kv")
-        return cls(_int(obj.get("header", {}), "revision"), KeyValue.from_json(prev) if prev else None)
-
-
-@dataclass(frozen=True, slots=True)
-class DeleteRangeResponse:
-    revision: int
-    deleted: int
-    prev_kvs: tuple[KeyValue, ...] = ()
-
-    @classmethod
-    def from_json(cls, obj: dict[str, Any]) -> DeleteRangeResponse:
-        prev = tuple(KeyValue.from_json(kv) for kv in obj.get("prev_kvs", ()))
-        return cls(_int(obj.get("header", {}), "revision"), _int(obj, "deleted"), prev)
-
-
-OpResponse = RangeResponse | PutResponse | DeleteRangeResponse
-
-
-@dataclass(frozen=True, slots=True)
-class TxnResponse:
-    revision: int
-    succeeded: bool
-    responses: tuple[OpResponse, ...]
-
-    @classmethod
-    def from_json(cls, obj: dict[str, Any]) -> TxnResponse:
-        responses: list[OpResponse] = []
-        for item in obj.get("responses", ()):
-            if "response_range" in item:
-                responses.append(RangeResponse.from_json(item["response_range"]))
-            elif "response_put" in item:
-                responses.append(PutResponse.from_json(item["response_put"]))
-            elif "response_delete_range" in item:
-                responses.append(DeleteRangeResponse.from_json(item["response_delete_range"]))
-            else:
-                raise EtcdRequestError(f"etcd txn answered an operation this client did not send: {item!r}")
-        return cls(_int(obj.get("header", {}), "revision"), bool(obj.get("succeeded")), tuple(responses))
-
-    def range(self, index: int) -> RangeResponse:
-        """The ``index``-th response, which must answer a :class:`RangeOp`."""
-        response = self.responses[index]
-        if not isinstance(response, RangeResponse):
-            raise EtcdRequestError(f"etcd txn response {index} is {type(response).__name__}, not a range")
-        return response
-
-
-class EventType(enum.Enum):
-    PUT = "PUT"
-    DELETE = "DELETE"
-
-
-@dataclass(frozen=True, slots=True)
-class WatchEvent:
-    type: EventType
-    kv: KeyValue  # for DELETE: the key and the deletion's mod_revision; the value is empty
-
-
-@dataclass(frozen=True, slots=True)
-class Lease:
-    id: int
-    ttl: int
-
-
-# --- requests -----------------------------------------------------------------------------------------------------
-
-
-class CompareTarget(enum.Enum):
-    VERSION = "version"
-    CREATE = "create_revision"
-    MOD = "mod_revision"
-    VALUE = "value"
-    LEASE = "lease"
-
-
-class CompareResult(enum.Enum):
-    EQUAL = "EQUAL"
-    GREATER = "GREATER"
-    LESS = "LESS"
-    NOT_EQUAL = "NOT_EQUAL"
-
-
-@dataclass(frozen=True, slots=True)
-class Compare:
-    """One txn condition. A missing key compares as version, create and mod revision 0; a VALUE compare fails."""
-
-    key: bytes
-    target: CompareTarget
-    operand: int | bytes
-    result: CompareResult = CompareResult.EQUAL
-    range_end: bytes | None = None  # compare every key in [key, range_end) (etcd >= 3.3); no key: holds
-
-    @classmethod
-    def mod_revision(cls, key: bytes, revision: int) -> Compare:
-        return cls(key, CompareTarget.MOD, revision)
-
-    @classmethod
-    def version(cls, key: bytes, version: int) -> Compare:
-        return cls(key, CompareTarget.VERSION, version)
-
-    @classmethod
-    def value(cls, key: bytes, value: bytes) -> Compare:
-        return cls(key, CompareTarget.VALUE, value)
-
-    def to_json(self) -> dict[str, Any]:
-        operand = _b64(self.operand) if isinstance(self.operand, bytes) else str(self.operand)
-        body = {
-            "key": _b64(self.key),
-            "target": self.target.name,
-            "result": self.result.value,
-            self.target.value: operand,
-        }
-        if self.range_end is not None:
-            body["range_end"] = _b64(self.range_end)
-        return body
-
-
-class SortTarget(enum.Enum):
-    KEY = "KEY"
-    VERSION = "VERSION"
-    CREATE = "CREATE"
-    MOD = "MOD"
-    VALUE = "VALUE"
-
-
-class SortOrder(enum.Enum):
-    NONE = "NONE"
-    ASCEND = "ASCEND"
-    DESCEND = "DESCEND"
-
-
-@dataclass(frozen=True, slots=True)
-class RangeOp:
-    key: bytes
-    range_end: bytes | None = None
-    limit: int = 0
-    keys_only: bool = False
-    count_only: bool = False
-    sort_target: SortTarget = SortTarget.KEY
-    sort_order: SortOrder = SortOrder.NONE
-    revision: int = 0  # read the store as it was at this revision; 0: as it is now
-
-    def to_json(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"key": _b64(self.key)}
-        if self.range_end is not None:
-            body["range_end"] = _b64(self.range_end)
-        if self.revision:
-            body["revision"] = str(self.revision)
-        if self.limit:
-            body["limit"] = str(self.limit)
-        if self.keys_only:
-            body["keys_only"] = True
-        if self.count_only:
-            body["count_only"] = True
-        if self.sort_order is not SortOrder.NONE:
-            body["sort_order"] = self.sort_order.value
-            body["sort_target"] = self.sort_target.value
-        return body
-
-
-@dataclass(frozen=True, slots=True)
-class PutOp:
-    key: bytes
-    value: bytes
-    lease: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"key": _b64(self.key), "value": _b64(self.value)}
-        if self.lease:
-            body["lease"] = str(self.lease)
-        return body
-
-
-@dataclass(frozen=True, slots=True)
-class DeleteOp:
-    key: bytes
-    range_end: bytes | None = None
-    prev_kv: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"key": _b64(self.key)}
-        if self.range_end is not None:
-            body["range_end"] = _b64(self.range_end)
-        if self.prev_kv:
-            body["prev_kv"] = True
-        return body
-
-
-Op = RangeOp | PutOp | DeleteOp
-_OP_NAMES: Final = {RangeOp: "request_range", PutOp: "request_put", DeleteOp: "request_delete_range"}
-
-
-def _op_json(op: Op) -> dict[str, Any]:
-    return {_OP_NAMES[type(op)]: op.to_json()}
 
 
 # --- errors at the edge -------------------------------------------------------------------------------------------
@@ -518,6 +256,22 @@ def _all_failed(failures: Sequence[tuple[str, str]], what: str) -> EtcdConnectio
     return EtcdConnectionError(f"no etcd endpoint answered {what}: {listed}")
 
 
+@dataclass(frozen=True, slots=True)
+class EtcdClientStatistics:
+    """A snapshot of a client's counters.
+
+    Attributes:
+        requests: HTTP requests sent (unary calls, authentications excluded, and watch streams opened).
+        failovers: times the client moved to another member because the one it used failed.
+        endpoint: the member it talks to now; ``current`` is its index in ``EtcdConfig.endpoints``.
+    """
+
+    requests: int
+    failovers: int
+    endpoint: str
+    current: int
+
+
 # --- the client ---------------------------------------------------------------------------------------------------
 
 
@@ -542,8 +296,10 @@ class EtcdClient:
         """The member this client talks to now."""
         return self.config.endpoints[self._current]
 
-    def statistics(self) -> dict[str, int]:
-        return {"requests": self._requests, "failovers": self._failovers, "current": self._current}
+    def statistics(self) -> EtcdClientStatistics:
+        return EtcdClientStatistics(
+            requests=self._requests, failovers=self._failovers, endpoint=self.endpoint, current=self._current
+        )
 
     # --- transport --------------------------------------------------------------------------------------------
 
@@ -731,11 +487,7 @@ class EtcdClient:
         op a :class:`RangeOp`) is repeated like any read, and must only count: one that reads keys raises
         ``ValueError`` (use :meth:`read`; the module docstring says why).
         """
-        body = {
-            "compare": [c.to_json() for c in compare],
-            "success": [_op_json(op) for op in success],
-            "failure": [_op_json(op) for op in failure],
-        }
+        body = txn_request(compare, success, failure)
         reads_only = all(isinstance(op, RangeOp) for op in (*success, *failure))
         if reads_only and not all(isinstance(op, RangeOp) and op.count_only for op in (*success, *failure)):
             raise ValueError("a txn of reads only that reads keys can crash an etcd before 3.5.5: use read()")
@@ -748,14 +500,14 @@ class EtcdClient:
         obj = await self._call("/v3/lease/grant", {"TTL": str(ttl)})
         if obj.get("error"):
             raise EtcdRequestError(f"etcd at {self.endpoint}: lease grant: {obj['error']}")
-        return Lease(_int(obj, "ID"), _int(obj, "TTL"))
+        return Lease.from_json(obj)
 
     async def lease_keep_alive(self, lease_id: int) -> int:
         """Renew the lease; its TTL. Raises :class:`~aelastic.errors.EtcdLeaseExpiredError` if it is gone."""
         obj = await self._call("/v3/lease/keepalive", {"ID": str(lease_id)})
         if "error" in obj:
             raise EtcdRequestError(f"etcd at {self.endpoint}: lease keepalive: {obj['error']}")
-        ttl = _int(obj.get("result", {}), "TTL")
+        ttl = int_field(obj.get("result", {}), "TTL")
         if ttl <= 0:
             raise EtcdLeaseExpiredError(f"etcd lease {lease_id:x} has expired or was revoked")
         return ttl
@@ -814,14 +566,6 @@ class Watch:
             await self._receive()
         return self._pending.popleft()
 
-    def _request(self) -> dict[str, Any]:
-        create: dict[str, Any] = {"key": _b64(self._key)}
-        if self._range_end is not None:
-            create["range_end"] = _b64(self._range_end)
-        if self._next:
-            create["start_revision"] = str(self._next)
-        return {"create_request": create}
-
     async def _open(self) -> None:
         client = self._client
         failures: list[tuple[str, str]] = []
@@ -853,7 +597,12 @@ class Watch:
             if client._token is None:
                 await client._authenticate(endpoint)
             response = await stack.enter_async_context(
-                client._http.stream("POST", f"{endpoint}/v3/watch", json=self._request(), headers=client._headers())
+                client._http.stream(
+                    "POST",
+                    f"{endpoint}/v3/watch",
+                    json=watch_create_request(self._key, self._range_end, self._next),
+                    headers=client._headers(),
+                )
             )
             client._requests += 1
             if response.status_code != 200:
@@ -868,7 +617,7 @@ class Watch:
             # The first message acknowledges the watch (or refuses it, e.g. compacted history).
             created = await self._read_line()
             if not self._next:
-                self._next = _int(created.get("header", {}), "revision") + 1
+                self._next = int_field(created.get("header", {}), "revision") + 1
             self._handle(created)
             return
         raise AssertionError("unreachable")
@@ -896,7 +645,7 @@ class Watch:
 
     def _handle(self, result: dict[str, Any]) -> None:
         if result.get("canceled"):
-            compact = _int(result, "compact_revision")
+            compact = int_field(result, "compact_revision")
             if compact:
                 raise EtcdCompactedError(
                     f"etcd watch of {self._key!r} from revision {self._next}: compacted (oldest kept: {compact})",
@@ -904,10 +653,9 @@ class Watch:
                 )
             raise EtcdRequestError(f"etcd watch of {self._key!r} canceled: {result.get('cancel_reason', '')}")
         for raw in result.get("events", ()):
-            kind = EventType.DELETE if raw.get("type") == "DELETE" else EventType.PUT
-            kv = KeyValue.from_json(raw.get("kv", {}))
-            self._pending.append(WatchEvent(kind, kv))
-            self._next = max(self._next, kv.mod_revision + 1)
+            event = WatchEvent.from_json(raw)
+            self._pending.append(event)
+            self._next = max(self._next, event.kv.mod_revision + 1)
 
     async def _receive(self) -> None:
         try:

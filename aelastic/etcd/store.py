@@ -24,10 +24,10 @@ from collections.abc import Callable, Sequence
 
 from ..errors import QueueEmptyError, StoreError
 from ..store.api import Store, Value, as_bytes
-from .client import (
+from .client import EtcdClient
+from .messages import (
     Compare,
     DeleteOp,
-    EtcdClient,
     EventType,
     KeyValue,
     Op,

@@ -1,7 +1,12 @@
 """Rendezvous: how the nodes of one run agree on who is in the next round, and on everyone's rank.
 
-``state`` is the pure state machine (torch's ``DynamicRendezvousHandler`` semantics, no I/O, no clocks);
-``dynamic`` runs it against a backend driver (``backends``); ``api`` is the handler interface the agent uses.
+The pure core (no I/O, no clocks): ``state`` (the state machine: values, rule tables, decisions; torch's
+``DynamicRendezvousHandler`` semantics), ``joins`` (folding join requests into a state) and ``codec`` (the bytes
+of states, join requests and digests). ``dynamic`` runs the core against a backend driver (``backends``: the
+protocol, and one module per built-in backend); ``api`` holds the handler interface the agent uses and its
+values, ``settings`` the ``--rdzv-conf`` parsing shared by the backends, ``registry`` the backends by name, and
+``testing`` the conformance kit for a backend. Imports go one way: ``registry`` -> ``backends`` -> ``dynamic``
+-> ``api`` -> the core.
 
 This package exports the names of torch's ``torch.distributed.elastic.rendezvous`` that aelastic has (the handler
 is async; torch's handler registry is :func:`register_backend` and :func:`open_rendezvous`), imported on first use.
@@ -22,27 +27,12 @@ from ..errors import (
 )
 
 if TYPE_CHECKING:
-    from .api import (
-        RendezvousHandler,
-        RendezvousInfo,
-        RendezvousParameters,
-        RendezvousStoreInfo,
-        check_parameters,
-        open_rendezvous,
-        register_backend,
-    )
+    from .api import RendezvousHandler, RendezvousInfo, RendezvousParameters, RendezvousStoreInfo
+    from .registry import check_parameters, open_rendezvous, register_backend
 
 _LAZY = {
-    name: ".api"
-    for name in (
-        "RendezvousHandler",
-        "RendezvousInfo",
-        "RendezvousParameters",
-        "RendezvousStoreInfo",
-        "check_parameters",
-        "open_rendezvous",
-        "register_backend",
-    )
+    **{name: ".api" for name in ("RendezvousHandler", "RendezvousInfo", "RendezvousParameters", "RendezvousStoreInfo")},
+    **{name: ".registry" for name in ("check_parameters", "open_rendezvous", "register_backend")},
 }
 
 __all__ = [

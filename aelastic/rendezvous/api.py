@@ -1,43 +1,38 @@
-"""The public rendezvous API: torch's names, made async.
+"""The rendezvous types: torch's names, made async. The backends by name are :mod:`.registry`'s.
 
 ``RendezvousParameters`` carries what the user gave (backend, endpoint, run id, node counts and the
-``--rdzv-conf`` keys as strings or numbers); each backend validates the keys it understands into a frozen settings
-object: a bad value raises :class:`~aelastic.errors.ConfigurationError` naming it, and a key the backend does not
-use is a one-line warning naming it and the known keys (torchrun ignores such keys; scripts written for it pass
-them).
+``--rdzv-conf`` keys as strings or numbers); each backend validates the keys it reads into a frozen settings
+object (:mod:`.settings` parses the values): a bad value raises :class:`~aelastic.errors.ConfigurationError`
+naming it, and a key the backend does not know is a one-line warning naming it and the known keys (torchrun
+ignores such keys; scripts written for it pass them). A key is checked only by a backend that reads it.
 
-``open_rendezvous(params)`` yields a handler that owns its background tasks (keep-alive, the store server it may
-host) in its own task group; leaving the context stops them.
+A :class:`RendezvousHandler` owns its background tasks (keep-alive, the store servers it may host) in its own task
+group; leaving the context that opened it stops them. :meth:`RendezvousHandler.statistics` reports what it did.
 """
 
 from __future__ import annotations
 
 import abc
 import logging
-import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from .._groups import single_error
 from ..errors import ConfigurationError
 from ..store import ServerStatistics
 from ..store.api import Store
+from .state import Action, NodeDesc, NodeTimers, RendezvousSettings, RendezvousState, StateView
 
 __all__ = [
+    "Finished",
+    "JoinObserver",
     "RendezvousHandler",
     "RendezvousInfo",
     "RendezvousParameters",
     "RendezvousStatistics",
     "RendezvousStoreInfo",
-    "check_parameters",
-    "conf_bool",
-    "conf_float",
-    "conf_int",
-    "open_rendezvous",
-    "register_backend",
+    "View",
 ]
 
 logger = logging.getLogger(__name__)
@@ -160,64 +155,45 @@ _LEGACY_URL_KEYS = {"timeout": "join_timeout", "etcd_prefix": "key_prefix"}
 _warned_keys: set[tuple[str, str]] = set()
 
 
-def _raw(params: RendezvousParameters, key: str) -> Any:
-    return params.config.get(key)
-
-
-def conf_float(params: RendezvousParameters, key: str, default: float, *, positive: bool = True) -> float:
-    raw = _raw(params, key)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        raise ConfigurationError(f"--rdzv-conf {key}={raw!r}: must be a number of seconds") from None
-    if not math.isfinite(value) or (positive and value <= 0):
-        raise ConfigurationError(f"--rdzv-conf {key}={raw!r}: must be a finite number > 0")
-    return value
-
-
-def conf_int(params: RendezvousParameters, key: str, default: int, *, minimum: int = 1) -> int:
-    raw = _raw(params, key)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except (TypeError, ValueError):
-        raise ConfigurationError(f"--rdzv-conf {key}={raw!r}: must be an integer") from None
-    if value < minimum or (isinstance(raw, float) and raw != value):
-        raise ConfigurationError(f"--rdzv-conf {key}={raw!r}: must be an integer >= {minimum}")
-    return value
-
-
-def conf_bool(params: RendezvousParameters, key: str, default: bool) -> bool:
-    raw = _raw(params, key)
-    if raw is None:
-        return default
-    if isinstance(raw, bool):
-        return raw
-    text = str(raw).strip().lower()
-    if text in ("1", "true", "yes", "y", "on"):
-        return True
-    if text in ("0", "false", "no", "n", "off"):
-        return False
-    raise ConfigurationError(f"--rdzv-conf {key}={raw!r}: must be a boolean (true/false, 1/0)")
-
-
 Finished = Callable[[frozenset[int]], Awaitable[bool]]
 """Whether the nodes of these ranks had finished the round's work before they left (see RendezvousHandler)."""
+
+View = RendezvousState | StateView
+"""What a node decides on: the whole state, or its view from the state's digest."""
+
+JoinObserver = Callable[[NodeDesc, View, RendezvousSettings, NodeTimers, float, Action], None]
+"""Called (synchronously; it must not block) at every step of a node's exit and join, with what the step decided
+on: the node, the state, the settings, the node's timers, its monotonic ``now`` and the action. ``aelastic run``
+draws its live "waiting for ..." line from it. Passed to :func:`~aelastic.rendezvous.open_rendezvous`; a backend
+without such steps (static) never calls it."""
 
 
 @dataclass(frozen=True, slots=True)
 class RendezvousStatistics:
-    """What one handler runs and did (issue 23's interface; WP-R's record has the per-handler counters too).
+    """What one handler did since it opened, for measurements (``benchmarks/rendezvous.py``) and ``/metrics``.
 
     Attributes:
         stores: The store servers this handler runs now: the rendezvous store (c10d, on the hosting node) and
             the workers' store of the round (on its rank 0).
+        state_reads: Whole reads of the shared state; ``state_bytes_read`` their bytes (pending requests too).
+        digest_reads: Reads of a digest (a summary and one position shard); ``digest_bytes_read`` their bytes.
+        writes_won: Compare-and-sets that wrote; ``writes_lost``: those that lost a race (and were retried).
+        wake_ups: Waits for a change that ended (by a change or a deadline).
+        join_requests: Join requests appended.
+        folds: Folds of pending join requests into a read state; ``requests_folded``: the requests they folded.
     """
 
     stores: tuple[ServerStatistics, ...] = ()
+    state_reads: int = 0
+    state_bytes_read: int = 0
+    digest_reads: int = 0
+    digest_bytes_read: int = 0
+    writes_won: int = 0
+    writes_lost: int = 0
+    wake_ups: int = 0
+    join_requests: int = 0
+    folds: int = 0
+    requests_folded: int = 0
 
 
 class RendezvousHandler(abc.ABC):
@@ -273,85 +249,6 @@ class RendezvousHandler(abc.ABC):
         """Close the rendezvous and leave; ``False`` if that failed (the error is logged)."""
 
     def statistics(self) -> RendezvousStatistics:
-        """The store servers this handler runs now.
-
-        MERGE BRIDGE (WP-P's branch only; WP-R's per-handler statistics replace it): every store server of this
-        process, as the process-global registry knew them."""
-        from ..store.server import serving
-
-        return RendezvousStatistics(stores=tuple(server.statistics() for server in serving()))
-
-
-OpenHandler = Callable[[RendezvousParameters], AbstractAsyncContextManager[RendezvousHandler]]
-
-CheckParameters = Callable[[RendezvousParameters], object]
-
-_registry: dict[str, OpenHandler] = {}
-_checks: dict[str, CheckParameters] = {}
-_ENTRY_POINT_GROUP = "aelastic.rendezvous_backends"
-
-
-def register_backend(name: str, opener: OpenHandler, *, check: CheckParameters | None = None) -> None:
-    """Register a backend: ``opener(params)`` is an async context manager yielding a handler.
-
-    ``check(params)``, if given, raises :class:`~aelastic.errors.ConfigurationError` for parameters the opener
-    would refuse, without any I/O (its return value is ignored); :func:`check_parameters` runs it.
-
-    Third-party packages register through the entry-point group ``aelastic.rendezvous_backends``; the entry point
-    names the opener.
-    """
-    existing = _registry.get(name)
-    if existing is not None and existing is not opener:
-        raise ConfigurationError(f"rendezvous backend {name!r} is already registered by {existing!r}")
-    _registry[name] = opener
-    if check is not None:
-        _checks[name] = check
-
-
-def _lookup(name: str) -> OpenHandler:
-    from . import backends  # noqa: F401  (registers the built-in backends)
-
-    if name not in _registry:
-        # Only for a name no built-in backend has: scanning the installed packages costs a launch tens of ms.
-        from importlib.metadata import entry_points
-
-        for ep in entry_points(group=_ENTRY_POINT_GROUP):
-            if ep.name == name:
-                register_backend(name, ep.load())
-    try:
-        return _registry[name]
-    except KeyError:
-        known = ", ".join(sorted(_registry))
-        raise ConfigurationError(f"--rdzv-backend {name!r}: unknown rendezvous backend; known: {known}") from None
-
-
-def check_parameters(params: RendezvousParameters) -> None:
-    """Refuse, without opening anything, what opening ``params`` would refuse before any I/O: an unknown backend,
-    a bad ``--rdzv-conf`` value, a malformed endpoint (the command line checks before it starts). A key the backend
-    does not use is warned about, not refused.
-
-    Raises:
-        ConfigurationError: naming the backend, key or value and the rule.
-    """
-    _lookup(params.backend)
-    check = _checks.get(params.backend)
-    if check is not None:
-        check(params)
-
-
-@asynccontextmanager
-async def open_rendezvous(params: RendezvousParameters) -> AsyncIterator[RendezvousHandler]:
-    """Open the handler for ``params.backend``; see the module docstring.
-
-    One error, from opening, from the handler's background tasks or from the body, is raised as itself
-    (``except RendezvousTimeoutError`` works), never wrapped in the ExceptionGroups of the task groups inside; a
-    group comes out only when several errors happened together (see :mod:`aelastic._groups`).
-
-    Raises:
-        ConfigurationError: an unknown backend, a bad ``--rdzv-conf`` value or endpoint.
-        RendezvousConnectionError: the backend could not be reached, or stopped answering.
-    """
-    opener = _lookup(params.backend)
-    with single_error():
-        async with opener(params) as handler:
-            yield handler
+        """What this handler did since it opened, and the store servers it runs now; a handler that counts
+        nothing (the default) reports zeros and no store."""
+        return RendezvousStatistics()

@@ -11,6 +11,12 @@ the round names rank 0's, and no member waits for rank 0 to publish it after the
 ``MASTER_ADDR``/``MASTER_PORT`` in the round's store and every other node reads them: two more round trips per
 node, and every node waits for rank 0's). A listener is served at most once: a fresh server per round still.
 The static rendezvous, whose ranks are given, publishes in the round's store as torch does.
+
+With ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` torch's dynamic handler serves no workers' store: rank 0's worker
+binds ``MASTER_PORT`` itself (``TORCHELASTIC_USE_AGENT_STORE=False``), on a port torch's rank 0 found free. aelastic
+does the same with ``serve=False``: rank 0 closes its reserved listeners instead of serving them and names their
+port, free again (a listener that never accepted leaves no TIME_WAIT), with the same small window as torch's
+``get_free_port`` for another process to take it first.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import anyio.abc
 from .._net import format_address, parse_endpoint
 from ..errors import RendezvousStateError
 from ..store.api import Store
-from ..store.server import ServerSettings, bind_listeners, open_store_server
+from ..store.server import ServerSettings, StoreServer, bind_listeners, open_store_server
 from .api import RendezvousStoreInfo
 
 __all__ = ["BootstrapStores"]
@@ -41,6 +47,7 @@ class BootstrapStores:
         self._task_group = task_group
         self._scope: anyio.CancelScope | None = None  # the server of the last round this node was rank 0 of
         self._reserved: list[socket.socket] = []  # listeners for the next round this node may be rank 0 of
+        self._server: StoreServer | None = None  # the server that scope runs
 
     def __repr__(self) -> str:
         return f"<BootstrapStores host={self.host!r} serving={self._scope is not None}>"
@@ -52,12 +59,18 @@ class BootstrapStores:
             self._reserved = await bind_listeners(self.host, 0)
         return self._endpoint(self._reserved)
 
+    @property
+    def server(self) -> StoreServer | None:
+        """The workers' store this node serves now (it is rank 0 of its last round), if any."""
+        return self._server
+
     def _endpoint(self, sockets: list[socket.socket]) -> str:
         return format_address(self.host, sockets[0].getsockname()[1])
 
-    async def start_round(self, rank: int, master: str | None) -> RendezvousStoreInfo:
+    async def start_round(self, rank: int, master: str | None, *, serve: bool = True) -> RendezvousStoreInfo:
         """Stop the last round's server; on rank 0, serve this round's on the reserved listeners, whose endpoint
-        the state names as ``master``. Returns where the workers find it."""
+        the state names as ``master`` (or, without ``serve``, release them for rank 0's worker to bind). Returns
+        where the workers find it."""
         self.stop()
         if master is None:
             raise RendezvousStateError("the rendezvous state completed a round without rank 0's bootstrap endpoint")
@@ -69,7 +82,11 @@ class BootstrapStores:
                     f"but it listens on {mine or 'none'}"
                 )
             sockets, self._reserved = self._reserved, []
-            self._scope = await self._task_group.start(self._serve, sockets)
+            if serve:
+                self._scope = await self._task_group.start(self._serve, sockets)
+            else:
+                for sock in sockets:
+                    sock.close()
         host, port = parse_endpoint(master, None, what="rank 0's bootstrap endpoint")
         return RendezvousStoreInfo(host, port)
 
@@ -103,6 +120,11 @@ class BootstrapStores:
         task_status: anyio.abc.TaskStatus[anyio.CancelScope] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         with anyio.CancelScope() as scope:
-            async with open_store_server(self.host, settings=ServerSettings(name="workers"), sockets=sockets):
-                task_status.started(scope)
-                await anyio.sleep_forever()
+            async with open_store_server(self.host, settings=ServerSettings(name="workers"), sockets=sockets) as server:
+                self._server = server
+                try:
+                    task_status.started(scope)
+                    await anyio.sleep_forever()
+                finally:
+                    if self._server is server:
+                        self._server = None

@@ -43,13 +43,13 @@ round. A fresh server per round means a restarted attempt never reads the dead a
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
-from collections import Counter
-from collections.abc import AsyncIterator, Callable
+import os
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from contextvars import ContextVar
 
 import anyio
 import anyio.abc
@@ -62,14 +62,22 @@ from ..errors import (
     StoreConnectionError,
 )
 from ..events import record_rendezvous
-from .api import Finished, RendezvousHandler, RendezvousInfo
+from ..store.server import StoreServer
+from .api import Finished, JoinObserver, RendezvousHandler, RendezvousInfo, RendezvousStatistics, View
 from .backends.base import RendezvousBackend, Versioned
 from .bootstrap import BootstrapStores
-from .state import (
-    JOIN_REQUESTS,
-    Action,
+from .codec import (
     Digest,
-    JoinRequest,
+    decode_join_request,
+    decode_state,
+    decode_view,
+    encode_join_request,
+    encode_state,
+    make_digest,
+)
+from .joins import JOIN_REQUESTS, JoinRequest, fold_joins
+from .state import (
+    Action,
     NodeDesc,
     NodeTimers,
     RendezvousSettings,
@@ -79,43 +87,23 @@ from .state import (
     decide_close,
     decide_exit,
     decide_join,
-    decode_join_request,
-    decode_state,
-    decode_view,
-    encode_join_request,
-    encode_state,
-    fold_joins,
-    make_digest,
     update_timers,
 )
 
 __all__ = [
     "DynamicRendezvousHandler",
-    "JoinObserver",
+    "FoldCache",
     "committed_state",
-    "join_observer",
     "open_dynamic_rendezvous",
     "state_of",
 ]
 
 logger = logging.getLogger(__name__)
 
-View = RendezvousState | StateView
 Decide = Callable[[View, NodeTimers, float], Action]
 
-JoinObserver = Callable[[NodeDesc, View, RendezvousSettings, NodeTimers, float, Action], None]
-join_observer: ContextVar[JoinObserver | None] = ContextVar("aelastic_join_observer", default=None)
-"""Called (synchronously; it must not block) at every step of a node's exit and join in this context, with what
-the step decided on: the node, the state, the settings, the node's timers, its monotonic ``now`` and the action.
-``aelastic run`` draws its live "waiting for ..." line from it."""
-
-
-counters: Counter[str] = Counter()
-"""What this process's handlers did, for measurements (``benchmarks/rendezvous.py`` reports one round's): state
-reads and their bytes, writes won and lost (CAS retries), wake-ups, join requests, folds and requests folded."""
-
-
-# Nodes simulated as tasks of one process read the same bytes many times: decode each value once.
+# Nodes simulated as tasks of one process read the same bytes many times: decode each value once. (Pure functions
+# of bytes: sharing their results between handlers shares no state.)
 _decode_state = functools.lru_cache(maxsize=8)(decode_state)
 _decode_join_request = functools.lru_cache(maxsize=1 << 16)(decode_join_request)
 
@@ -125,13 +113,18 @@ def committed_state(seen: Versioned) -> RendezvousState:
     return _decode_state(seen.data) if seen.data is not None else RendezvousState()
 
 
-class _FoldCache:
-    """The last fold of this process. Its nodes (one agent's handler, or many nodes simulated as tasks) read the
-    same written state again and again with a few more join requests pending each time: fold only those, onto the
-    last result (``fold_joins`` is a left fold, so the result is the same)."""
+class FoldCache:
+    """A handler's last fold. It reads the same written state again and again with a few more join requests
+    pending each time: fold only those, onto the last result (``fold_joins`` is a left fold, so the result is the
+    same). Counts its folds for the handler's statistics."""
 
     def __init__(self) -> None:
         self._last: tuple[bytes | None, tuple[bytes, ...], RendezvousState] = (None, (), RendezvousState())
+        self.folds = 0
+        self.requests_folded = 0
+
+    def __repr__(self) -> str:
+        return f"<FoldCache folds={self.folds} requests_folded={self.requests_folded}>"
 
     def state_of(self, seen: Versioned) -> RendezvousState:
         data, pending, folded = self._last
@@ -142,20 +135,19 @@ class _FoldCache:
         else:
             todo = seen.pending
             state = fold_joins(committed_state(seen), map(_decode_join_request, todo))
-        counters["folds"] += bool(todo)
-        counters["requests folded"] += len(todo)
+        self.folds += bool(todo)
+        self.requests_folded += len(todo)
         self._last = (seen.data, seen.pending, state)
         return state
 
 
-_folds = _FoldCache()
 _NO_DIGEST = Digest(b"", ())  # what a backend without digests is handed
 
 
 def state_of(seen: Versioned) -> RendezvousState:
     """The rendezvous state that a backend read (``get_state``) holds: the written state with its pending join
     requests applied (``fold_joins``); what every node decides on."""
-    return _folds.state_of(seen)
+    return fold_joins(committed_state(seen), map(_decode_join_request, seen.pending))
 
 
 class DynamicRendezvousHandler(RendezvousHandler):
@@ -172,6 +164,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
         bootstrap_host: str,
         heartbeat_timeout: float = 5.0,
         read_timeout: float = 60.0,
+        observer: JoinObserver | None = None,
+        servers: Sequence[StoreServer] = (),
     ) -> None:
         self.node = node
         self.settings = settings
@@ -191,8 +185,14 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._liveness_started = False
         self._joining: anyio.Event | None = None  # set when this node's wait for its round to complete ends
         self._bootstrap = BootstrapStores(task_group, bootstrap_host)
+        # torch's switch, read where torch's handler reads it: rank 0's worker serves the workers' store itself.
+        self._share_store = os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "0") != "1"
         self._round: int | None = None
         self._world = 0  # the world size of the round this node finished
+        self._observer = observer
+        self._servers = tuple(servers)  # the store servers the backend hosts for this handler (c10d's host)
+        self._folds = FoldCache()
+        self._counted = RendezvousStatistics()  # what this handler did (stores and folds: see statistics())
 
     def __repr__(self) -> str:
         s = self._state
@@ -210,7 +210,22 @@ class DynamicRendezvousHandler(RendezvousHandler):
 
     @property
     def use_agent_store(self) -> bool:
-        return True
+        return self._share_store
+
+    def statistics(self) -> RendezvousStatistics:
+        served = self._bootstrap.server
+        servers = self._servers if served is None else (*self._servers, served)
+        return dataclasses.replace(
+            self._counted,
+            stores=tuple(server.statistics() for server in servers),
+            folds=self._folds.folds,
+            requests_folded=self._folds.requests_folded,
+        )
+
+    def _count(self, **added: int) -> None:
+        """Add to this handler's counters (fields of RendezvousStatistics)."""
+        counted = self._counted
+        self._counted = dataclasses.replace(counted, **{k: getattr(counted, k) + v for k, v in added.items()})
 
     @property
     def state(self) -> View:
@@ -223,7 +238,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         if seen.version >= self._version:
             self._seen, self._version, self._joined = seen, seen.version, seen.joined
             self._committed = committed_state(seen)
-            self._state = state_of(seen)
+            self._state = self._folds.state_of(seen)
 
     async def _look(self, known: int = -1) -> None:
         """Read what this node decides on: its view from the newest digest (O(1) bytes) where the backend keeps
@@ -234,8 +249,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         if read is None:
             await self._refresh()
             return
-        counters["digest reads"] += 1
-        counters["digest bytes read"] += len(read.summary or b"") + len(read.shard or b"")
+        self._count(digest_reads=1, digest_bytes_read=len(read.summary or b"") + len(read.shard or b""))
         # A whole read of the same version holds the pending requests too: keep it.
         if read.version < self._version or (read.version == self._version and isinstance(self._state, RendezvousState)):
             return
@@ -307,14 +321,16 @@ class DynamicRendezvousHandler(RendezvousHandler):
 
     async def _refresh(self) -> None:
         seen = await self.backend.get_state()
-        counters["state reads"] += 1
-        counters["state bytes read"] += len(seen.data or b"") + sum(len(r) + 1 for r in seen.pending)
+        self._count(state_reads=1, state_bytes_read=len(seen.data or b"") + sum(len(r) + 1 for r in seen.pending))
         self._adopt(seen)
 
     async def _write(self, state: RendezvousState) -> bool:
         digest = make_digest(state) if self.backend.digests else _NO_DIGEST
         seen, won = await self.backend.set_state(encode_state(state), self._seen, digest)
-        counters["writes won" if won else "writes lost (CAS retry)"] += 1
+        if won:
+            self._count(writes_won=1)
+        else:
+            self._count(writes_lost=1)
         self._adopt(seen)
         return won
 
@@ -329,7 +345,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         with anyio.move_on_after(max(0.0, limit - anyio.current_time())):
             await self.backend.wait_for_change(seen)
             woke = True
-        counters["wake-ups"] += 1
+        self._count(wake_ups=1)
         if not woke and self._ticket is not None and self._joined < self._ticket:
             # No news while this node's request waits to be folded: the node that was to publish it may hang.
             # Read the whole state, which holds the request, and publish it if others wait for what it changes.
@@ -348,7 +364,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         """
         if not fresh:
             await self._look()
-        observe = join_observer.get() if node is not None else None
+        observe = self._observer if node is not None else None
         while True:
             if self._must_publish():
                 assert isinstance(self._state, RendezvousState)  # _must_publish says so
@@ -389,7 +405,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 endpoint = await self._bootstrap.reserve()
                 self._request = encode_join_request(JoinRequest(self.node, self.settings.max_nodes, endpoint))
                 self._ticket = await self.backend.request_join(self._request)
-                counters["join requests"] += 1
+                self._count(join_requests=1)
                 counted = None
                 if self._ticket is not None and isinstance(self._state, StateView):
                     # No read: the view this request was decided on counts it as well as a newer one would.
@@ -502,7 +518,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         if rank is None:  # the state machine finishes a join only as a member of a complete round
             raise RendezvousClosedError(f"rendezvous {settings.run_id!r}: join finished without a rank")
         round_store = self.backend.store.prefixed(f"torch.rendezvous.{settings.run_id}.{state.round}")
-        bootstrap = await self._bootstrap.start_round(rank, state.master)
+        bootstrap = await self._bootstrap.start_round(rank, state.master, serve=self._share_store)
         self._round, self._world = state.round, state.world_size
         record_rendezvous(
             "round_complete", settings.run_id, node.id, backend=self._backend_name, round=state.round, rank=rank,
@@ -602,8 +618,15 @@ async def open_dynamic_rendezvous(
     bootstrap_host: str,
     heartbeat_timeout: float = 5.0,
     read_timeout: float = 60.0,
+    observer: JoinObserver | None = None,
+    servers: Sequence[StoreServer] = (),
 ) -> AsyncIterator[DynamicRendezvousHandler]:
-    """A handler whose background tasks (liveness, bootstrap store) live in a task group of its own.
+    """A handler of ``node`` over ``backend``, whose background tasks (liveness, bootstrap store) live in a task
+    group of its own: how a backend's opener makes its handler.
+
+    ``observer`` is called at every step of the node's exit and join (see
+    :data:`~aelastic.rendezvous.api.JoinObserver`); ``servers`` are the store servers the opener runs for this
+    handler (they show in its :meth:`~DynamicRendezvousHandler.statistics`).
 
     If no heartbeat reaches the backend for ``read_timeout`` seconds, the handler's task group fails with
     :class:`~aelastic.errors.RendezvousConnectionError`, cancelling the body of this context manager.
@@ -611,7 +634,7 @@ async def open_dynamic_rendezvous(
     async with anyio.create_task_group() as tg:
         handler = DynamicRendezvousHandler(
             node, settings, backend, tg, backend_name=backend_name, bootstrap_host=bootstrap_host,
-            heartbeat_timeout=heartbeat_timeout, read_timeout=read_timeout,
+            heartbeat_timeout=heartbeat_timeout, read_timeout=read_timeout, observer=observer, servers=servers,
         )  # fmt: skip
         try:
             await handler._bootstrap.reserve()  # the first join's endpoint, bound before any round starts

@@ -15,6 +15,10 @@ Decisions are ordered rules over named facts (:class:`Fact`) in the tables just 
 hold gives the action. :func:`apply` checks the action's precondition, stated over the same facts, and raises an
 error naming the action, the node and the state when it does not hold.
 
+This module holds the values (:class:`NodeDesc`, :class:`RendezvousState`, :class:`NodeTimers`, a node's
+:class:`StateView`), the rule tables and the decisions; ``joins.py`` folds join requests into a state, and
+``codec.py`` turns states, join requests and digests into bytes and back.
+
 Where this differs from torch, and why:
 
 * The shared state holds no wall-clock time and no heartbeats, so nothing compares clocks of different hosts and
@@ -38,49 +42,31 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import json
 import math
-import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, NamedTuple
+from typing import Final, NamedTuple
 from urllib.parse import quote, unquote
 
 from .._net import parse_endpoint
 from ..errors import ConfigurationError, RendezvousStateError
 
 __all__ = [
-    "FORMAT_VERSION",
-    "JOIN_REQUESTS",
     "WRITE_ACTIONS",
     "Action",
-    "Digest",
-    "JoinRequest",
+    "Fact",
     "NodeDesc",
     "NodeTimers",
     "RendezvousSettings",
     "RendezvousState",
     "StateView",
     "apply",
+    "completed",
     "decide_close",
     "decide_exit",
     "decide_join",
-    "decode_join_request",
-    "decode_state",
-    "decode_view",
-    "encode_join_request",
-    "encode_state",
-    "fold_joins",
-    "make_digest",
-    "shard_of",
     "update_timers",
 ]
-
-FORMAT_VERSION: Final = 3
-"""The ``"v"`` field of the encoded state, of its digest and of join requests; a reader rejects any other value.
-v2 added the digest (:func:`make_digest`): a reader of v1 state would not publish one, so the two must not share a
-run. v3 added each node's bootstrap endpoint (``endpoints``, the ``"master"`` of the summary): a v2 node would
-wait for a rank 0 that no longer publishes its address in the round's store."""
 
 
 class Action(enum.Enum):
@@ -204,11 +190,11 @@ WRITE_ACTIONS: Final[frozenset[Action]] = frozenset(REQUIRES)
 # --- values -------------------------------------------------------------------------------------------------------
 
 
-def _is_int(value: object) -> bool:
+def is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _check_endpoint(value: object, what: str, error: type[Exception]) -> str:
+def check_endpoint(value: object, what: str, error: type[Exception]) -> str:
     """``value`` if it is a ``host:port`` endpoint (an IPv6 host in brackets), else ``error`` naming ``what``."""
     try:
         if isinstance(value, str):
@@ -237,7 +223,7 @@ class NodeDesc:
             raise ConfigurationError(f"NodeDesc.addr={self.addr!r}: must be a non-empty string")
         for name in ("pid", "local_id"):
             value = getattr(self, name)
-            if not _is_int(value) or value < 0:
+            if not is_int(value) or value < 0:
                 raise ConfigurationError(f"NodeDesc.{name}={value!r}: must be an integer >= 0")
 
     @property
@@ -282,7 +268,7 @@ class RendezvousSettings:
             raise ConfigurationError(f"run_id={self.run_id!r}: must be a non-empty string")
         for name in ("min_nodes", "max_nodes", "keep_alive_max_attempt"):
             value = getattr(self, name)
-            if not _is_int(value) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ConfigurationError(f"{name}={value!r}: must be an integer >= 1")
         if self.min_nodes > self.max_nodes:
             raise ConfigurationError(
@@ -302,7 +288,7 @@ def _render(nodes: tuple[NodeDesc, ...], limit: int = 8) -> str:
 
 @dataclass(frozen=True, slots=True)
 class RendezvousState:
-    """The shared state of one run's rendezvous (what the backend holds, encoded by :func:`encode_state`).
+    """The shared state of one run's rendezvous (what the backend holds, encoded by :func:`~.codec.encode_state`).
 
     Attributes:
         round: The round number; a round ends when the last participant of a completed round leaves.
@@ -329,7 +315,7 @@ class RendezvousState:
     endpoints: Mapping[NodeDesc, str] = dataclasses.field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
-        if not _is_int(self.round) or self.round < 0:
+        if not is_int(self.round) or self.round < 0:
             raise RendezvousStateError(f"rendezvous state round={self.round!r}: must be an integer >= 0")
         seen: set[NodeDesc] = set()
         for name in ("participants", "wait_list", "redundancy_list"):
@@ -421,6 +407,70 @@ class NodeTimers:
                 f"NodeTimers last_call_deadline={self.last_call_deadline!r}, last_call_round="
                 f"{self.last_call_round!r}: set both or neither"
             )
+
+
+class _Listed:
+    """One list of a :class:`StateView`: its length, and whether the viewing node is on it."""
+
+    __slots__ = ("_length", "_node")
+
+    def __init__(self, length: int, node: NodeDesc | None) -> None:
+        self._length, self._node = length, node
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __contains__(self, item: object) -> bool:
+        return self._node is not None and item == self._node
+
+
+class StateView(NamedTuple):
+    """One node's view of a state, from its digest: what :func:`decide_join`, :func:`decide_exit`,
+    :func:`decide_close` and :func:`update_timers` look at, without the other nodes' names.
+
+    Attributes:
+        node: The viewing node; ``where`` is the list it is on (``None``: on none), ``rank`` its rank in a
+            complete round, ``neighbour`` the node its liveness watches.
+        summary: The decoded summary (round, flags, list sizes, world size, shard count).
+        master: Rank 0's bootstrap endpoint in a complete round (:attr:`RendezvousState.master`).
+    """
+
+    node: NodeDesc
+    round: int
+    complete: bool
+    closed: bool
+    sizes: tuple[int, int, int]
+    world_size: int
+    where: str | None = None
+    rank: int | None = None
+    neighbour: NodeDesc | None = None
+    master: str | None = None
+
+    def _list(self, index: int, name: str) -> _Listed:
+        return _Listed(self.sizes[index], self.node if self.where == name else None)
+
+    @property
+    def participants(self) -> _Listed:
+        return self._list(0, "participants")
+
+    @property
+    def wait_list(self) -> _Listed:
+        return self._list(1, "wait_list")
+
+    @property
+    def redundancy_list(self) -> _Listed:
+        return self._list(2, "redundancy_list")
+
+    @property
+    def num_waiting(self) -> int:
+        return self.sizes[1]
+
+    def all_nodes(self) -> tuple[NodeDesc, ...]:
+        """The nodes this view knows are listed: the viewing node, if it is."""
+        return (self.node,) if self.where is not None else ()
+
+    def rank_of(self, node: NodeDesc) -> int | None:
+        return self.rank if node == self.node and self.complete and self.where == "participants" else None
 
 
 # --- decisions ----------------------------------------------------------------------------------------------------
@@ -519,7 +569,7 @@ def _kept_endpoints(endpoints: Mapping[NodeDesc, str], *lists: tuple[NodeDesc, .
     return {n: e for n, e in endpoints.items() if n in kept}
 
 
-def _completed(state: RendezvousState) -> RendezvousState:
+def completed(state: RendezvousState) -> RendezvousState:
     """Mark the round complete and fix the ranks: the previous group's survivors first, in their old order."""
     previous = {n: i for i, n in enumerate(state.rank_order)}
     order = tuple(
@@ -550,7 +600,7 @@ def _add_to_participants(state: RendezvousState, node: NodeDesc, settings: Rende
         state, participants=(*state.participants, node), wait_list=_without(state.wait_list, frozenset({node}))
     )
     # The max-th node completes the round in the same write, as torch does: no last call when the round is full.
-    return _completed(new) if len(new.participants) >= settings.max_nodes else new
+    return completed(new) if len(new.participants) >= settings.max_nodes else new
 
 
 Mutation = Callable[[RendezvousState, NodeDesc, RendezvousSettings, frozenset[NodeDesc]], RendezvousState]
@@ -564,7 +614,7 @@ MUTATIONS: Final[Mapping[Action, Mutation]] = {
     Action.REMOVE_FROM_PARTICIPANTS: lambda s, node, settings, dead: _removed(s, frozenset({node})),
     Action.REMOVE_FROM_WAIT_LIST: lambda s, node, settings, dead: _removed(s, frozenset({node})),
     Action.REMOVE_FROM_REDUNDANCY_LIST: lambda s, node, settings, dead: _removed(s, frozenset({node})),
-    Action.MARK_COMPLETE: lambda s, node, settings, dead: _completed(s),
+    Action.MARK_COMPLETE: lambda s, node, settings, dead: completed(s),
     Action.MARK_CLOSED: lambda s, node, settings, dead: dataclasses.replace(s, closed=True),
     Action.REMOVE_DEAD: lambda s, node, settings, dead: _removed(s, dead),
 }
@@ -594,95 +644,6 @@ def apply(
             f"{action.name} by {node.id} is illegal in {state!r}: requires {', and '.join(unmet)}"
         )
     return MUTATIONS[action](state, node, settings, dead)
-
-
-# --- join requests ------------------------------------------------------------------------------------------------
-# Joining is the one write every node makes, all at once when a job starts; N nodes compare-and-setting one state
-# would cost O(N^2) attempts of an O(N) value. So a node that decides to add itself (ADD_TO_PARTICIPANTS, _WAIT_LIST,
-# _REDUNDANCY_LIST) appends a small join request instead (the backend keeps requests in order beside the state),
-# and every reader applies the requests pending on the state it read: the state a node decides on is
-# ``fold_joins(committed state, pending requests)``. Any write (a compare-and-set) is decided on that folded state
-# and consumes the requests it saw; a request appended after the read makes the write fail, so none is lost or
-# applied twice. Each request is admitted with exactly the join decision (``JOIN_RULES``) a node not yet listed
-# would take for itself, with the requester's own max_nodes, so every reader folds the same requests the same way.
-
-JOIN_REQUESTS: Final[frozenset[Action]] = frozenset(
-    {Action.ADD_TO_PARTICIPANTS, Action.ADD_TO_WAIT_LIST, Action.ADD_TO_REDUNDANCY_LIST}
-)
-"""The write actions a node performs by appending a join request rather than by a compare-and-set."""
-
-
-@dataclass(frozen=True, slots=True)
-class JoinRequest:
-    """A node's request to be added to the state, with the ``max_nodes`` it was configured with and its bootstrap
-    endpoint (``host:port``, already listening): where its workers' store is served if it becomes rank 0, so
-    every member learns the address from the state that completes the round, with no lookup after it."""
-
-    node: NodeDesc
-    max_nodes: int
-    endpoint: str | None = None
-
-    def __post_init__(self) -> None:
-        if not _is_int(self.max_nodes) or self.max_nodes < 1:
-            raise ConfigurationError(f"JoinRequest.max_nodes={self.max_nodes!r}: must be an integer >= 1")
-        if self.endpoint is not None:
-            _check_endpoint(self.endpoint, "JoinRequest.endpoint", ConfigurationError)
-
-
-def fold_joins(state: RendezvousState, requests: Iterable[JoinRequest]) -> RendezvousState:
-    """``state`` with ``requests`` applied in order, as if each requester had written its own join.
-
-    A request is admitted as :func:`decide_join` admits a node that has time left and is listed nowhere, or on the
-    wait list of a round that is over: to the participants of a gathering round (the ``max_nodes``-th completes
-    it, as :func:`apply` does), to the wait list of a complete round with room, to the redundancy list of a full
-    one. It is dropped when the node is otherwise listed, when the rendezvous is closed, or while a gathering
-    round is full; the node then decides again on what it reads. An admitted request's endpoint becomes its node's.
-    Linear in the size of the state and the number of requests (moving a node off the wait list is linear in the
-    wait list).
-    """
-    if state.closed:
-        return state
-    listed = set(state.all_nodes())
-    participants, wait_list, reserve = list(state.participants), list(state.wait_list), list(state.redundancy_list)
-    complete, rank_order, endpoints = state.complete, state.rank_order, dict(state.endpoints)
-    changed = False
-    for request in requests:
-        node = request.node
-        # Listed nodes are skipped, except one on the wait list once its round is over: it joins the next.
-        if node in listed and (complete or node not in wait_list):
-            continue
-        full = len(participants) >= request.max_nodes
-        if full and not complete:
-            continue
-        if request.endpoint is not None:
-            endpoints[node] = request.endpoint
-        if complete:
-            (reserve if full else wait_list).append(node)
-        else:
-            if node in listed:
-                wait_list.remove(node)
-            participants.append(node)
-            if len(participants) >= request.max_nodes:
-                done = _completed(
-                    dataclasses.replace(
-                        state, participants=tuple(participants), wait_list=tuple(wait_list), endpoints=endpoints
-                    )
-                )
-                participants, complete, rank_order = list(done.participants), True, done.rank_order
-                endpoints = dict(done.endpoints)
-        listed.add(node)
-        changed = True
-    if not changed:
-        return state
-    return dataclasses.replace(
-        state,
-        complete=complete,
-        participants=tuple(participants),
-        wait_list=tuple(wait_list),
-        redundancy_list=tuple(reserve),
-        rank_order=rank_order,
-        endpoints=endpoints,
-    )
 
 
 # --- local timers -------------------------------------------------------------------------------------------------
@@ -732,342 +693,3 @@ def update_timers(
     ):
         return timers
     return NodeTimers(join_deadline, last_call, last_round)
-
-
-# --- encoding -----------------------------------------------------------------------------------------------------
-# {"v":3,"round":3,"complete":true,"closed":false,"nodes":[["10.0.0.1",4242,0],...],
-#  "endpoints":["10.0.0.1:40123",null,...],"participants":[0,1],"wait_list":[2],"redundancy_list":[],
-#  "rank_order":[0,1,3]}
-# Each node appears once in "nodes" (sorted); "endpoints" pairs with it; the lists hold indices into it.
-
-_LISTS: Final = ("participants", "wait_list", "redundancy_list", "rank_order")
-_KEYS: Final = frozenset({"v", "round", "complete", "closed", "nodes", "endpoints", *_LISTS})
-
-
-def encode_state(state: RendezvousState) -> bytes:
-    """The state as compact, canonical JSON (UTF-8); see the format above."""
-    table = sorted(set(state.all_nodes()) | set(state.rank_order))
-    index = {n: i for i, n in enumerate(table)}
-    doc: dict[str, object] = {
-        "v": FORMAT_VERSION,
-        "round": state.round,
-        "complete": state.complete,
-        "closed": state.closed,
-        "nodes": [[n.addr, n.pid, n.local_id] for n in table],
-        "endpoints": [state.endpoints.get(n) for n in table],
-    }
-    for name in _LISTS:
-        doc[name] = [index[n] for n in getattr(state, name)]
-    return json.dumps(doc, separators=(",", ":")).encode()
-
-
-def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    doc = dict(pairs)
-    if len(doc) != len(pairs):
-        keys = [k for k, _ in pairs]
-        raise RendezvousStateError(f"rendezvous state has key {next(k for k in keys if keys.count(k) > 1)!r} twice")
-    return doc
-
-
-def _no_constant(name: str) -> object:
-    raise RendezvousStateError(f"rendezvous state holds {name}: not a JSON value")
-
-
-def decode_state(data: bytes) -> RendezvousState:
-    """The state that :func:`encode_state` encoded as ``data``.
-
-    Raises:
-        RendezvousStateError: ``data`` is not the v3 JSON format (not UTF-8 JSON, another version, a missing,
-            unknown or ill-typed field, an index out of range) or breaks a state invariant; the message says which.
-    """
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise RendezvousStateError(f"rendezvous state is a {type(data).__name__}, not bytes")
-    try:
-        text = bytes(data).decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise RendezvousStateError(f"rendezvous state is not UTF-8 JSON ({exc.reason}): {bytes(data)[:40]!r}") from exc
-    try:
-        doc = json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constant)
-    except json.JSONDecodeError as exc:
-        raise RendezvousStateError(f"rendezvous state is not JSON ({exc}): {text[:40]!r}") from exc
-    if not isinstance(doc, dict):
-        raise RendezvousStateError(f"rendezvous state is a JSON {type(doc).__name__}, not an object: {text[:40]!r}")
-    version = doc.get("v")
-    if version != FORMAT_VERSION or not _is_int(version):
-        raise RendezvousStateError(
-            f"rendezvous state format v={version!r} is not v={FORMAT_VERSION}, the one this aelastic reads "
-            "(are all nodes running the same aelastic version?)"
-        )
-    if doc.keys() != _KEYS:
-        missing, unknown = sorted(_KEYS - doc.keys()), sorted(doc.keys() - _KEYS)
-        raise RendezvousStateError(f"rendezvous state v{FORMAT_VERSION} fields: missing {missing}, unknown {unknown}")
-    rnd = doc["round"]
-    if not _is_int(rnd) or rnd < 0:
-        raise RendezvousStateError(f"rendezvous state round={rnd!r}: must be an integer >= 0")
-    for name in ("complete", "closed"):
-        if not isinstance(doc[name], bool):
-            raise RendezvousStateError(f"rendezvous state {name}={doc[name]!r}: must be true or false")
-    table = _decode_nodes(doc["nodes"])
-    endpoints = doc["endpoints"]
-    if not isinstance(endpoints, list) or len(endpoints) != len(table):
-        raise RendezvousStateError(f"rendezvous state endpoints: must be a list as long as nodes ({len(table)})")
-    lists: dict[str, tuple[NodeDesc, ...]] = {}
-    used: set[int] = set()
-    for name in _LISTS:
-        indices = doc[name]
-        if not isinstance(indices, list) or not all(_is_int(i) and 0 <= i < len(table) for i in indices):
-            raise RendezvousStateError(
-                f"rendezvous state {name}={indices!r}: must be a list of indices into the {len(table)} nodes"
-            )
-        if len(set(indices)) != len(indices):
-            raise RendezvousStateError(f"rendezvous state {name}={indices!r}: lists a node twice")
-        used.update(indices)
-        lists[name] = tuple(table[i] for i in indices)
-    if len(used) != len(table):
-        raise RendezvousStateError(f"rendezvous state nodes {sorted(set(range(len(table))) - used)} are on no list")
-    known = {
-        node: _check_endpoint(endpoint, f"rendezvous state endpoints[{i}]", RendezvousStateError)
-        for i, (node, endpoint) in enumerate(zip(table, endpoints, strict=True))
-        if endpoint is not None
-    }
-    return RendezvousState(round=rnd, complete=doc["complete"], closed=doc["closed"], endpoints=known, **lists)
-
-
-def _decode_nodes(raw: object) -> list[NodeDesc]:
-    if not isinstance(raw, list):
-        raise RendezvousStateError(f"rendezvous state nodes={raw!r}: must be a list of [addr, pid, local_id]")
-    table: list[NodeDesc] = []
-    for i, entry in enumerate(raw):
-        if not (
-            isinstance(entry, list)
-            and len(entry) == 3
-            and isinstance(entry[0], str)
-            and _is_int(entry[1])
-            and _is_int(entry[2])
-        ):
-            raise RendezvousStateError(f"rendezvous state nodes[{i}]={entry!r}: must be [addr, pid, local_id]")
-        try:
-            table.append(NodeDesc(entry[0], entry[1], entry[2]))
-        except ConfigurationError as exc:
-            raise RendezvousStateError(f"rendezvous state nodes[{i}]={entry!r}: {exc}") from exc
-    if len(set(table)) != len(table):
-        raise RendezvousStateError("rendezvous state nodes: a node is listed twice")
-    return table
-
-
-def encode_join_request(request: JoinRequest) -> bytes:
-    """A join request as compact JSON: ``[3,"addr",pid,local_id,max_nodes,"host:port" or null]`` (no newline)."""
-    node = request.node
-    doc = [FORMAT_VERSION, node.addr, node.pid, node.local_id, request.max_nodes, request.endpoint]
-    return json.dumps(doc, separators=(",", ":")).encode()
-
-
-def decode_join_request(data: bytes) -> JoinRequest:
-    """The request :func:`encode_join_request` encoded as ``data``.
-
-    Raises:
-        RendezvousStateError: ``data`` is not a v3 request; the message shows it.
-    """
-    try:
-        doc = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RendezvousStateError(f"rendezvous join request is not JSON: {bytes(data)[:60]!r}") from exc
-    version = doc[0] if isinstance(doc, list) and doc and _is_int(doc[0]) else None
-    if isinstance(doc, list) and version != FORMAT_VERSION:
-        raise RendezvousStateError(
-            f"rendezvous join request {bytes(data)[:60]!r}: format v={version!r} is not v={FORMAT_VERSION}, the one "
-            "this aelastic reads (are all nodes running the same aelastic version?)"
-        )
-    if not (
-        isinstance(doc, list)
-        and len(doc) == 6
-        and isinstance(doc[1], str)
-        and all(map(_is_int, doc[2:5]))
-        and (doc[5] is None or isinstance(doc[5], str))
-    ):
-        raise RendezvousStateError(
-            f"rendezvous join request {bytes(data)[:60]!r}: not [{FORMAT_VERSION}, addr, pid, local_id, max_nodes, "
-            "endpoint]"
-        )
-    try:
-        return JoinRequest(NodeDesc(doc[1], doc[2], doc[3]), doc[4], doc[5])
-    except ConfigurationError as exc:
-        raise RendezvousStateError(f"rendezvous join request {bytes(data)[:60]!r}: {exc}") from exc
-
-
-# --- digests: what a node reads instead of the whole state -----------------------------------------------------------
-# Every node re-reading a state that lists every node costs O(N) bytes per node per change, O(N^2) per round. So
-# each write also publishes a digest of the state it wrote: a summary of O(1) bytes (the round, its flags and the
-# size of each list) and each node's position (its list, its rank, its liveness neighbour) in shards of at most
-# SHARD_SIZE nodes, the node's shard chosen by a hash of its key. A node that only waits reads the summary and its
-# shard, O(1) bytes, and decides on a StateView; a node about to write reads the whole state and decides again on it.
-# "summary": {"v":3,"round":3,"complete":true,"closed":false,"participants":2,"wait_list":1,"redundancy_list":0,
-#             "world_size":3,"shards":1,"master":"10.0.0.1:40123"}   (master: rank 0's endpoint, or null)
-# a shard:   one line per node: "<key> <p|w|r> <rank or -> <neighbour key or ->"
-
-SHARD_SIZE: Final = 64
-_WHERE: Final = {"p": "participants", "w": "wait_list", "r": "redundancy_list"}
-_SUMMARY_KEYS: Final = frozenset({
-    "v", "round", "complete", "closed", "participants", "wait_list", "redundancy_list", "world_size", "shards",
-    "master",
-})  # fmt: skip
-
-
-def shard_of(key: str, shards: int) -> int:
-    """The shard that holds the position of the node whose :attr:`NodeDesc.key` is ``key``."""
-    return zlib.crc32(key.encode()) % shards
-
-
-class Digest(NamedTuple):
-    """What a write publishes beside the state: the summary and the position shards (see above)."""
-
-    summary: bytes
-    shards: tuple[bytes, ...]
-
-
-def make_digest(state: RendezvousState) -> Digest:
-    """The digest of ``state``: O(1) bytes of summary and O(N) bytes of positions in ``ceil(N / SHARD_SIZE)`` shards.
-
-    A node's liveness neighbour is the node before it in :class:`NodeDesc` order (the first watches the last), as
-    the handler's liveness has it; ``-`` when the node is alone.
-    """
-    listed = state.all_nodes()
-    count = max(1, -(-len(listed) // SHARD_SIZE))
-    order = sorted(listed)
-    before = {n: order[i - 1] for i, n in enumerate(order)} if len(order) > 1 else {}
-    rank = {n: i for i, n in enumerate(state.rank_order)} if state.complete else {}
-    lines: list[list[str]] = [[] for _ in range(count)]
-    for code, name in _WHERE.items():
-        for node in getattr(state, name):
-            r = rank.get(node) if code == "p" else None
-            n = before.get(node)
-            lines[shard_of(node.key, count)].append(
-                f"{node.key} {code} {'-' if r is None else r} {'-' if n is None else n.key}"
-            )
-    doc = {
-        "v": FORMAT_VERSION,
-        "round": state.round,
-        "complete": state.complete,
-        "closed": state.closed,
-        "participants": len(state.participants),
-        "wait_list": len(state.wait_list),
-        "redundancy_list": len(state.redundancy_list),
-        "world_size": state.world_size,
-        "shards": count,
-        "master": state.master,
-    }
-    summary = json.dumps(doc, separators=(",", ":")).encode()
-    return Digest(summary, tuple("\n".join(ls).encode() for ls in lines))
-
-
-class _Listed:
-    """One list of a :class:`StateView`: its length, and whether the viewing node is on it."""
-
-    __slots__ = ("_length", "_node")
-
-    def __init__(self, length: int, node: NodeDesc | None) -> None:
-        self._length, self._node = length, node
-
-    def __len__(self) -> int:
-        return self._length
-
-    def __contains__(self, item: object) -> bool:
-        return self._node is not None and item == self._node
-
-
-class StateView(NamedTuple):
-    """One node's view of a state, from its digest: what :func:`decide_join`, :func:`decide_exit`,
-    :func:`decide_close` and :func:`update_timers` look at, without the other nodes' names.
-
-    Attributes:
-        node: The viewing node; ``where`` is the list it is on (``None``: on none), ``rank`` its rank in a
-            complete round, ``neighbour`` the node its liveness watches.
-        summary: The decoded summary (round, flags, list sizes, world size, shard count).
-        master: Rank 0's bootstrap endpoint in a complete round (:attr:`RendezvousState.master`).
-    """
-
-    node: NodeDesc
-    round: int
-    complete: bool
-    closed: bool
-    sizes: tuple[int, int, int]
-    world_size: int
-    where: str | None = None
-    rank: int | None = None
-    neighbour: NodeDesc | None = None
-    master: str | None = None
-
-    def _list(self, index: int, name: str) -> _Listed:
-        return _Listed(self.sizes[index], self.node if self.where == name else None)
-
-    @property
-    def participants(self) -> _Listed:
-        return self._list(0, "participants")
-
-    @property
-    def wait_list(self) -> _Listed:
-        return self._list(1, "wait_list")
-
-    @property
-    def redundancy_list(self) -> _Listed:
-        return self._list(2, "redundancy_list")
-
-    @property
-    def num_waiting(self) -> int:
-        return self.sizes[1]
-
-    def all_nodes(self) -> tuple[NodeDesc, ...]:
-        """The nodes this view knows are listed: the viewing node, if it is."""
-        return (self.node,) if self.where is not None else ()
-
-    def rank_of(self, node: NodeDesc) -> int | None:
-        return self.rank if node == self.node and self.complete and self.where == "participants" else None
-
-
-def decode_view(node: NodeDesc, summary: bytes, shard: bytes | None) -> tuple[StateView, int]:
-    """``node``'s view of a state from the digest's summary and the shard that holds ``node`` (``None`` when the
-    state lists no node); also the number of shards, to find the shard of a later version.
-
-    Raises:
-        RendezvousStateError: the summary or the shard is not the v3 format; the message says which.
-    """
-    try:
-        doc = json.loads(summary)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RendezvousStateError(f"rendezvous digest is not JSON: {bytes(summary)[:60]!r}") from exc
-    version = doc.get("v") if isinstance(doc, dict) else None
-    if version != FORMAT_VERSION or not _is_int(version):
-        raise RendezvousStateError(
-            f"rendezvous digest format v={version!r} is not v={FORMAT_VERSION}, the one this aelastic reads "
-            "(are all nodes running the same aelastic version?)"
-        )
-    ints = ("round", "participants", "wait_list", "redundancy_list", "world_size", "shards")
-    if doc.keys() != _SUMMARY_KEYS or not all(_is_int(doc[k]) and doc[k] >= 0 for k in ints):
-        raise RendezvousStateError(f"rendezvous digest {bytes(summary)[:120]!r}: not the v{FORMAT_VERSION} summary")
-    master = doc["master"]
-    if master is not None:
-        _check_endpoint(master, "rendezvous digest master", RendezvousStateError)
-    where = rank = neighbour = None
-    key = node.key
-    for line in (shard or b"").decode(errors="replace").split("\n"):
-        if line.startswith(key + " "):
-            fields = line.split(" ")
-            if len(fields) != 4 or fields[1] not in _WHERE:
-                raise RendezvousStateError(f"rendezvous digest shard line {line[:120]!r}: not '<key> <p|w|r> ...'")
-            where = _WHERE[fields[1]]
-            rank = None if fields[2] == "-" else int(fields[2])
-            neighbour = None if fields[3] == "-" else NodeDesc.from_key(fields[3])
-            break
-    view = StateView(
-        node,
-        doc["round"],
-        bool(doc["complete"]),
-        bool(doc["closed"]),
-        (doc["participants"], doc["wait_list"], doc["redundancy_list"]),
-        doc["world_size"],
-        where,
-        rank,
-        neighbour,
-        master,
-    )
-    return view, doc["shards"]

@@ -2,33 +2,22 @@
 
 Theory of operation
 -------------------
-State is one in-memory table (``bytes -> bytes``), a map of queues (``bytes -> deque``) and the waiters: for each
-key, the connections waiting for it (in the order they registered, each with how many of its registrations are
-for that key), and per connection how many keys it still awaits. Registering and unregistering are O(1) however
-many connections wait for the key: at 10,000 nodes every node waits for the same key, and each heartbeat cancels
-one wait (a list scanned per cancel made the server's work per heartbeat interval grow as N²). Every request is handled
-by a plain (non-async) method that mutates that state and appends the encoded reply to the connection's
-*outbox*; nothing awaits between the start and the end of a request, so requests are atomic with respect to each
-other and no lock guards the table.
+Three parts, each in a module of its own:
 
-Connections are served one of two ways, with the same handlers and the same outbox discipline:
+* the state and the request handlers, sans-IO (:mod:`aelastic.store.table`): the table, the queues, the waiters,
+  one plain (non-async) method per request kind that appends its reply to the connection's outbox, the
+  handshake, the limits and the counters;
+* two transports with the same handlers and the same outbox discipline: on asyncio (the fast path) the loop's own
+  server and a buffered protocol per connection, no task per request (:mod:`aelastic.store.asyncio_transport`);
+  on any other anyio backend (trio) a reader and a writer task per connection
+  (:mod:`aelastic.store.stream_transport`);
+* this module: binding the listeners, choosing the transport, and the public API (:func:`open_store_server`,
+  :func:`serve_store`, :class:`StoreServer`, its settings and statistics).
 
-* **asyncio** (the fast path): the loop's own server with a :class:`asyncio.BufferedProtocol` per connection.
-  ``buffer_updated`` parses and handles every whole request in the chunk and writes all replies with one
-  ``transport.write``; no task and no checkpoint per request, which is what keeps the server within reach of
-  torch's libuv server. When the transport's buffer passes its high-water mark (a peer that does not read its
-  replies), reading pauses and buffered requests wait until it drains (backpressure). A wake-up caused by another
-  connection is written straight to the woken connection's transport (asyncio buffers it; it never blocks the
-  waker); if the woken connection is itself mid-chunk it joins the outbox so replies stay in order.
-* **any other anyio backend** (trio): two tasks per connection in a cancel scope of their own. The *reader*
-  receives a chunk, handles every whole request in it and flushes the outbox with one ``send``; a slow peer
-  stalls only its own reader. The *writer* delivers wake-ups that other connections caused: the waker appends
-  ``STOP_WAITING`` to the outbox and sets an event, never sending on a foreign stream. Both send only while
-  holding the connection's lock (trio refuses concurrent sends on one stream) and drain the same outbox, so bytes
-  leave in the order the events happened.
-
-Either way a huge reply batch is flushed early (``_FLUSH_AT``) so that a chunk full of GETs cannot build an
-unbounded reply, and unsent bytes beyond ``max_buffered_bytes`` close the connection.
+Either way a huge reply batch is flushed early so that a chunk full of GETs cannot build an unbounded reply, and
+unsent bytes beyond ``max_buffered_bytes`` close the connection. The hot path per request is the table's
+``process`` loop and its handlers; per received chunk, each transport's read callback or loop (their module
+docstrings name it). Nothing of it is in this module.
 
 A protocol violation (first request not VALIDATE, unknown query, a key/value/key-count over the limits, more than
 ``max_buffered_bytes`` of unparsed or unsent data, ADD on a non-numeric value) closes that one connection and is
@@ -45,12 +34,12 @@ every address it resolves to, on one port; a literal binds just itself.
 ``SO_REUSEADDR`` is set on listeners, ``TCP_NODELAY`` on accepted sockets.
 
 Cancellation is the shutdown path: cancelling :func:`serve_store` (or leaving :func:`open_store_server`) closes
-the listeners and every connection.
+the listeners and every connection. Whoever starts a server holds it: its :meth:`StoreServer.statistics` (for the
+agent's ``/metrics``) is read through the object, never through a process-wide registry.
 """
 
 from __future__ import annotations
 
-import abc
 import asyncio
 import errno
 import ipaddress
@@ -58,22 +47,22 @@ import logging
 import math
 import resource
 import socket
-import struct
-from collections import Counter, deque
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, Final, cast
+from functools import partial
+from typing import Any, Final
 
 import anyio
 import anyio.abc
-import anyio.lowlevel
-from anyio.abc import SocketAttribute
 
 from .._groups import single_error
 from .._net import format_address
-from ..errors import StoreBindError, StoreProtocolError
+from ..errors import StoreBindError
 from . import auth, wire
+from .asyncio_transport import serve_protocols
+from .stream_transport import serve_streams
+from .table import StoreTable
 
 __all__ = [
     "ServerSettings",
@@ -82,31 +71,12 @@ __all__ = [
     "bind_listeners",
     "open_store_server",
     "serve_store",
-    "serving",
 ]
 
 logger = logging.getLogger(__name__)
 
-_RECEIVE_SIZE: Final = 65536
-_SCRATCH_SIZE: Final = 256 * 1024  # the most an asyncio connection reads at once (asyncio's own read size)
-_FLUSH_AT: Final = 256 * 1024  # flush replies mid-chunk once this many bytes are queued
 _BACKLOG: Final = 16384  # torch's libuv DEFAULT_BACKLOG (the kernel caps it at somaxconn)
 _BIND_ATTEMPTS: Final = 10  # port-0 binds of several addresses retry when the kernel's port is taken elsewhere
-_ACCEPT_BACKOFF: Final = 0.1  # after EMFILE & co., before accepting again
-
-_U32 = struct.Struct("<I")
-_U64 = struct.Struct("<Q")
-_I64 = struct.Struct("<q")
-_I64_MIN: Final = -(2**63)
-_I64_MAX: Final = 2**63 - 1
-
-_STOP_WAITING: Final = bytes((wire.WaitResponse.STOP_WAITING,))
-_WAIT_CANCELED: Final = bytes((wire.WaitResponse.WAIT_CANCELED,))
-_READY: Final = bytes((wire.CheckResponse.READY,))
-_NOT_READY: Final = bytes((wire.CheckResponse.NOT_READY,))
-
-# Peer-side failures that end one connection quietly (logged at debug level).
-_CONNECTION_ERRORS: Final = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,202 +155,12 @@ class ServerStatistics:
     sent_by_kind: Mapping[str, int] = field(default_factory=dict)
 
 
-class _Refused(StoreProtocolError):
-    """The handshake failed: the replies so far (the auth CHECK's NOT_READY) are sent, then the connection closes."""
-
-
-class _Connection(abc.ABC):
-    """What the request handlers see of a connection: parser, outbox, handshake and wait state."""
-
-    __slots__ = ("awaited", "established", "outbox", "parser", "peer", "validated", "wait_keys")
-
-    def __init__(self, limits: wire.Limits, peer: str) -> None:
-        self.peer = peer
-        self.parser = wire.RequestParser(limits)
-        self.outbox = bytearray()
-        self.validated = False  # VALIDATE received
-        self.established = False  # the whole handshake is done: requests are served
-        self.awaited = 0  # keys this connection still waits for (torch's keysAwaited_)
-        self.wait_keys: list[bytes] = []  # keys it is registered under, for unregistering
-
-    def __repr__(self) -> str:
-        return f"<store connection {self.peer} awaited={self.awaited} outbox={len(self.outbox)}>"
-
-    def backlog(self) -> int:
-        """Bytes queued for the peer and not yet handed to the kernel."""
-        return len(self.outbox)
-
-    def establish(self) -> None:
-        """The handshake is done: serve requests from now on, with no deadline."""
-        self.established = True
-
-    @abc.abstractmethod
-    def notify(self) -> None:
-        """Bytes were queued in the outbox from outside this connection's own request handling."""
-
-    @abc.abstractmethod
-    def abort(self) -> None:
-        """Close the connection now (from any task)."""
-
-
-class _StreamConnection(_Connection):
-    """A connection served by two anyio tasks (reader and writer) over a socket stream."""
-
-    __slots__ = ("lock", "scope", "stream", "wake")
-
-    def __init__(self, stream: anyio.abc.SocketStream, settings: ServerSettings, peer: str) -> None:
-        super().__init__(settings.limits, peer)
-        self.stream = stream
-        self.lock = anyio.Lock(fast_acquire=True)
-        self.wake = anyio.Event()
-        self.scope = anyio.CancelScope(deadline=anyio.current_time() + settings.handshake_timeout)
-
-    def establish(self) -> None:
-        super().establish()
-        self.scope.deadline = math.inf
-
-    def notify(self) -> None:
-        self.wake.set()
-
-    def abort(self) -> None:
-        self.outbox.clear()
-        self.scope.cancel()
-
-
-class _ProtocolConnection(_Connection, asyncio.BufferedProtocol):
-    """A connection served by asyncio's protocol callbacks: no task, no checkpoint per request.
-
-    On asyncio this is the fast path (about three times fewer loop iterations per request than a stream task).
-    ``buffer_updated`` handles the requests and writes the replies at once; when the transport's buffer passes
-    its high-water mark, reading pauses (and buffered requests wait) until it drains, so a peer that does not
-    read its replies is backpressured exactly as on the stream path.
-
-    A buffered protocol because of glibc's heap: a plain protocol gets each read as a new 256 KiB bytes object
-    shrunk to what arrived, and once glibc's adaptive mmap threshold has risen past that size those come from the
-    heap and fragment it. The 10,000-node soak's store grew from 60 to 280 MiB in 5 minutes that way, with its
-    Python objects and allocations flat (tracemalloc) and flat RSS with ``MALLOC_MMAP_THRESHOLD_`` fixed. Every
-    connection reads into the server's one scratch buffer (reads are handled one at a time, each in full before
-    the next) and keeps a bytes object of exactly what arrived.
-    """
-
-    __slots__ = ("busy", "handshake_timer", "server", "transport", "writing_paused")
-
-    def __init__(self, server: StoreServer) -> None:
-        super().__init__(server._settings.limits, "<connecting>")
-        self.server = server
-        self.transport: asyncio.Transport | None = None
-        self.handshake_timer: asyncio.TimerHandle | None = None
-        self.busy = False  # inside buffer_updated: wake-ups join the outbox in order
-        self.writing_paused = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # create_server gives stream transports
-        remote = transport.get_extra_info("peername")
-        self.peer = format_address(str(remote[0]), int(remote[1])) if isinstance(remote, tuple) else str(remote)
-        if not self.server._admit(self):
-            self.transport.abort()
-            return
-        raw = transport.get_extra_info("socket")
-        if raw is not None:
-            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        timeout = self.server._settings.handshake_timeout
-        self.handshake_timer = asyncio.get_running_loop().call_later(timeout, self._handshake_expired)
-
-    def _handshake_expired(self) -> None:
-        _log_handshake_timeout(self, self.server._settings.handshake_timeout)
-        self.abort()
-
-    def establish(self) -> None:
-        super().establish()
-        if self.handshake_timer is not None:
-            self.handshake_timer.cancel()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if exc is not None:
-            logger.debug("store connection from %s broke: %r", self.peer, exc)
-        if self.handshake_timer is not None:
-            self.handshake_timer.cancel()
-        self.server._unregister(self)
-        self.server._connections.discard(self)
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self.server._scratch
-
-    def buffer_updated(self, nbytes: int) -> None:
-        self.server._receive(self, bytes(self.server._scratch[:nbytes]))
-        self._run()
-
-    def _run(self) -> None:
-        server = self.server
-        self.busy = True
-        try:
-            while server._process(self):
-                self._write()
-                if self.writing_paused:
-                    return  # the rest waits in the parser for resume_writing
-            self._write()
-            server._check_buffered(self)
-        except _Refused as exc:
-            logger.warning("refusing store connection from %s: %s", self.peer, exc)
-            self._write()
-            if self.transport is not None:
-                self.transport.close()  # after the queued replies are sent
-        except StoreProtocolError as exc:
-            logger.warning("closing store connection from %s: %s", self.peer, exc)
-            self.abort()
-        finally:
-            self.busy = False
-
-    def _write(self) -> None:
-        if self.outbox and self.transport is not None:
-            self.transport.write(bytes(self.outbox))
-            self.outbox.clear()
-
-    def pause_writing(self) -> None:
-        self.writing_paused = True
-        if self.transport is not None:
-            self.transport.pause_reading()
-
-    def resume_writing(self) -> None:
-        self.writing_paused = False
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.resume_reading()
-            self._run()
-
-    def eof_received(self) -> bool:
-        logger.debug("store connection from %s closed by the peer", self.peer)
-        return False
-
-    def backlog(self) -> int:
-        buffered = self.transport.get_write_buffer_size() if self.transport is not None else 0
-        return len(self.outbox) + buffered
-
-    def notify(self) -> None:
-        if not self.busy:
-            self._write()
-
-    def abort(self) -> None:
-        self.outbox.clear()
-        if self.transport is not None:
-            self.transport.abort()
-
-
 def _default_max_connections() -> int:
     """Half the process's open-file limit, at most 65536 (see ``ServerSettings.max_connections``)."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return 65536
     return max(1, min(65536, soft // 2))
-
-
-def _log_handshake_timeout(conn: _Connection, timeout: float) -> None:
-    step = "the auth token" if conn.validated else "VALIDATE"
-    logger.warning(
-        "closing store connection from %s: no %s within %gs (ServerSettings.handshake_timeout)",
-        conn.peer,
-        step,
-        timeout,
-    )
 
 
 class StoreServer:
@@ -397,40 +177,13 @@ class StoreServer:
         self.port = addresses[0][1]
         self.addresses = addresses
         self._settings = settings
-        self._max_buffered = settings.max_buffered_bytes
-        self._table: dict[bytes, bytes] = {}
-        self._queues: dict[bytes, deque[bytes]] = {}
-        self._waiters: dict[bytes, dict[_Connection, int]] = {}
-        self._scratch = memoryview(bytearray(_SCRATCH_SIZE))  # asyncio connections read into it (one at a time)
-        self._connections: set[_Connection] = set()
-        self._at_capacity = False
-        self._max_connections = settings.max_connections or _default_max_connections()
-        self._auth_token = None if settings.auth_token is None else settings.auth_token.encode()
-        self._ops = 0
-        self._bytes_received = 0
-        self._ops_by_kind: Counter[str] = Counter()
-        self._sent_by_kind: Counter[str] = Counter()
-        self._handlers: dict[type[Any], Callable[[_Connection, Any], None]] = {
-            wire.Validate: self._validate,
-            wire.Set: self._set,
-            wire.CompareSet: self._compare_set,
-            wire.Get: self._get,
-            wire.Add: self._add,
-            wire.Check: self._check,
-            wire.Wait: self._wait,
-            wire.GetNumKeys: self._get_num_keys,
-            wire.DeleteKey: self._delete_key,
-            wire.Append: self._append,
-            wire.MultiGet: self._multi_get,
-            wire.MultiSet: self._multi_set,
-            wire.CancelWait: self._cancel_wait,
-            wire.Ping: self._ping,
-            wire.QueuePush: self._queue_push,
-            wire.QueuePop: self._queue_pop,
-            wire.QueueLen: self._queue_len,
-            wire.ListKeys: self._list_keys,
-            wire.Barrier: self._barrier,
-        }
+        self._table = StoreTable(
+            settings.limits,
+            max_buffered_bytes=settings.max_buffered_bytes,
+            max_connections=settings.max_connections or _default_max_connections(),
+            auth_token=settings.auth_token,
+            port=self.port,
+        )
 
     @property
     def name(self) -> str:
@@ -444,367 +197,42 @@ class StoreServer:
         )
 
     def statistics(self) -> ServerStatistics:
-        # Waiters are counted from the registrations themselves, so that a registration left behind by a closed
-        # connection (a leak) would show.
-        waiting = {id(conn) for registered in self._waiters.values() for conn in registered}
+        table = self._table
         return ServerStatistics(
             name=self.name,
             port=self.port,
-            connections=len(self._connections),
-            keys=len(self._table),
-            queued=sum(map(len, self._queues.values())),
-            waiters=len(waiting),
-            ops_served=self._ops,
-            bytes_received=self._bytes_received,
-            bytes_sent=sum(self._sent_by_kind.values()),
-            ops_by_kind=dict(self._ops_by_kind),
-            sent_by_kind=dict(self._sent_by_kind),
+            connections=len(table.connections),
+            keys=table.key_count(),
+            queued=table.queued_count(),
+            waiters=table.waiter_count(),
+            ops_served=table.ops,
+            bytes_received=table.bytes_received,
+            bytes_sent=sum(table.sent_by_kind.values()),
+            ops_by_kind=dict(table.ops_by_kind),
+            sent_by_kind=dict(table.sent_by_kind),
         )
 
-    # --- connections ----------------------------------------------------------------------------------------
-
-    def _admit(self, conn: _Connection) -> bool:
-        """Count ``conn`` in, or refuse it (False) when ``max_connections`` are open."""
-        limit = self._max_connections
-        if len(self._connections) >= limit:
-            if not self._at_capacity:  # once per episode: a flood must not flood the log too
-                logger.warning(
-                    "store server on port %d refuses connections (%s the first): %d are open, the limit "
-                    "(ServerSettings.max_connections; by default half the open-file limit, ulimit -n)",
-                    self.port,
-                    conn.peer,
-                    limit,
-                )
-            self._at_capacity = True
-            return False
-        self._at_capacity = False
-        self._connections.add(conn)
-        return True
-
-    async def _accept_loop(self, listener: anyio.abc.SocketListener, tg: anyio.abc.TaskGroup) -> None:
-        while True:
-            try:
-                stream = await listener.accept()
-            except OSError as exc:  # EMFILE, ENFILE, ENOBUFS: the listener is fine, the process is not
-                logger.warning(
-                    "store server on port %d cannot accept a connection: %s (if the open-file limit is reached, "
-                    "raise it: ulimit -n)",
-                    self.port,
-                    exc,
-                )
-                await anyio.sleep(_ACCEPT_BACKOFF)
-                continue
-            conn = _StreamConnection(stream, self._settings, _peer_of(stream))
-            if self._admit(conn):
-                tg.start_soon(self._serve_connection, conn)
-            else:
-                await anyio.aclose_forcefully(stream)
-
-    async def _serve_connection(self, conn: _StreamConnection) -> None:
-        raw = conn.stream.extra(SocketAttribute.raw_socket, None)
-        if raw is not None and raw.family in (socket.AF_INET, socket.AF_INET6):
-            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # anyio sets it too; it is load-bearing
-        try:
-            with conn.scope:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(self._write_loop, conn)
-                    await self._read_loop(conn)
-                    tg.cancel_scope.cancel()
-            if conn.scope.cancelled_caught and not conn.established:
-                _log_handshake_timeout(conn, self._settings.handshake_timeout)
-        finally:
-            self._unregister(conn)
-            self._connections.discard(conn)
-            with anyio.CancelScope(shield=True):
-                await conn.stream.aclose()
-
-    async def _read_loop(self, conn: _StreamConnection) -> None:
-        try:
-            while True:
-                self._receive(conn, await conn.stream.receive(_RECEIVE_SIZE))
-                while self._process(conn):
-                    await self._flush(conn)
-                if conn.outbox:
-                    await self._flush(conn)
-                self._check_buffered(conn)
-        except _Refused as exc:
-            logger.warning("refusing store connection from %s: %s", conn.peer, exc)
-            await self._flush(conn)  # the auth CHECK's NOT_READY, so that an aelastic client can say why
-        except StoreProtocolError as exc:
-            logger.warning("closing store connection from %s: %s", conn.peer, exc)
-        except anyio.EndOfStream:
-            logger.debug("store connection from %s closed by the peer", conn.peer)
-        except _CONNECTION_ERRORS as exc:
-            logger.debug("store connection from %s broke: %r", conn.peer, exc)
-
-    async def _write_loop(self, conn: _StreamConnection) -> None:
-        try:
-            while True:
-                await conn.wake.wait()
-                conn.wake = anyio.Event()
-                await self._flush(conn)
-        except _CONNECTION_ERRORS as exc:
-            logger.debug("store connection from %s broke while sending: %r", conn.peer, exc)
-            conn.scope.cancel()
-
-    async def _flush(self, conn: _StreamConnection) -> None:
-        async with conn.lock:
-            while conn.outbox:
-                data = bytes(conn.outbox)
-                conn.outbox.clear()
-                await conn.stream.send(data)
-
-    def _check_buffered(self, conn: _Connection) -> None:
-        if conn.parser.buffered > self._max_buffered:
-            raise StoreProtocolError(
-                f"{conn.parser.buffered} bytes buffered without a whole request; "
-                f"the limit is {self._max_buffered} (ServerSettings.max_buffered_bytes)"
+    async def _serve(self, sockets: list[socket.socket], *, task_status: anyio.abc.TaskStatus[StoreServer]) -> None:
+        """Serve on the bound ``sockets`` with the transport of the running event loop until cancelled."""
+        settings = self._settings
+        if _running_asyncio():
+            serve = partial(
+                serve_protocols, self._table, sockets, handshake_timeout=settings.handshake_timeout, backlog=_BACKLOG
             )
-
-    def _receive(self, conn: _Connection, data: bytes) -> None:
-        self._bytes_received += len(data)
-        conn.parser.receive_data(data)
-
-    def _process(self, conn: _Connection) -> bool:
-        """Handle every whole buffered request; True if it stopped early so that the replies can be flushed."""
-        parser = conn.parser
-        handlers = self._handlers
-        outbox = conn.outbox
-        while (request := parser.next_request()) is not wire.NEED_DATA:
-            self._ops += 1
-            kind = type(request).__name__
-            self._ops_by_kind[kind] += 1
-            queued = len(outbox)
-            if conn.established:
-                handlers[type(request)](conn, request)
-            else:
-                self._handshake(conn, request)
-            self._sent_by_kind[kind] += len(outbox) - queued
-            if len(outbox) >= _FLUSH_AT:
-                return True
-        return False
-
-    def _handshake(self, conn: _Connection, request: wire.Request) -> None:
-        """VALIDATE, then (when a token is set) the token CHECK of :mod:`aelastic.store.auth`."""
-        if not conn.validated:
-            if not isinstance(request, wire.Validate):
-                raise StoreProtocolError(f"first request is {type(request).__name__}, not VALIDATE")
-            self._validate(conn, request)
-            conn.validated = True
-            if self._auth_token is None:
-                conn.establish()
-            return
-        if not auth.is_token_request(request):
-            raise _Refused(
-                f"{type(request).__name__} where the auth token was due: this store requires one "
-                "(ServerSettings.auth_token), and torch's own client cannot send it"
-            )
-        if not auth.token_matches(cast(wire.Check, request), self._auth_token or b""):
-            conn.outbox += _NOT_READY
-            raise _Refused("wrong or missing auth token (ServerSettings.auth_token)")
-        conn.outbox += _READY
-        conn.establish()
-
-    def _deliver(self, conn: _Connection, data: bytes) -> None:
-        """Queue a reply caused by another request (possibly another connection's) and wake the writer."""
-        conn.outbox += data
-        self._sent_by_kind["Wait"] += len(data)
-        if (backlog := conn.backlog()) > self._max_buffered:
-            logger.warning(
-                "closing store connection from %s: %d bytes of replies unsent; the limit is %d "
-                "(ServerSettings.max_buffered_bytes)",
-                conn.peer,
-                backlog,
-                self._max_buffered,
-            )
-            conn.abort()
-            return
-        conn.notify()
-
-    # --- waiters --------------------------------------------------------------------------------------------
-
-    def _present(self, key: bytes) -> bool:
-        return key in self._table or bool(self._queues.get(key))
-
-    def _register(self, conn: _Connection, key: bytes) -> None:
-        waiting = self._waiters.get(key)
-        if waiting is None:
-            self._waiters[key] = {conn: 1}
         else:
-            waiting[conn] = waiting.get(conn, 0) + 1  # a key named twice is awaited twice, as in torch
-        conn.wait_keys.append(key)
-
-    def _unregister(self, conn: _Connection) -> None:
-        """Drop every wait registration of ``conn`` (torch's clearSocketWaitState)."""
-        for key in conn.wait_keys:
-            waiting = self._waiters.get(key)
-            if waiting is not None and waiting.pop(conn, 0) and not waiting:
-                del self._waiters[key]
-        conn.wait_keys.clear()
-        conn.awaited = 0
-
-    def _wake_all(self, key: bytes) -> None:
-        """Every waiter of ``key`` counts it as arrived; those with nothing left to await get STOP_WAITING."""
-        waiting = self._waiters.pop(key, None)
-        if waiting is None:
-            return
-        for conn, registrations in waiting.items():
-            for _ in range(registrations):  # one by one, as torch: a second WAIT may have lowered the count
-                self._count_down(conn)
-
-    def _wake_one(self, key: bytes) -> None:
-        waiting = self._waiters.get(key)
-        if not waiting:
-            return
-        conn = next(iter(waiting))  # the first to register
-        if waiting[conn] > 1:
-            waiting[conn] -= 1
-        else:
-            del waiting[conn]
-            if not waiting:
-                del self._waiters[key]
-        self._count_down(conn)
-
-    def _count_down(self, conn: _Connection) -> None:
-        conn.awaited -= 1
-        if conn.awaited == 0:
-            # Fully woken: forget the (already popped) registrations so a long-lived connection does not grow.
-            self._unregister(conn)
-            self._deliver(conn, _STOP_WAITING)
-
-    # --- requests -------------------------------------------------------------------------------------------
-
-    def _validate(self, conn: _Connection, request: wire.Validate) -> None:
-        if request.magic != wire.VALIDATION_MAGIC:
-            raise StoreProtocolError(f"VALIDATE with magic {request.magic:#x}, expected {wire.VALIDATION_MAGIC:#x}")
-
-    def _ping(self, conn: _Connection, request: wire.Ping) -> None:
-        conn.outbox += _U32.pack(request.nonce)
-
-    def _set(self, conn: _Connection, request: wire.Set) -> None:
-        self._table[request.key] = request.value
-        if self._waiters:  # the common case has none: skip the call (SET is the hottest request)
-            self._wake_all(request.key)
-
-    def _multi_set(self, conn: _Connection, request: wire.MultiSet) -> None:
-        for key, value in request.items:
-            self._table[key] = value
-            self._wake_all(key)
-
-    def _append(self, conn: _Connection, request: wire.Append) -> None:
-        key = request.key
-        self._table[key] = self._table.get(key, b"") + request.value
-        self._wake_all(key)
-
-    def _increment(self, key: bytes, delta: int) -> int:
-        current = self._table.get(key)
-        if current is None:
-            value = delta
-        else:
-            try:
-                value = int(current) + delta
-            except ValueError:
-                raise StoreProtocolError(f"ADD on key {key!r} whose value {current[:64]!r} is not an integer") from None
-        if not _I64_MIN <= value <= _I64_MAX:
-            raise StoreProtocolError(f"ADD on key {key!r} gives {value}, outside the range of a 64-bit integer")
-        self._table[key] = str(value).encode()
-        return value
-
-    def _add(self, conn: _Connection, request: wire.Add) -> None:
-        value = self._increment(request.key, request.delta)
-        conn.outbox += _I64.pack(value)
-        self._wake_all(request.key)
-
-    def _compare_set(self, conn: _Connection, request: wire.CompareSet) -> None:
-        key = request.key
-        current = self._table.get(key)
-        if current is None:
-            if request.expected:
-                current = request.expected  # torch's documented "lie": nothing is written
-            else:
-                current = self._table[key] = request.desired
-        elif current == request.expected:
-            current = self._table[key] = request.desired
-        conn.outbox += _U64.pack(len(current)) + current
-        self._wake_all(key)  # libuv wakes on every path, even when nothing was written
-
-    def _get(self, conn: _Connection, request: wire.Get) -> None:
-        value = self._table.get(request.key, b"")
-        conn.outbox += _U64.pack(len(value))
-        conn.outbox += value
-
-    def _multi_get(self, conn: _Connection, request: wire.MultiGet) -> None:
-        table = self._table
-        outbox = conn.outbox
-        for key in request.keys:
-            value = table.get(key, b"")
-            outbox += _U64.pack(len(value))
-            outbox += value
-
-    def _check(self, conn: _Connection, request: wire.Check) -> None:
-        conn.outbox += _READY if all(self._present(key) for key in request.keys) else _NOT_READY
-
-    def _wait(self, conn: _Connection, request: wire.Wait) -> None:
-        missing = [key for key in request.keys if not self._present(key)]
-        if not missing:
-            conn.outbox += _STOP_WAITING
-            return
-        for key in missing:
-            self._register(conn, key)
-        conn.awaited = len(missing)  # as torch: a second outstanding WAIT overwrites the first's count
-
-    def _cancel_wait(self, conn: _Connection, request: wire.CancelWait) -> None:
-        self._unregister(conn)
-        conn.outbox += _WAIT_CANCELED
-
-    def _get_num_keys(self, conn: _Connection, request: wire.GetNumKeys) -> None:
-        conn.outbox += _I64.pack(len(self._table))
-
-    def _delete_key(self, conn: _Connection, request: wire.DeleteKey) -> None:
-        conn.outbox += _I64.pack(0 if self._table.pop(request.key, None) is None else 1)
-
-    def _list_keys(self, conn: _Connection, request: wire.ListKeys) -> None:
-        conn.outbox += wire.encode_reply(wire.KeysReply(tuple(self._table)))
-
-    def _barrier(self, conn: _Connection, request: wire.Barrier) -> None:
-        count = self._increment(request.key, 1)
-        if count >= request.world_size:
-            conn.outbox += _STOP_WAITING
-            self._wake_all(request.key)
-        else:
-            self._register(conn, request.key)
-            conn.awaited = 1
-
-    def _queue_push(self, conn: _Connection, request: wire.QueuePush) -> None:
-        queue = self._queues.get(request.key)
-        if queue is None:
-            queue = self._queues[request.key] = deque()
-        queue.append(request.value)
-        self._wake_one(request.key)
-
-    def _queue_pop(self, conn: _Connection, request: wire.QueuePop) -> None:
-        queue = self._queues.get(request.key)
-        if not queue:
-            conn.outbox += _I64.pack(0)
-            return
-        conn.outbox += _I64.pack(len(queue))
-        value = queue.popleft()
-        conn.outbox += _U64.pack(len(value))
-        conn.outbox += value
-        if not queue:
-            del self._queues[request.key]
-
-    def _queue_len(self, conn: _Connection, request: wire.QueueLen) -> None:
-        queue = self._queues.get(request.key)
-        conn.outbox += _I64.pack(len(queue) if queue else 0)
+            serve = partial(serve_streams, self._table, sockets, handshake_timeout=settings.handshake_timeout)
+        async with anyio.create_task_group() as tg:
+            await tg.start(serve)
+            logger.info("store server listening on %s", ", ".join(format_address(a, p) for a, p in self.addresses))
+            task_status.started(self)
 
 
-def _peer_of(stream: anyio.abc.SocketStream) -> str:
+def _running_asyncio() -> bool:
     try:
-        remote = stream.extra(SocketAttribute.remote_address)
-    except (OSError, anyio.TypedAttributeLookupError):
-        return "<unknown peer>"
-    return format_address(str(remote[0]), int(remote[1])) if isinstance(remote, tuple) else str(remote)
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 # --- listening ------------------------------------------------------------------------------------------------
@@ -916,84 +344,7 @@ async def _serve_sockets(
     task_status: anyio.abc.TaskStatus[StoreServer],
 ) -> None:
     addresses = tuple((str(sock.getsockname()[0]), int(sock.getsockname()[1])) for sock in sockets)
-    server = StoreServer(host, addresses, settings)
-    _serving.add(server)
-    try:
-        if _running_asyncio():
-            await _serve_asyncio(server, sockets, task_status=task_status)
-        else:
-            await _serve_anyio(server, sockets, task_status=task_status)
-    finally:
-        _serving.discard(server)
-
-
-# The servers this process runs now: the agent's /metrics (aelastic.agent.control) reads their statistics when
-# scraped, whoever started them (the c10d rendezvous's host, the workers' store of the round, `aelastic store`).
-_serving: set[StoreServer] = set()
-
-
-def serving() -> list[StoreServer]:
-    """The store servers running in this process, by port."""
-    return sorted(_serving, key=lambda server: server.port)
-
-
-def _running_asyncio() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
-
-
-async def _serve_anyio(
-    server: StoreServer, sockets: list[socket.socket], *, task_status: anyio.abc.TaskStatus[StoreServer]
-) -> None:
-    """Any anyio backend (trio): a task per listener, two per connection."""
-    listeners: list[anyio.abc.SocketListener] = []
-    try:
-        listeners.extend([await anyio.abc.SocketListener.from_socket(sock) for sock in sockets])
-        async with anyio.create_task_group() as tg:
-            for listener in listeners:
-                tg.start_soon(server._accept_loop, listener, tg)
-            _log_listening(server)
-            task_status.started(server)
-    finally:
-        with anyio.CancelScope(shield=True):
-            for listener in listeners:
-                await listener.aclose()
-            for sock in sockets[len(listeners) :]:
-                sock.close()
-
-
-async def _serve_asyncio(
-    server: StoreServer, sockets: list[socket.socket], *, task_status: anyio.abc.TaskStatus[StoreServer]
-) -> None:
-    """asyncio: the loop's own server and protocol callbacks (see :class:`_ProtocolConnection`)."""
-    loop = asyncio.get_running_loop()
-    servers: list[asyncio.Server] = []
-    try:
-        servers.extend(
-            [
-                await loop.create_server(lambda: _ProtocolConnection(server), sock=sock, backlog=_BACKLOG)
-                for sock in sockets
-            ]
-        )
-        _log_listening(server)
-        task_status.started(server)
-        await anyio.sleep_forever()
-    finally:
-        with anyio.CancelScope(shield=True):
-            for listening in servers:
-                listening.close()
-            for sock in sockets[len(servers) :]:
-                sock.close()
-            for conn in list(server._connections):
-                conn.abort()
-            await anyio.lowlevel.checkpoint()  # let the aborted transports report connection_lost
-
-
-def _log_listening(server: StoreServer) -> None:
-    logger.info("store server listening on %s", ", ".join(format_address(a, p) for a, p in server.addresses))
+    await StoreServer(host, addresses, settings)._serve(sockets, task_status=task_status)
 
 
 @asynccontextmanager

@@ -18,7 +18,7 @@ import anyio
 
 from aelastic._net import parse_endpoint
 from aelastic.rendezvous.backends.store import StoreBackend
-from aelastic.rendezvous.state import decode_state
+from aelastic.rendezvous.codec import decode_state
 from aelastic.store.client import open_store_client
 
 

@@ -13,6 +13,12 @@ Three things, and nothing about rendezvous semantics (those live in ``rendezvous
   judges who stopped (``find_dead``) without comparing clocks of different hosts: the store driver watches
   each node's heartbeat counter on the observer's own monotonic clock; etcd lets the server expire leases;
 * **a store** shared by the members, from which each round's private store view is cut.
+
+A backend is also a :class:`StateReader`: ``aelastic status`` reads the state through it (``read_state``, which
+must create nothing) and waits for its changes, without joining. A third-party backend registers an opener
+(:func:`~aelastic.rendezvous.registry.register_backend`) that builds a handler over its driver with
+:func:`~aelastic.rendezvous.dynamic.open_dynamic_rendezvous`, and checks its driver with the conformance kit
+(:mod:`aelastic.rendezvous.testing`).
 """
 
 from __future__ import annotations
@@ -22,9 +28,9 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from ...store.api import Store
-from ..state import Digest
+from ..codec import Digest
 
-__all__ = ["DigestRead", "RendezvousBackend", "Versioned"]
+__all__ = ["DigestRead", "RendezvousBackend", "StateReader", "Versioned"]
 
 
 class DigestRead(NamedTuple):
@@ -51,7 +57,22 @@ class Versioned(NamedTuple):
         return f"Versioned(version={self.version}, {size} bytes, {len(self.pending)} pending join request(s))"
 
 
-class RendezvousBackend(abc.ABC):
+class StateReader(abc.ABC):
+    """A read-only view of one run id's shared rendezvous state, for ``aelastic status``: it joins nothing, writes
+    nothing and creates no key."""
+
+    @abc.abstractmethod
+    async def read_state(self) -> Versioned:
+        """The state now: version 0 (``data`` None, nothing pending) while no node has opened the run; never
+        creates what a node would, never blocks on what is missing."""
+
+    @abc.abstractmethod
+    async def wait_for_change(self, seen: Versioned) -> None:
+        """Return once the state has moved past ``seen``'s version (at once if it already has); join requests
+        appended meanwhile do not count."""
+
+
+class RendezvousBackend(StateReader):
     """An async driver for one run id's shared rendezvous state."""
 
     name: str
@@ -62,6 +83,10 @@ class RendezvousBackend(abc.ABC):
     @abc.abstractmethod
     async def get_state(self) -> Versioned:
         """The current state."""
+
+    async def read_state(self) -> Versioned:
+        """The current state for an observer; a backend whose ``get_state`` may create or block overrides it."""
+        return await self.get_state()
 
     @abc.abstractmethod
     async def set_state(self, data: bytes, expected: Versioned, digest: Digest) -> tuple[Versioned, bool]:
@@ -85,11 +110,6 @@ class RendezvousBackend(abc.ABC):
         ``None`` when this backend keeps no digests, or when the shard was overwritten by a newer version while
         it was read: then read the state."""
         return None
-
-    @abc.abstractmethod
-    async def wait_for_change(self, seen: Versioned) -> None:
-        """Return once the state has moved past ``seen``'s version (at once if it already has); join requests
-        appended meanwhile do not count."""
 
     @abc.abstractmethod
     async def keep_alive(self, node_key: str) -> None:

@@ -44,33 +44,33 @@ from ...errors import (
     RendezvousConnectionError,
     RendezvousStateError,
 )
-from ...etcd.client import (
+from ...etcd.client import EtcdClient, EtcdConfig, open_etcd_client, parse_endpoints
+from ...etcd.messages import (
     Compare,
     CompareResult,
     CompareTarget,
     DeleteOp,
-    EtcdClient,
-    EtcdConfig,
     PutOp,
     RangeOp,
     RangeResponse,
     SortOrder,
     SortTarget,
-    open_etcd_client,
-    parse_endpoints,
     prefix_range_end,
 )
 from ...etcd.store import EtcdStore
-from ..api import RendezvousHandler, RendezvousParameters, conf_float
+from ..api import JoinObserver, RendezvousHandler, RendezvousParameters
+from ..codec import Digest
 from ..dynamic import open_dynamic_rendezvous
-from ..state import Digest, NodeDesc
-from . import C10dSettings  # the timing keys' one definition (that package imports this module on first use)
-from .base import RendezvousBackend, Versioned
+from ..settings import TIMING_KEYS, TORCHRUN_KEYS, TimingSettings, conf_float
+from ..state import NodeDesc, RendezvousSettings
+from .base import RendezvousBackend, StateReader, Versioned
 
 __all__ = [
     "EtcdBackend",
     "EtcdRendezvousSettings",
+    "etcd_settings",
     "etcd_setup",
+    "open_etcd_reader",
     "open_etcd_rendezvous",
     "open_etcd_v2_rendezvous",
 ]
@@ -79,18 +79,6 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_KEY_PREFIX: Final = "/aelastic/rendezvous"
 _UNAVAILABLE: Final = 14  # gRPC status of "no leader" / "leader changed"
-# The c10d backend's timing keys, validated by C10dSettings (one definition of their defaults and rules).
-_TIMING_KEYS: Final = frozenset(
-    {
-        "join_timeout",
-        "last_call_timeout",
-        "close_timeout",
-        "heartbeat_timeout",
-        "keep_alive_interval",
-        "keep_alive_max_attempt",
-        "timeout",
-    }
-)
 _ETCD_KEYS: Final = frozenset(
     {
         "key_prefix",
@@ -288,22 +276,21 @@ class EtcdRendezvousSettings:
         return cls(config, key_prefix, conf_float(params, "read_timeout", 60.0))
 
 
-def _timing_parameters(params: RendezvousParameters) -> RendezvousParameters:
-    timing = {k: v for k, v in params.config.items() if k in _TIMING_KEYS}
-    return RendezvousParameters(
-        params.backend, params.endpoint, params.run_id, params.min_nodes, params.max_nodes, params.local_addr,
-        **timing,
-    )  # fmt: skip
-
-
-def etcd_setup(params: RendezvousParameters) -> tuple[C10dSettings, EtcdRendezvousSettings]:
+def etcd_setup(params: RendezvousParameters) -> tuple[TimingSettings, EtcdRendezvousSettings]:
     """The etcd backend's timing and connection settings, validated without I/O."""
-    params.warn_unknown(set(_TIMING_KEYS | _ETCD_KEYS))
-    return C10dSettings.from_parameters(_timing_parameters(params)), EtcdRendezvousSettings.from_parameters(params)
+    params.warn_unknown(set(TIMING_KEYS | TORCHRUN_KEYS | _ETCD_KEYS))
+    return TimingSettings.from_parameters(params), EtcdRendezvousSettings.from_parameters(params)
+
+
+def etcd_settings(params: RendezvousParameters) -> RendezvousSettings:
+    """The protocol settings the nodes of ``params`` derive (node counts, windows)."""
+    return etcd_setup(params)[0].rendezvous
 
 
 @asynccontextmanager
-async def open_etcd_rendezvous(params: RendezvousParameters) -> AsyncIterator[RendezvousHandler]:
+async def open_etcd_rendezvous(
+    params: RendezvousParameters, *, observer: JoinObserver | None = None
+) -> AsyncIterator[RendezvousHandler]:
     """The dynamic rendezvous over the etcd cluster at ``params.endpoint`` (``h1:2379,h2:2379``).
 
     Connecting (and the first round trip) must finish within ``read_timeout`` (60 s), else
@@ -327,14 +314,25 @@ async def open_etcd_rendezvous(params: RendezvousParameters) -> AsyncIterator[Re
         node = NodeDesc(addr, os.getpid(), next(_local_ids))
         async with open_dynamic_rendezvous(
             node, rendezvous, backend, backend_name=params.backend, bootstrap_host=addr,
-            heartbeat_timeout=timing.heartbeat_timeout, read_timeout=settings.read_timeout,
+            heartbeat_timeout=timing.heartbeat_timeout, read_timeout=settings.read_timeout, observer=observer,
         ) as handler:  # fmt: skip
             yield handler
 
 
 @asynccontextmanager
-async def open_etcd_v2_rendezvous(params: RendezvousParameters) -> AsyncIterator[RendezvousHandler]:
+async def open_etcd_v2_rendezvous(
+    params: RendezvousParameters, *, observer: JoinObserver | None = None
+) -> AsyncIterator[RendezvousHandler]:
     """torch's ``etcd-v2`` name: the same backend (aelastic speaks etcd's v3 API only)."""
     logger.info("rendezvous backend 'etcd-v2': aelastic speaks etcd's v3 API (etcd >= 3.4); using the 'etcd' backend")
-    async with open_etcd_rendezvous(params) as handler:
+    async with open_etcd_rendezvous(params, observer=observer) as handler:
         yield handler
+
+
+@asynccontextmanager
+async def open_etcd_reader(params: RendezvousParameters) -> AsyncIterator[StateReader]:
+    """A reader of the run's state in etcd (``aelastic status``): it grants no lease and writes nothing."""
+    _, settings = etcd_setup(params)
+    async with open_etcd_client(settings.etcd) as client:
+        # lease_ttl is never used: this reader grants no lease and writes nothing.
+        yield EtcdBackend(client, settings.key_prefix, params.run_id, lease_ttl=1)

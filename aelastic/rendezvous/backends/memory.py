@@ -15,9 +15,11 @@ from contextlib import asynccontextmanager
 import anyio
 
 from ...store.api import Store
-from ..api import RendezvousHandler, RendezvousParameters
+from ..api import JoinObserver, RendezvousHandler, RendezvousParameters
+from ..codec import Digest
 from ..dynamic import open_dynamic_rendezvous
-from ..state import Digest, NodeDesc
+from ..settings import TIMING_KEYS, TORCHRUN_KEYS, TimingSettings, conf_float
+from ..state import NodeDesc
 from .base import RendezvousBackend, Versioned
 
 __all__ = ["MemoryBackend", "MemoryRendezvous", "open_memory_rendezvous"]
@@ -82,15 +84,15 @@ class MemoryBackend(RendezvousBackend):
 
 @asynccontextmanager
 async def open_memory_rendezvous(
-    shared: MemoryRendezvous, params: RendezvousParameters, store: Store
+    shared: MemoryRendezvous, params: RendezvousParameters, store: Store, *, observer: JoinObserver | None = None
 ) -> AsyncIterator[RendezvousHandler]:
-    """A dynamic-rendezvous handler over ``shared``; ``params.config`` takes the c10d timing keys."""
-    from . import C10dSettings  # the same --rdzv-conf keys as c10d
-
-    settings = C10dSettings.from_parameters(params)
+    """A dynamic-rendezvous handler over ``shared``; ``params.config`` takes the timing keys and ``read_timeout``."""
+    params.warn_unknown(set(TIMING_KEYS | TORCHRUN_KEYS | {"read_timeout"}))
+    timing = TimingSettings.from_parameters(params)
     node = NodeDesc(params.local_addr or "127.0.0.1", os.getpid(), next(shared.local_ids))
     async with open_dynamic_rendezvous(
-        node, settings.rendezvous, MemoryBackend(shared, store), backend_name="memory",
-        bootstrap_host=node.addr, heartbeat_timeout=settings.heartbeat_timeout, read_timeout=settings.read_timeout,
+        node, timing.rendezvous, MemoryBackend(shared, store), backend_name="memory", bootstrap_host=node.addr,
+        heartbeat_timeout=timing.heartbeat_timeout, read_timeout=conf_float(params, "read_timeout", 60.0),
+        observer=observer,
     ) as handler:  # fmt: skip
         yield handler

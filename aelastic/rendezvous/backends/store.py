@@ -38,7 +38,7 @@ import anyio
 
 from ...errors import RendezvousStateError
 from ...store.api import Store
-from ..state import Digest, shard_of
+from ..codec import Digest, shard_of
 from .base import DigestRead, RendezvousBackend, Versioned
 
 _SLOTS = 3  # position-shard slots, used in turn by successive versions

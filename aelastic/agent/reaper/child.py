@@ -1,4 +1,5 @@
-"""The reaper sidecar: ``python -m aelastic.agent._reaper``. Kills registered process groups when the agent is gone.
+"""The reaper sidecar: ``python -I -S .../aelastic/agent/reaper/child.py``. Kills registered process groups when
+the agent is gone (the child side of :mod:`aelastic.agent.reaper`, run by path).
 
 Protocol: fd 0 is the read end of a pipe whose only write end the agent holds. The agent writes ASCII lines
 ``+<pgid>\\n`` (register) and ``-<pgid>\\n`` (unregister), each well under ``PIPE_BUF`` so every write is atomic.

@@ -1,15 +1,19 @@
-"""Worker entry point for callables: ``python -m aelastic.agent._bootstrap <payload_path> <result_path>``.
+"""Worker entry point for callables: ``python -m aelastic.agent.callables.child <payload_path> <result_path>``.
 
-The agent writes ``(fn, args, kwargs)`` with cloudpickle (:func:`write_payload`), which pickles functions of
-``__main__`` (a ``python -c`` program, a notebook cell) by value, so the worker needs nothing it cannot import.
-The worker loads it, calls ``fn`` under :func:`~aelastic.agent.errors.record` (an exception lands in
-``TORCHELASTIC_ERROR_FILE`` and the worker exits 1 with its traceback on stderr), and writes the return value to
-``result_path`` (:func:`read_result`), atomically: a result file exists only when the call returned.
+The agent writes ``(fn, args, kwargs)`` with cloudpickle (:func:`~aelastic.agent.callables.parent.write_payload`),
+which pickles functions of ``__main__`` (a ``python -c`` program, a notebook cell) by value, so the worker needs
+nothing it cannot import. The worker loads it, calls ``fn`` under :func:`~aelastic.agent.errors.record` (an
+exception lands in ``TORCHELASTIC_ERROR_FILE`` and the worker exits 1 with its traceback on stderr), and writes the
+return value to ``result_path`` (:func:`~aelastic.agent.callables.parent.read_result`), atomically: a result file
+exists only when the call returned.
 
 As torch's spawn does, the worker imports with the launching process's ``sys.path`` (recorded in the payload and
 set before the function is unpickled), so a function of a module that the launcher found through its own path (a
 module next to the launching script, a notebook's directory) imports in the worker too. The worker's own entries
-follow the launcher's. Then the workers finish together (:mod:`aelastic.agent._finish`).
+follow the launcher's. Then the workers finish together (:mod:`aelastic.agent.finish`).
+
+Besides the standard library it imports cloudpickle (the payload's format) and
+:mod:`aelastic.agent.errors` (``record``), both light: no anyio, no torch.
 """
 
 from __future__ import annotations
@@ -17,44 +21,15 @@ from __future__ import annotations
 import os
 import pickle
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import cloudpickle  # type: ignore[import-untyped]
 
-from ._finish import FinishLine
-from .errors import record
+from ..errors import record
+from ..finish.child import FinishLine
 
-__all__ = ["bootstrap_args", "read_result", "write_payload"]
-
-
-def write_payload(
-    path: str | os.PathLike[str],
-    fn: Callable[..., object],
-    args: Sequence[object] = (),
-    kwargs: Mapping[str, object] | None = None,
-) -> None:
-    """Write the call ``fn(*args, **kwargs)`` for a worker to ``path`` (cloudpickle; ``__main__`` by value), with
-    this process's ``sys.path``, which the worker takes before it unpickles the call."""
-    call = cloudpickle.dumps((fn, tuple(args), dict(kwargs or {})))
-    Path(path).write_bytes(pickle.dumps((list(sys.path), call)))
-
-
-def read_result(path: str | os.PathLike[str]) -> Any:
-    """The value the worker's call returned.
-
-    Raises:
-        FileNotFoundError: the call did not return (the worker failed or was stopped).
-    """
-    return cloudpickle.loads(Path(path).read_bytes())
-
-
-def bootstrap_args(
-    payload_path: str | os.PathLike[str], result_path: str | os.PathLike[str], python: str = sys.executable
-) -> tuple[str, ...]:
-    """The worker command line that runs a payload written by :func:`write_payload`."""
-    return (python, "-m", "aelastic.agent._bootstrap", os.fspath(payload_path), os.fspath(result_path))
+__all__ = ["main"]
 
 
 def _run(payload_path: str, result_path: str) -> None:
@@ -70,7 +45,7 @@ def _run(payload_path: str, result_path: str) -> None:
 
 def main(argv: Sequence[str]) -> int:
     if len(argv) != 2:
-        print("usage: python -m aelastic.agent._bootstrap <payload_path> <result_path>", file=sys.stderr)  # noqa: T201
+        print("usage: python -m aelastic.agent.callables.child <payload_path> <result_path>", file=sys.stderr)  # noqa: T201
         return 2
     finish = FinishLine.from_environment()
     record(_run)(argv[0], argv[1])

@@ -1,10 +1,10 @@
-"""Pre-warmed standby worker interpreters (``--prewarm``): an attempt's workers start with ``torch`` imported.
+"""The agent's side of pre-warmed standby interpreters (``--prewarm``); see :mod:`aelastic.agent.prewarm`.
 
 Theory of operation
 -------------------
 :func:`open_standbys` gives the agent a :class:`Standbys` pool holding at most one idle interpreter per local rank
-(:mod:`aelastic.agent._standby`). Beside an attempt's running workers, :meth:`Standbys.refill` starts the next
-attempt's standbys the way workers start (:func:`~aelastic.agent.processes.spawn_process`: a session of their own,
+(:mod:`aelastic.agent.prewarm.child`). Beside an attempt's running workers, :meth:`Standbys.refill` starts the next
+attempt's standbys the way workers start (:func:`~aelastic.agent.spawn.parent.spawn_process`: a session of their own,
 the parent-death signal, registered with the reaper), so a standby never outlives the agent and, once it becomes a
 worker, is supervised like any other: nothing of the no-orphan guarantees changes. The first attempt's standbys
 start before its rendezvous. Each preloads, then sleeps; one that dies idle is replaced once. Starting an attempt,
@@ -13,7 +13,7 @@ stderr over ``SCM_RIGHTS``) instead of spawning a process; the standby runs the 
 would, from its first line.
 
 Only Python entry points have a standby: ``python [-u] script args`` and ``python [-u] -m module args`` (callables
-are ``-m aelastic.agent._bootstrap``). Anything else (``--no-python``, other interpreter options, a directory or
+are ``-m aelastic.agent.callables.child``). Anything else (``--no-python``, other interpreter options, a directory or
 zip as the script) starts cold, silently.
 
 What must not differ: a standby starts before its attempt exists, so the variables that change between attempts
@@ -38,16 +38,20 @@ import socket
 import subprocess
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Final, NamedTuple
 
 import anyio
 import anyio.abc
 
-from . import _standby
-from ._finish import FINISH_FDS_ENV
-from .processes import Reaper, ReaperError, WorkerCommand, spawn_process, wait_process
+from ...errors import ReaperError
+from ..finish.child import FINISH_FDS_ENV
+from ..reaper.parent import Reaper
+from ..spawn.parent import WorkerCommand, spawn_process, wait_process
+from . import child as standby_child
 
-__all__ = ["PER_ATTEMPT", "PythonTarget", "Standbys", "open_standbys", "python_target"]
+__all__ = ["PER_ATTEMPT", "PythonTarget", "Standbys", "StandbysStatistics", "open_standbys", "python_target"]
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +112,21 @@ def _identity(target: PythonTarget, env: Mapping[str, str]) -> tuple[object, ...
     return (target.python, target.options, target.path0, stable)
 
 
+@dataclass(frozen=True, slots=True)
+class StandbysStatistics:
+    """What :meth:`Standbys.statistics` reports.
+
+    Attributes:
+        idle: the idle standbys' pids, by local rank.
+        handed_off: the attempts' workers that started in a standby.
+        cold: those that started cold while prewarm was on.
+    """
+
+    idle: Mapping[int, int]
+    handed_off: int
+    cold: int
+
+
 class _Standby:
     """One idle interpreter: its process, its end of the control socket, what it was started for, and the scope of
     its watch (cancelled when it is handed an attempt or retired)."""
@@ -147,11 +166,13 @@ class Standbys:
         self.cold = 0  # those that started cold while prewarm was on
 
     def __repr__(self) -> str:
-        return f"<Standbys idle={self.statistics()} handed_off={self.handed_off} cold={self.cold}>"
+        idle = {rank: s.popen.pid for rank, s in sorted(self._idle.items())}
+        return f"<Standbys idle={idle} handed_off={self.handed_off} cold={self.cold}>"
 
-    def statistics(self) -> dict[int, int]:
-        """The idle standbys' pids by local rank."""
-        return {rank: s.popen.pid for rank, s in sorted(self._idle.items())}
+    def statistics(self) -> StandbysStatistics:
+        """The idle standbys' pids by local rank, and how the attempts' workers started."""
+        idle = MappingProxyType({rank: s.popen.pid for rank, s in sorted(self._idle.items())})
+        return StandbysStatistics(idle=idle, handed_off=self.handed_off, cold=self.cold)
 
     async def start(
         self,
@@ -188,7 +209,7 @@ class Standbys:
             await self._retire(standby)
             return None
         assignment = {
-            "version": _standby.VERSION,
+            "version": standby_child.VERSION,
             "env": dict(env),
             "cwd": os.getcwd(),
             "script": target.script,
@@ -209,8 +230,8 @@ class Standbys:
             await self._retire(standby)
             raise
         self._handed.append(standby.control)  # its reply says when its preload is done
-        with suppress(OSError):  # a preload still running goes on at the worker's priority (see _standby)
-            _standby.set_policy(standby.popen.pid, os.SCHED_OTHER)
+        with suppress(OSError):  # a preload still running goes on at the worker's priority (see the child side)
+            standby_child.set_policy(standby.popen.pid, os.SCHED_OTHER)
         self.handed_off += 1
         logger.debug("local_rank %d started in its standby (pid %d)", command.local_rank, standby.popen.pid)
         return standby.popen
@@ -276,7 +297,7 @@ class Standbys:
         try:
             # What the preload prints waits in memory files; the standby copies it to the worker's streams.
             streams = [os.memfd_create(f"aelastic-standby-{name}", os.MFD_CLOEXEC) for name in ("stdout", "stderr")]
-            args = [target.python, *target.options, "-m", _standby.__name__, str(standby_end.fileno()),
+            args = [target.python, *target.options, "-m", standby_child.__name__, str(standby_end.fileno()),
                     target.path0, ",".join(self._preload), "idle" if idle else "normal"]  # fmt: skip
             stable = {k: v for k, v in env.items() if k not in PER_ATTEMPT}
             popen = spawn_process(args, stable, streams[0], streams[1], (standby_end.fileno(),))

@@ -1,9 +1,10 @@
-"""Parent-death-signal shim: ``python -m aelastic.agent._pdeathsig <parent_pid> <cmd> [args...]``.
+"""Parent-death-signal shim: ``python -I -S .../aelastic/agent/spawn/child.py <parent_pid> <cmd> [args...]``.
 
-Used only where util-linux's ``setpriv`` is missing. It asks the kernel to SIGKILL this process when its parent
-(the agent) dies (``prctl(PR_SET_PDEATHSIG, SIGKILL)``, which survives ``execve``), checks that the parent did
-not already die before that call (then the signal would never come: exit at once), and ``execvp``s the command, so
-the worker keeps this pid. A command that cannot be executed exits 127, like a shell and like ``setpriv``.
+Child side of :mod:`aelastic.agent.spawn`, run by path in the worker's place. Used only where util-linux's
+``setpriv`` is missing. It asks the kernel to SIGKILL this process when its parent (the agent) dies
+(``prctl(PR_SET_PDEATHSIG, SIGKILL)``, which survives ``execve``), checks that the parent did not already die
+before that call (then the signal would never come: exit at once), and ``execvp``s the command, so the worker
+keeps this pid. A command that cannot be executed exits 127, like a shell and like ``setpriv``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ _PR_SET_PDEATHSIG = 1
 
 def main(argv: list[str]) -> int:
     if len(argv) < 2 or not argv[0].isdigit():
-        print("usage: python -m aelastic.agent._pdeathsig <parent_pid> <cmd> [args...]", file=sys.stderr)  # noqa: T201
+        print(f"usage: python -I -S {__file__} <parent_pid> <cmd> [args...]", file=sys.stderr)  # noqa: T201
         return 2
     parent = int(argv[0])
     libc = ctypes.CDLL(None, use_errno=True)

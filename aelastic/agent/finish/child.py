@@ -1,4 +1,5 @@
-"""The worker's side of finishing together (``run_workers(..., finish_together=True)``).
+"""The worker's side of finishing together (``run_workers(..., finish_together=True)``); see
+:mod:`aelastic.agent.finish`.
 
 torch's multiprocessing runs a function entrypoint so that no worker exits before every local worker's function
 has returned: each returns, then waits for the agent's word, and then all exit at once. Exiting one by one lets a
@@ -6,7 +7,8 @@ worker tear down its gloo connections while a peer's gloo threads still use them
 its own teardown ("terminate called without an active exception"). aelastic keeps torch's contract with two pipes
 made by the agent: a worker that returned writes its local rank to the *done* pipe and blocks reading the *release*
 pipe, whose only write end the agent closes once every local worker has returned or exited. The worker's ends are
-named by :data:`FINISH_FDS_ENV`; this module is imported by the callable bootstrap, so it imports nothing heavy.
+named by :data:`FINISH_FDS_ENV`; this module is imported by the callable bootstrap
+(:mod:`aelastic.agent.callables.child`), so it imports nothing heavy.
 """
 
 from __future__ import annotations

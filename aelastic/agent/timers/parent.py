@@ -1,7 +1,8 @@
-"""Expiration timers: torch's ``FileTimerServer`` protocol, served from the agent's event loop.
+"""Expiration timers: torch's ``FileTimerServer`` protocol, served from the agent's event loop (the agent's side
+of :mod:`aelastic.agent.timers`).
 
 Workers ask for timers by writing one JSON line per request to a FIFO (torch's ``FileTimerClient``, unmodified,
-or :mod:`aelastic.worker`)::
+or :mod:`aelastic.worker`, whose client is :mod:`aelastic.agent.timers.child`)::
 
     {"version": 1, "pid": <worker pid>, "scope_id": "<scope>", "expiration_time": <epoch s>, "signal": <signum>}
 
@@ -39,12 +40,12 @@ from typing import Final, NamedTuple
 
 import anyio
 
-from ..errors import ConfigurationError
-from .processes import WorkerProcess
+from ...errors import ConfigurationError
+from ..spawn.parent import WorkerProcess
+from .child import FILE_ENV, VERSION
 
 __all__ = [
     "ENABLE_ENV",
-    "FILE_ENV",
     "Expiry",
     "FileTimerServer",
     "TimerRequest",
@@ -55,8 +56,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 ENABLE_ENV: Final = "TORCHELASTIC_ENABLE_FILE_TIMER"
-FILE_ENV: Final = "TORCHELASTIC_TIMER_FILE"
-_VERSION: Final = 1
 _MAX_LINE: Final = 1 << 16  # torch's client refuses lines over PIPE_BUF; a longer run without newline is garbage
 
 
@@ -89,8 +88,8 @@ def parse_request(line: bytes) -> TimerRequest:
         ValueError: not torch's version-1 request.
     """
     data = json.loads(line)
-    if not isinstance(data, dict) or data.get("version") != _VERSION:
-        raise ValueError(f"not a version {_VERSION} timer request")
+    if not isinstance(data, dict) or data.get("version") != VERSION:
+        raise ValueError(f"not a version {VERSION} timer request")
     pid, scope, expiration, signum = data["pid"], data["scope_id"], data["expiration_time"], data.get("signal", 0)
     if not (isinstance(pid, int) and isinstance(scope, str) and isinstance(signum, int)):
         raise ValueError("pid and signal must be integers, scope_id a string")

@@ -1,4 +1,5 @@
-"""Python stacks of a worker the agent is about to kill, captured with py-spy within a bounded time.
+"""Python stacks of a worker the agent is about to kill, captured with py-spy within a bounded time (the agent's
+side of :mod:`aelastic.agent.stacks`).
 
 Whenever the agent kills a worker that did not exit by itself (an expired timer or progress watchdog, a worker
 that outlived the stop's grace), :class:`StackDumper` first runs ``py-spy dump --pid <pid>`` on it: py-spy reads
@@ -10,7 +11,7 @@ failure report shows under that worker (:meth:`StackDumper.notes`).
 The dumps of several workers run concurrently and all of them are cut off at ``timeout``: the kill that follows
 is never delayed by more. py-spy is optional (the ``stacks`` extra). It is found on ``PATH`` or beside the agent's
 interpreter (a virtual environment that is not activated). Without it the agent says once how to get it and falls
-back to :mod:`aelastic.agent.faultstacks` (faulthandler in Python workers, armed at start-up through
+back to :mod:`aelastic.agent.stacks.fallback` (faulthandler in Python workers, armed at start-up through
 :meth:`StackDumper.command`), under the same deadline. A worker is armed only when py-spy is missing at the
 attempt's start, so with py-spy the workers' environment is untouched; a py-spy that fails (no ptrace permission)
 leaves its error as the note.
@@ -30,9 +31,9 @@ from typing import Final
 
 import anyio
 
-from .faultstacks import FaultStacks, fault_top_frames, process_state
-from .logs import LogSpec
-from .processes import WorkerCommand, WorkerProcess
+from ..logs import LogSpec
+from ..spawn.parent import WorkerCommand, WorkerProcess
+from .fallback import FaultStacks, fault_top_frames, process_state
 
 __all__ = ["DEFAULT_DUMP_TIMEOUT", "StackDumper", "find_py_spy", "top_frames"]
 

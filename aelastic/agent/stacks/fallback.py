@@ -1,7 +1,8 @@
 """Stack dumps without py-spy: :mod:`faulthandler` in the worker, armed at start-up, triggered by a signal.
 
-Used by :class:`~aelastic.agent.stacks.StackDumper` only when py-spy is not installed. Python alone cannot read
-another process's stacks, so the worker has to write them, without any cooperation from user code. The options:
+The agent's side of the fallback; used by :class:`~aelastic.agent.stacks.parent.StackDumper` only when py-spy is
+not installed. Python alone cannot read another process's stacks, so the worker has to write them, without any
+cooperation from user code. The options:
 
 * ``PYTHONFAULTHANDLER=1`` and SIGABRT: the dump is a crash. It core-dumps (a multi-gigabyte CUDA process through
   systemd-coredump), kills the other local workers dumped beside a hung one, and turns every worker's segfault into
@@ -10,9 +11,9 @@ another process's stacks, so the worker has to write them, without any cooperati
 * :func:`faulthandler.register` on a signal, with ``chain=False``: the C signal handler writes every thread's
   traceback to a file descriptor and the worker goes on; it answers while blocked in C code (a sleep, a
   collective), needs no Python code to run, and costs nothing until the signal comes. Chosen. It has to be
-  registered inside the worker: aelastic's start-up hook (:mod:`aelastic.agent._faulthook`, a ``sitecustomize``
-  that steps aside for the next one) goes first on the worker's ``PYTHONPATH``, and a pipe's write end is
-  inherited by the worker (``AELASTIC_STACKS=<agent pid>:<fd>:<signal>``).
+  registered inside the worker: aelastic's start-up hook (``stacks/child/sitecustomize.py``, the child side of
+  :mod:`aelastic.agent.stacks`: a ``sitecustomize`` that steps aside for the next one) goes first on the worker's
+  ``PYTHONPATH``, and a pipe's write end is inherited by the worker (``AELASTIC_STACKS=<agent pid>:<fd>:<signal>``).
 
 The hook writes ``armed`` when registered; the agent signals a worker only after reading it, so a worker that is
 not a Python process (a shell wrapper, ``python -I``) is never sent a signal whose default action would kill it.
@@ -36,13 +37,13 @@ from typing import Final
 
 import anyio
 
-from .processes import WorkerCommand, WorkerProcess
+from ..spawn.parent import WorkerCommand, WorkerProcess
 
 __all__ = ["STACKS_ENV", "STACKS_SIGNAL", "FaultStacks", "fault_top_frames", "process_state"]
 
 STACKS_ENV: Final = "AELASTIC_STACKS"
 STACKS_SIGNAL: Final = int(signal.SIGRTMIN) + 5
-_HOOK_DIR: Final = str(Path(__file__).with_name("_faulthook"))
+_HOOK_DIR: Final = str(Path(__file__).with_name("child"))  # goes first on the worker's PYTHONPATH
 _ARMED: Final = b"armed\n"
 _QUIET: Final = 0.2
 

@@ -1,8 +1,10 @@
-"""A standby worker interpreter: ``python [-u] -m aelastic.agent._standby <fd> <sys.path[0]> <preload> idle|normal``.
+"""A standby worker interpreter, the child side of :mod:`aelastic.agent.prewarm`::
 
-The agent starts it (:mod:`aelastic.agent.standby`) exactly as it starts a worker, with the workers' environment
-minus the per-attempt variables, and with the interpreter options the worker's command line has (``-u``), so
-everything the interpreter decides at start-up (``sys.flags``, the hash seed, the locale, ``sys.path`` from
+    python [-u] -m aelastic.agent.prewarm.child <fd> <sys.path[0]> <preload> idle|normal
+
+The agent starts it (:mod:`~aelastic.agent.prewarm.parent`) exactly as it starts a worker, with the workers'
+environment minus the per-attempt variables, and with the interpreter options the worker's command line has
+(``-u``), so everything the interpreter decides at start-up (``sys.flags``, the hash seed, the locale, ``sys.path`` from
 ``PYTHONPATH``) is what the worker's own start would decide. It sets ``sys.path[0]`` to the worker's (the script's
 directory, or the working directory for ``-m``), imports the preload list (``torch`` when importable, then the
 user's ``--prewarm-modules``), and blocks reading its control socket.

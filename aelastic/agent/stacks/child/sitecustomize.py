@@ -1,4 +1,4 @@
-"""aelastic's worker start-up hook for stack dumps without py-spy (see :mod:`aelastic.agent.faultstacks`).
+"""aelastic's worker start-up hook for stack dumps without py-spy (see :mod:`aelastic.agent.stacks.fallback`).
 
 The agent puts this directory first on a worker's ``PYTHONPATH`` only when py-spy is not installed, with
 ``AELASTIC_STACKS=<agent pid>:<fd>:<signal>``. In the worker itself (its parent is the agent; its own children

@@ -1,0 +1,27 @@
+"""Configuration: the one place where a value the user gives is converted and checked.
+
+* :mod:`.values`: text into values, and each rule a value keeps (raising ``ConfigurationError`` with the value
+  named as the user wrote it);
+* :mod:`.launch_config`: :class:`LaunchConfig`, torch's fields with torch's defaults and meanings;
+* :mod:`.command`: ``aelastic run``'s arguments into a LaunchConfig and the workers' command (torch's legacy URL,
+  the standalone defaults, the plugins a flag names);
+* :mod:`.environ`: the variables of torch's that configure a launch, and the one place that writes the process
+  environment.
+
+Imports go one way: ``cli -> config.command -> config.launch_config -> config.values``; ``launcher -> config``.
+"""
+
+from __future__ import annotations
+
+from .launch_config import LaunchConfig
+from .values import DEFAULT_SIGNALS, LIST_LIMIT, new_run_id, parse_nnodes, parse_rdzv_conf, parse_signals
+
+__all__ = [
+    "DEFAULT_SIGNALS",
+    "LIST_LIMIT",
+    "LaunchConfig",
+    "new_run_id",
+    "parse_nnodes",
+    "parse_rdzv_conf",
+    "parse_signals",
+]

@@ -1,0 +1,126 @@
+"""``LaunchConfig``: what to launch and how, with the field names, defaults and meanings of torch's.
+
+Code ported from ``torch.distributed.launcher.api`` passes torch's values unchanged: every field torch's
+``LaunchConfig`` has takes torch's default with torch's meaning (``None`` filters, ``shutdown_timeout=None`` read
+from ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``, ``rdzv_timeout`` into ``rdzv_configs['timeout']``), with one difference on
+purpose: no ``rdzv_backend`` runs standalone (torch's default, ``etcd``, needs an etcd server at an endpoint).
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..agent.logs import Std, StdSpec
+from ..errors import ConfigurationError
+from ..rendezvous.api import RendezvousParameters
+from . import environ
+from .values import DEFAULT_SIGNALS, check_at_least, check_module_names, check_node_range, check_port, parse_signals
+
+__all__ = ["LaunchConfig"]
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """What to launch and how; the fields and defaults of torch's ``LaunchConfig`` (see the module doc), except
+    that with no ``rdzv_backend`` the job runs standalone on the embedded store (one node, ``c10d`` on
+    ``localhost:0``).
+
+    ``event_log_handler`` names where events go (``aelastic.events``: null, console, file or a registered one);
+    ``metrics_port`` opens the agent's ``/metrics`` and ``/health`` endpoint (``aelastic.agent.control``).
+
+    ``monitor_interval`` is accepted for compatibility and has no effect: aelastic does not poll its workers, it
+    awaits their exits. ``start_method`` likewise: callables always run in a fresh interpreter (spawn); and
+    ``numa_options``: aelastic binds workers to no CPUs. ``shutdown_grace`` is computed: the seconds between the
+    stop signal and SIGKILL (``shutdown_timeout``, else ``$TORCH_ELASTIC_SHUTDOWN_TIMEOUT``, else 30, read when
+    the config is made, as torch's).
+    """
+
+    min_nodes: int = 1
+    max_nodes: int = 1
+    nproc_per_node: int = 1
+    run_id: str = ""
+    role: str = "default_role"
+    rdzv_endpoint: str = ""
+    rdzv_backend: str | None = None
+    rdzv_configs: Mapping[str, Any] = field(default_factory=dict)
+    rdzv_timeout: int = -1  # torch's legacy: when not -1, rdzv_configs['timeout']
+    max_restarts: int = 3
+    monitor_interval: float = 0.1
+    start_method: str = "spawn"
+    log_dir: str | Path | None = None
+    redirects: StdSpec = Std.NONE
+    tee: StdSpec = Std.NONE
+    local_addr: str | None = None
+    local_ranks_filter: frozenset[int] | None = None
+    duplicate_stdout_filters: Sequence[str] | None = None  # None or empty: no filtered_stdout.log
+    duplicate_stderr_filters: Sequence[str] | None = None
+    log_line_prefix_template: str | None = None
+    exit_barrier_timeout: float = 300.0
+    shutdown_timeout: float | None = None  # None: $TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30 (shutdown_grace)
+    signals_to_handle: str = DEFAULT_SIGNALS
+    metrics_cfg: Mapping[str, str] = field(default_factory=dict)
+    event_log_handler: str = "null"
+    numa_options: Any = None  # torch's NumaOptions: accepted, no effect
+    metrics_port: int | None = None
+    virtual_local_rank: bool = False
+    # aelastic's: kill a worker whose aelastic.worker.heartbeat() calls stop for this many seconds (None: off).
+    watchdog_timeout: float | None = None
+    # torch's: a custom LogsSpecs instance (aelastic.agent.logs_specs); None is the default layout under log_dir.
+    logs_specs: Any = None
+    # aelastic's: keep a pre-warmed standby interpreter per local rank (aelastic.agent.prewarm) that has imported
+    # torch (where importable) and prewarm_modules, and start Python workers in it.
+    prewarm: bool = False
+    prewarm_modules: tuple[str, ...] = ()
+    shutdown_grace: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        check_node_range(self.min_nodes, self.max_nodes, f"LaunchConfig nodes {self.min_nodes}:{self.max_nodes}")
+        check_at_least(self.nproc_per_node, 1, f"LaunchConfig nproc_per_node={self.nproc_per_node}")
+        check_at_least(self.max_restarts, 0, f"LaunchConfig max_restarts={self.max_restarts}")
+        if self.start_method not in ("spawn", "fork", "forkserver"):
+            raise ConfigurationError(
+                f"LaunchConfig start_method={self.start_method!r}: must be spawn, fork or forkserver"
+            )
+        if self.exit_barrier_timeout <= 0:
+            raise ConfigurationError(f"LaunchConfig exit_barrier_timeout={self.exit_barrier_timeout!r}: must be > 0")
+        grace = environ.shutdown_timeout() if self.shutdown_timeout is None else self.shutdown_timeout
+        check_at_least(grace, 0, f"LaunchConfig shutdown_timeout={grace!r}")  # torch's rule: 0 kills at once
+        object.__setattr__(self, "shutdown_grace", float(grace))
+        if self.watchdog_timeout is not None and self.watchdog_timeout <= 0:
+            raise ConfigurationError(f"LaunchConfig watchdog_timeout={self.watchdog_timeout!r}: must be > 0")
+        parse_signals(self.signals_to_handle, "LaunchConfig signals_to_handle")
+        check_module_names(self.prewarm_modules, "LaunchConfig prewarm_modules")
+        if self.metrics_port is not None:
+            check_port(self.metrics_port, f"LaunchConfig metrics_port={self.metrics_port}")
+
+    @property
+    def standalone(self) -> bool:
+        return self.rdzv_backend is None
+
+    @property
+    def signals(self) -> tuple[signal.Signals, ...]:
+        """``signals_to_handle`` as signals: those that stop the workers and then the agent."""
+        return parse_signals(self.signals_to_handle, "LaunchConfig signals_to_handle")
+
+    @property
+    def duplicate_filters(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The stdout and stderr filters, each a tuple (empty where torch's ``None``)."""
+        return tuple(self.duplicate_stdout_filters or ()), tuple(self.duplicate_stderr_filters or ())
+
+    def rendezvous_parameters(self, run_id: str) -> RendezvousParameters:
+        """The rendezvous this launch joins as ``run_id``: standalone is ``c10d`` on ``localhost:0``; torch's
+        legacy ``rdzv_timeout`` (when not -1) is ``rdzv_configs['timeout']``, as torch's ``LaunchConfig`` sets it."""
+        if self.standalone:
+            backend, endpoint = "c10d", "localhost:0"
+        else:
+            backend, endpoint = str(self.rdzv_backend), self.rdzv_endpoint
+        configs = dict(self.rdzv_configs)
+        if self.rdzv_timeout != -1:
+            configs["timeout"] = self.rdzv_timeout
+        return RendezvousParameters(
+            backend, endpoint, run_id, self.min_nodes, self.max_nodes, self.local_addr, **configs
+        )

@@ -1,0 +1,216 @@
+"""Text into values, and the rules a value must keep: every conversion and check of a value the user gives.
+
+Each rule is written once, here, as a function that takes a *label* (what the user wrote: ``--nnodes '4:2'`` on
+the command line, ``LaunchConfig min_nodes=4`` in Python) so that the one-line error names what the user typed.
+The parsers raise :class:`~aelastic.errors.ConfigurationError`; the command line adapts them to argparse types.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Mapping
+from typing import Final
+
+from ..agent.logs import Std
+from ..errors import ConfigurationError
+
+__all__ = [
+    "DEFAULT_SIGNALS",
+    "LIST_LIMIT",
+    "check_at_least",
+    "check_module_names",
+    "check_node_range",
+    "check_port",
+    "comma_list",
+    "new_run_id",
+    "parse_log_level",
+    "parse_nnodes",
+    "parse_nproc",
+    "parse_port",
+    "parse_positive",
+    "parse_ranks_filter",
+    "parse_rdzv_conf",
+    "parse_signals",
+    "parse_std",
+    "pet_default",
+    "pet_flag",
+]
+
+DEFAULT_SIGNALS: Final = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+
+LIST_LIMIT: Final = 20
+"""How many nodes of each list ``aelastic status`` prints unless asked for all (``--all``)."""
+
+
+# --- rules ---------------------------------------------------------------------------------------------------------
+
+
+def check_node_range(low: int, high: int, label: str) -> None:
+    """``1 <= low <= high`` (``--nnodes MIN:MAX``, ``LaunchConfig min_nodes/max_nodes``)."""
+    if low < 1:
+        raise ConfigurationError(f"{label}: MIN must be >= 1")
+    if low > high:
+        raise ConfigurationError(f"{label}: MIN must be <= MAX")
+
+
+def check_at_least(value: float, low: float, label: str) -> None:
+    """``value >= low``."""
+    if value < low:
+        raise ConfigurationError(f"{label}: must be >= {low:g}")
+
+
+def check_port(value: int, label: str) -> None:
+    """A TCP port number; 0 asks the kernel for a free one."""
+    if not 0 <= value <= 65535:
+        raise ConfigurationError(f"{label}: must be a port (0..65535)")
+
+
+def check_module_names(names: tuple[str, ...], label: str) -> None:
+    """Dotted Python module names (``--prewarm-modules``)."""
+    bad = [m for m in names if not all(part.isidentifier() for part in m.split("."))]
+    if bad:
+        raise ConfigurationError(f"{label}: {bad[0]!r} is not a module name")
+
+
+# --- text into values ----------------------------------------------------------------------------------------------
+
+
+def new_run_id() -> str:
+    """A random run id in the text form of a version-4 UUID, as torchrun's ``--standalone`` makes one.
+
+    Made here rather than by :func:`uuid.uuid4`: the uuid module imports platform, ~3 ms of every launch.
+    """
+    raw = bytearray(os.urandom(16))
+    raw[6] = raw[6] & 0x0F | 0x40  # version 4
+    raw[8] = raw[8] & 0x3F | 0x80  # the RFC 4122 variant
+    text = raw.hex()
+    return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
+
+
+def parse_nnodes(text: str) -> tuple[int, int]:
+    """``N`` or ``MIN:MAX`` into ``(min, max)``; ``0 < min <= max``."""
+    parts = str(text).split(":")
+    try:
+        if len(parts) == 1:
+            low = high = int(parts[0])
+        elif len(parts) == 2:
+            low, high = int(parts[0]), int(parts[1])
+        else:
+            raise ValueError
+    except ValueError:
+        raise ConfigurationError(f"--nnodes {text!r}: must be N or MIN:MAX (positive integers)") from None
+    check_node_range(low, high, f"--nnodes {text!r}")
+    return low, high
+
+
+def parse_rdzv_conf(text: str) -> dict[str, str]:
+    """``k=v,k=v`` into a dict; empty keys or values are refused, as torch refuses them."""
+    conf: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise ConfigurationError(f"--rdzv-conf {text!r}: {item!r} is not KEY=VALUE")
+        conf[key.strip()] = value.strip()
+    return conf
+
+
+def parse_signals(text: str, label: str = "--signals-to-handle") -> tuple[signal.Signals, ...]:
+    """``SIGTERM,SIGINT,...`` into signals; unknown names are refused."""
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [name for name in names if name not in signal.Signals.__members__]
+    if unknown:
+        raise ConfigurationError(f"{label} {text!r}: {unknown[0]!r} is not a signal name")
+    return tuple(signal.Signals[name] for name in names)
+
+
+def _gpu_count(environ: Mapping[str, str]) -> int:
+    from ..agent.agent import visible_devices  # only --nproc-per-node gpu/auto looks
+
+    return len(visible_devices(environ))
+
+
+def parse_nproc(text: str, environ: Mapping[str, str]) -> int:
+    """``--nproc-per-node``: a positive integer, ``cpu``, ``gpu`` (the visible NVIDIA GPUs) or ``auto``."""
+    if text == "cpu":
+        return os.cpu_count() or 1
+    if text == "auto":
+        return _gpu_count(environ) or os.cpu_count() or 1
+    if text == "gpu":
+        count = _gpu_count(environ)
+        if count == 0:
+            raise ConfigurationError(
+                "--nproc-per-node 'gpu': no visible GPU on this machine (no /dev/nvidia<N>, or CUDA_VISIBLE_DEVICES "
+                "empty); give a number"
+            )
+        return count
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigurationError(f"--nproc-per-node {text!r}: must be a positive integer, cpu, gpu or auto") from None
+    if value < 1:
+        raise ConfigurationError(f"--nproc-per-node {text!r}: must be a positive integer (>= 1)")
+    return value
+
+
+def parse_std(flag: str, text: str) -> Std | dict[int, Std]:
+    """``--redirects`` / ``--tee``: ``0..3`` or ``LOCAL_RANK:0..3,...``."""
+    try:
+        return Std.from_str(text)
+    except ValueError:
+        raise ConfigurationError(f"{flag} {text!r}: must be 0..3 or LOCAL_RANK:0..3,...") from None
+
+
+def parse_ranks_filter(text: str) -> frozenset[int] | None:
+    """``--local-ranks-filter``: a comma list of local ranks; empty is every rank (``None``)."""
+    if not text.strip():
+        return None
+    try:
+        return frozenset(int(part) for part in text.split(","))
+    except ValueError:
+        raise ConfigurationError(f"--local-ranks-filter {text!r}: must be a comma list of local ranks") from None
+
+
+def comma_list(text: str) -> list[str]:
+    """torch's ``comma_separated_list``: items split on ``,``; ``,,`` is a literal comma."""
+    return [item.replace("\0", ",") for item in text.replace(",,", "\0").split(",")]
+
+
+def parse_port(text: str) -> int:
+    """A port number, ``0..65535``."""
+    if not text.isdigit() or not 0 <= int(text) <= 65535:
+        raise ConfigurationError(f"{text!r} is not a port number (an integer 0..65535)")
+    return int(text)
+
+
+def parse_positive(text: str) -> int:
+    """A positive integer."""
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigurationError(f"{text!r} is not a positive integer")
+    return int(text)
+
+
+def parse_log_level(text: str) -> str:
+    """``--log-level``: a level name of :mod:`logging`, upper-cased."""
+    level = text.upper()
+    if not isinstance(logging.getLevelName(level), int):
+        raise ConfigurationError(f"--log-level {text!r}: must be DEBUG, INFO, WARNING or ERROR")
+    return level
+
+
+# --- torch's PET_<FLAG> variables ----------------------------------------------------------------------------------
+
+
+def pet_default(dest: str, default: object, environ: Mapping[str, str]) -> object:
+    """torch's ``env`` action: a flag's default is ``PET_<DEST>`` when set, else the coded default."""
+    return environ.get(f"PET_{dest.upper()}", default)
+
+
+def pet_flag(dest: str, environ: Mapping[str, str]) -> bool:
+    """torch's ``check_env`` action: a switch defaults to ``bool(int(PET_<DEST>))``."""
+    raw = environ.get(f"PET_{dest.upper()}", "0")
+    try:
+        return bool(int(raw))
+    except ValueError:
+        raise ConfigurationError(f"PET_{dest.upper()}={raw!r}: must be 0 or 1") from None

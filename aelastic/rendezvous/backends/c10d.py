@@ -1,0 +1,115 @@
+"""The ``c10d`` backend: the dynamic rendezvous over aelastic's store (the state driver is ``store.py``).
+
+The node whose address matches the endpoint (or that has ``is_host=true``) serves the store in its own loop,
+bound to the endpoint's host only (every interface only for ``::`` or ``0.0.0.0``); if the port is taken (another
+agent on this machine already serves it) it connects as a client instead, as torch does. ``localhost:0`` serves on
+a kernel-chosen port (``--standalone``). ``auth_token`` (or ``$AELASTIC_AUTH_TOKEN``) makes that store refuse
+clients without the token (:mod:`aelastic.store.auth`).
+
+Keys: the timing keys (:mod:`..settings`), ``is_host``, ``read_timeout``, ``auth_token``; torchrun's ``timeout``
+is accepted and not read (torch's c10d backend does not read it either).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Final
+
+from ..._net import format_address, is_local_host, parse_endpoint
+from ...errors import ConfigurationError
+from ...store.auth import resolve_auth_token
+from ...store.client import open_store_client
+from ..api import JoinObserver, RendezvousHandler, RendezvousParameters
+from ..dynamic import open_dynamic_rendezvous
+from ..settings import TIMING_KEYS, TORCHRUN_KEYS, TimingSettings, conf_bool, conf_float
+from ..state import NodeDesc, RendezvousSettings
+from .base import StateReader
+from .hosting import local_address, serve_or_connect
+from .store import StoreBackend
+
+__all__ = [
+    "C10D_DEFAULT_PORT",
+    "C10dSettings",
+    "c10d_settings",
+    "c10d_setup",
+    "open_c10d_reader",
+    "open_c10d_rendezvous",
+]
+
+C10D_DEFAULT_PORT: Final = 29400
+C10D_KEYS: Final = TIMING_KEYS | TORCHRUN_KEYS | {"is_host", "read_timeout", "auth_token"}
+
+_local_ids = iter(range(1 << 62))  # distinguishes handlers of one process, like torch's _NodeDescGenerator
+
+
+@dataclass(frozen=True, slots=True)
+class C10dSettings:
+    """The ``--rdzv-conf`` keys of the c10d backend, validated."""
+
+    rendezvous: RendezvousSettings
+    is_host: bool | None
+    read_timeout: float
+    heartbeat_timeout: float
+    auth_token: str | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_parameters(cls, params: RendezvousParameters) -> C10dSettings:
+        params.warn_unknown(set(C10D_KEYS))
+        timing = TimingSettings.from_parameters(params)
+        is_host = conf_bool(params, "is_host", False) if "is_host" in params.config else None
+        return cls(
+            rendezvous=timing.rendezvous,
+            is_host=is_host,
+            read_timeout=conf_float(params, "read_timeout", 60.0),
+            heartbeat_timeout=timing.heartbeat_timeout,
+            auth_token=resolve_auth_token(None if (raw := params.config.get("auth_token")) is None else str(raw)),
+        )
+
+
+def c10d_setup(params: RendezvousParameters) -> tuple[C10dSettings, str, int]:
+    """The c10d backend's settings and store address, validated without I/O."""
+    settings = C10dSettings.from_parameters(params)
+    return (settings, *parse_endpoint(params.endpoint or "localhost:0", C10D_DEFAULT_PORT))
+
+
+def c10d_settings(params: RendezvousParameters) -> RendezvousSettings:
+    """The protocol settings the nodes of ``params`` derive (node counts, windows)."""
+    return C10dSettings.from_parameters(params).rendezvous
+
+
+@asynccontextmanager
+async def open_c10d_rendezvous(
+    params: RendezvousParameters, *, observer: JoinObserver | None = None
+) -> AsyncIterator[RendezvousHandler]:
+    settings, host, port = c10d_setup(params)
+    is_host = settings.is_host if settings.is_host is not None else is_local_host(host)
+    if port == 0 and not is_host:
+        raise ConfigurationError(f"--rdzv-endpoint {params.endpoint!r}: port 0 only works on the hosting node")
+    async with AsyncExitStack() as stack:
+        client, server = await serve_or_connect(stack, host, port, is_host, settings.read_timeout, settings.auth_token)
+        addr = await local_address(client, params.local_addr)
+        backend = StoreBackend(client, params.run_id, location=f"the rendezvous store at {client.address}")
+        await backend.initialize()
+        node = NodeDesc(addr, os.getpid(), next(_local_ids))
+        async with open_dynamic_rendezvous(
+            node, settings.rendezvous, backend, backend_name="c10d", bootstrap_host=addr,
+            heartbeat_timeout=settings.heartbeat_timeout, read_timeout=settings.read_timeout, observer=observer,
+            servers=() if server is None else (server,),
+        ) as handler:  # fmt: skip
+            yield handler
+
+
+@asynccontextmanager
+async def open_c10d_reader(params: RendezvousParameters) -> AsyncIterator[StateReader]:
+    """A reader of the run's state in the rendezvous store at ``params.endpoint``: a client that creates no key
+    (``aelastic status``)."""
+    _, host, port = c10d_setup(params)
+    if port == 0:
+        raise ConfigurationError(
+            f"--rdzv-endpoint {format_address(host, port)!r}: port 0 is chosen by the hosting node; give the real port"
+        )
+    async with open_store_client(host, port) as client:
+        yield StoreBackend(client, params.run_id)

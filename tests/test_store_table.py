@@ -1,0 +1,112 @@
+"""The store server's sans-IO core (``aelastic.store.table``) driven without a socket or an event loop: bytes in,
+replies in the outbox, wake-ups through ``notify``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from aelastic.errors import StoreProtocolError
+from aelastic.store import wire
+from aelastic.store.table import Connection, StoreTable
+
+
+class Peer(Connection):
+    """A connection whose transport only records what the core asked of it."""
+
+    __slots__ = ("aborted", "notified")
+
+    def __init__(self, table: StoreTable) -> None:
+        super().__init__(table.limits, "peer")
+        self.notified = 0
+        self.aborted = False
+
+    def notify(self) -> None:
+        self.notified += 1
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+def new_table(*, max_buffered_bytes: int = 1 << 20, max_connections: int = 4) -> StoreTable:
+    return StoreTable(
+        wire.Limits(), max_buffered_bytes=max_buffered_bytes, max_connections=max_connections, auth_token=None, port=0
+    )
+
+
+def connect(table: StoreTable) -> Peer:
+    peer = Peer(table)
+    assert table.admit(peer)
+    feed(table, peer, wire.encode_request(wire.Validate()))
+    return peer
+
+
+def feed(table: StoreTable, peer: Peer, data: bytes) -> bytes:
+    """Hand ``data`` to the core as a transport would; the replies it queued (taken out of the outbox)."""
+    table.receive(peer, data)
+    while table.process(peer):
+        pass
+    table.check_buffered(peer)
+    replies = bytes(peer.outbox)
+    peer.outbox.clear()
+    return replies
+
+
+@pytest.mark.parametrize("chunk", [None, 1], ids=["whole", "byte-by-byte"])
+def test_requests_in_replies_out(chunk: int | None) -> None:
+    table = new_table()
+    peer = connect(table)
+    data = b"".join(map(wire.encode_request, [wire.Set(b"k", b"v"), wire.Get(b"k"), wire.Add(b"n", 3), wire.Ping(9)]))
+    pieces = [data] if chunk is None else [data[i : i + chunk] for i in range(len(data))]
+    replies = b"".join(feed(table, peer, piece) for piece in pieces)
+    assert replies == b"\x01\x00\x00\x00\x00\x00\x00\x00v" + (3).to_bytes(8, "little") + (9).to_bytes(4, "little")
+    assert (table.key_count(), table.ops, table.ops_by_kind["Set"]) == (2, 5, 1)
+
+
+def test_a_set_wakes_the_waiter_through_notify() -> None:
+    table = new_table()
+    waiter, setter = connect(table), connect(table)
+    assert feed(table, waiter, wire.encode_request(wire.Wait((b"a", b"b")))) == b""
+    assert table.waiter_count() == 1
+    feed(table, setter, wire.encode_request(wire.Set(b"a", b"1")))
+    assert (waiter.outbox, waiter.notified) == (bytearray(), 0)  # one of two keys: still waiting
+    feed(table, setter, wire.encode_request(wire.Set(b"b", b"2")))
+    assert (bytes(waiter.outbox), waiter.notified) == (bytes((wire.WaitResponse.STOP_WAITING,)), 1)
+    assert table.waiter_count() == 0
+
+
+def test_drop_forgets_the_registrations_and_admit_caps_connections() -> None:
+    table = new_table(max_connections=1)
+    peer = connect(table)
+    feed(table, peer, wire.encode_request(wire.Wait((b"never",))))
+    assert not table.admit(Peer(table))
+    table.drop(peer)
+    assert (table.waiter_count(), len(table.connections)) == (0, 0)
+    assert table.admit(Peer(table))
+
+
+def test_first_request_must_be_validate() -> None:
+    table = new_table()
+    peer = Peer(table)
+    table.admit(peer)
+    with pytest.raises(StoreProtocolError, match="first request is Ping, not VALIDATE"):
+        feed(table, peer, wire.encode_request(wire.Ping(1)))
+
+
+def test_unsent_wake_ups_beyond_the_limit_abort_the_woken_connection() -> None:
+    table = new_table(max_buffered_bytes=4096)
+    peer = connect(table)
+    peer.outbox += b"x" * 4096  # replies its peer has not read
+    table.deliver(peer, bytes((wire.WaitResponse.STOP_WAITING,)))
+    assert (peer.aborted, peer.notified) == (True, 0)
+
+
+def test_the_core_imports_no_event_loop_and_no_socket() -> None:
+    code = (
+        "import sys, aelastic.store.table\n"
+        "print(sorted(m for m in ('anyio', 'asyncio', 'trio', 'socket') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "[]", out.stdout
