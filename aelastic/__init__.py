@@ -26,8 +26,8 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from .agent.agent import RunResult, WorkerSpec, WorkerState
     from .agent.errors import ChildFailedError, ProcessFailure, record
+    from .agent.workers import RunResult, WorkerSpec, WorkerState
     from .config import LaunchConfig
     from .launcher import LaunchControl, launch, run
 
@@ -39,9 +39,9 @@ _LAZY = {
     "LaunchConfig": ".config",
     "LaunchControl": ".launcher",
     "ProcessFailure": ".agent.errors",
-    "RunResult": ".agent.agent",
-    "WorkerSpec": ".agent.agent",
-    "WorkerState": ".agent.agent",
+    "RunResult": ".agent.workers",
+    "WorkerSpec": ".agent.workers",
+    "WorkerState": ".agent.workers",
     "launch": ".launcher",
     "record": ".agent.errors",
     "run": ".launcher",

@@ -32,12 +32,12 @@ import anyio
 
 from . import events
 from ._groups import single_error
-from .agent.agent import ElasticAgent, RunResult, WorkerSpec
+from .agent.agent import ElasticAgent
 from .agent.errors import ChildFailedError
 from .agent.logs import LogSpec
 from .agent.processes import StopSignal
 from .agent.reaper.parent import Reaper, open_reaper
-from .agent.status_events import record_agent
+from .agent.workers import RunResult, WorkerSpec
 from .config import LaunchConfig, new_run_id
 from .config.environ import health_check_port
 from .errors import RendezvousGracefulExitError
@@ -179,7 +179,6 @@ async def _run_agent(
         except RendezvousGracefulExitError as exc:
             logger.info("rendezvous closed while this node was in reserve: %s", exc)
             return None
-        record_agent(agent, "FAILED" if result.is_failed() else "SUCCEEDED")
         # Done either way: close the rendezvous so nodes in reserve and late joiners exit (torch does the same;
         # a cancelled launch, e.g. on a signal, leaves it open for a rescheduled node).
         with anyio.move_on_after(_SHUTDOWN_GRACE, shield=True):

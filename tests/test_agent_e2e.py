@@ -515,3 +515,46 @@ async def test_worker_children_do_not_survive_a_failed_job(job: Job) -> None:
         await wait_gone(pids_of(started))
     assert not [pid for pid in pids_of(started) if alive(pid)]
     assert processes_mentioning(str(job.tmp_path)) == []
+
+
+# --- the agent in process ----------------------------------------------------------------------------------------
+
+# Fails on the first attempt; on the next, reports the signal that stops it, once it is ready for one.
+STOPPED_WITH = """
+import signal
+if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+    sys.exit(3)
+def stopped(signum, frame):
+    report("stopped", signal=signal.Signals(signum).name)
+    sys.exit(0)
+signal.signal(signal.SIGINT, stopped)
+signal.signal(signal.SIGTERM, stopped)
+report("ready")
+while True:
+    time.sleep(0.05)
+"""
+
+
+async def test_an_agent_restarts_a_failure_and_stops_its_workers_with_its_stop_signal(job: Job) -> None:
+    from aelastic.agent.agent import ElasticAgent
+    from aelastic.agent.logs import LogSpec
+    from aelastic.agent.processes import StopSignal
+    from aelastic.agent.workers import WorkerSpec, WorkerState
+    from aelastic.rendezvous import open_rendezvous
+
+    script = job.script("worker.py", STOPPED_WITH)
+    spec = WorkerSpec("trainer", 1, sys.executable, ("-u", str(script), str(job.out)), max_restarts=1)
+    params = RendezvousParameters("static", f"127.0.0.1:{free_port()}", "job", 1, 1, rank=0)
+    run_dir = job.tmp_path / "run"
+    run_dir.mkdir()
+    with anyio.fail_after(DEADLINE):
+        async with open_rendezvous(params) as handler, anyio.create_task_group() as tg:
+            agent = ElasticAgent(spec, handler, LogSpec(), None, run_dir=run_dir, stop_signal=StopSignal(signal.SIGINT))
+            tg.start_soon(agent.run)
+            await job.wait_records("ready", 1)
+            assert (agent.group.state, agent.budget.failure_restarts, agent.budget.membership_restarts) == (
+                WorkerState.HEALTHY, 1, 0
+            )  # fmt: skip
+            tg.cancel_scope.cancel()
+    (stopped,) = job.records("stopped")
+    assert (stopped["signal"], stopped["TORCHELASTIC_RESTART_COUNT"]) == ("SIGINT", "1")

@@ -264,11 +264,13 @@ async def exchange(stream: anyio.abc.SocketStream, requests: list[wire.Request],
     return data
 
 
-async def test_metrics_expose_the_statistics_of_the_stores_this_process_serves() -> None:
+async def test_metrics_expose_the_statistics_of_the_stores_the_handler_runs() -> None:
     metrics = AgentMetrics("trainer", 0)
     settings = ServerSettings(name="rendezvous")
     async with open_store_server("127.0.0.1", 0, settings) as server, anyio.create_task_group() as tg:
+        # What an agent's endpoint reads from its rendezvous handler, statistics().stores, read when scraped.
         port = await tg.start(lambda task_status: serve_control(metrics, 0, host="127.0.0.1", with_metrics=True,
+                                                                 stores=lambda: (server.statistics(),),
                                                                  task_status=task_status))  # fmt: skip
         async with (
             await anyio.connect_tcp("127.0.0.1", server.port) as first_client,
@@ -304,9 +306,9 @@ async def test_metrics_expose_the_statistics_of_the_stores_this_process_serves()
             assert second["aelastic_store_sent_bytes_total"] - 30 == 1 + 8
             assert (second["aelastic_store_keys"], second["aelastic_store_waiters"]) == (5, 0)
         tg.cancel_scope.cancel()
-    async with httpx.AsyncClient() as http, anyio.create_task_group() as tg:  # a stopped server is not scraped
+    async with httpx.AsyncClient() as http, anyio.create_task_group() as tg:  # no store running: no store series
         port = await tg.start(lambda task_status: serve_control(metrics, 0, host="127.0.0.1", with_metrics=True,
-                                                                 task_status=task_status))  # fmt: skip
+                                                                 stores=tuple, task_status=task_status))  # fmt: skip
         assert "aelastic_store_keys{" not in (await http.get(f"http://127.0.0.1:{port}/metrics")).text
         tg.cancel_scope.cancel()
 

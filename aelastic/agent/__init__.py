@@ -28,17 +28,18 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from .agent import ElasticAgent, RunResult, Worker, WorkerGroup, WorkerSpec, WorkerState
+    from .agent import ElasticAgent
     from .errors import ChildFailedError, ProcessFailure, record
     from .logs import Std
+    from .workers import RunResult, Worker, WorkerGroup, WorkerSpec, WorkerState
 
 _LAZY = {
     "ElasticAgent": ".agent",
-    "RunResult": ".agent",
-    "Worker": ".agent",
-    "WorkerGroup": ".agent",
-    "WorkerSpec": ".agent",
-    "WorkerState": ".agent",
+    "RunResult": ".workers",
+    "Worker": ".workers",
+    "WorkerGroup": ".workers",
+    "WorkerSpec": ".workers",
+    "WorkerState": ".workers",
     "ChildFailedError": ".errors",
     "ProcessFailure": ".errors",
     "record": ".errors",

@@ -8,13 +8,15 @@ which returns at the first failure or when all succeeded) and a watcher blocked 
 finishes first decides, and the other is cancelled; cancelling the workers stops them (TERM, grace, KILL) before
 the group exits. Nothing polls.
 
-Outcomes: all workers succeeded, then an exit barrier through the round store; a worker failed, then a failure
-restart while ``max_restarts`` allows (the node leaves the round, so every other node sees a member leave and
-restarts too, without spending its own failure budget); a membership change, then a membership restart, which
-never spends the failure budget; the rendezvous closed by another node (its job ended), then the workers stop and
-:class:`~aelastic.errors.RendezvousClosedError` says so. Either restart re-rendezvouses, and the new round gets a
-fresh workers' store. ``TORCHELASTIC_RESTART_COUNT`` counts failure restarts, as torch defines it;
-``AELASTIC_MEMBERSHIP_RESTARTS`` counts the others.
+What follows an attempt is the policy's (:func:`~aelastic.agent.policy.decide`, a pure function of the attempt's
+outcome and the restart budget): all workers succeeded, then an exit barrier through the round store; a worker
+failed, then a failure restart while ``max_restarts`` allows (the node leaves the round, so every other node sees a
+member leave and restarts too, without spending its own failure budget); a membership change, then a membership
+restart, which never spends the failure budget; the rendezvous closed by another node (its job ended), then the
+workers stop and :class:`~aelastic.errors.RendezvousClosedError` says so. Either restart re-rendezvouses, and the
+new round gets a fresh workers' store. ``TORCHELASTIC_RESTART_COUNT`` counts failure restarts, as torch defines
+it; ``AELASTIC_MEMBERSHIP_RESTARTS`` counts the others. Every state change (the group's state, the metrics,
+torch's status events, the log line that says what the agent does) is recorded in one place, :class:`_Recorder`.
 
 :meth:`ElasticAgent.shutdown` closes the rendezvous when the run is over; after a success the nodes then meet at
 one more barrier, so the node serving the rendezvous store does not exit while another still needs it to close.
@@ -27,39 +29,41 @@ change for the nodes whose workers still run: its work was done, so they finish 
 
 from __future__ import annotations
 
-import enum
 import functools
 import logging
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from string import Template
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from .. import events
 from ..errors import AelasticError, RendezvousClosedError, StoreConnectionError
 from ..metrics import AgentMetrics
 from ..rendezvous.api import RendezvousHandler, RendezvousInfo
 from .errors import ChildFailedError, ProcessFailure
 from .logs import LogSpec
 from .logs_specs import LogsSpecs, reify
+from .policy import Action, Budget, Decision, Outcome, decide
 from .processes import GroupOutcome, StopSignal, run_workers
 from .ranks import RankAssignment, RoleInfo, exchange_ranks
 from .reaper.parent import Reaper
 from .spawn.parent import WorkerCommand, WorkerProcess
 from .stacks.parent import DEFAULT_DUMP_TIMEOUT, StackDumper
-from .status_events import record_agent, record_started, record_workers
+from .status_events import AgentSnapshot, record_agent, record_started, record_workers
 from .timers.child import FILE_ENV, WATCHDOG_ENV
 from .timers.parent import ENABLE_ENV, Expiry, FileTimerServer, signal_name
+from .workers import RunResult, Worker, WorkerGroup, WorkerSpec, WorkerState
 
 if TYPE_CHECKING:
     from .prewarm.parent import Standbys  # imported by the launcher only with --prewarm
 
-__all__ = ["ElasticAgent", "RunResult", "Worker", "WorkerGroup", "WorkerSpec", "WorkerState"]
+__all__ = ["ElasticAgent"]
 
 logger = logging.getLogger(__name__)
 
@@ -85,86 +89,18 @@ def visible_devices(env: Mapping[str, str]) -> list[str]:
     return sorted((index for index in indices if index.isdigit()), key=int)
 
 
-class WorkerState(str, enum.Enum):
-    """torch's worker-group states."""
+@dataclass(frozen=True, slots=True)
+class _Timeouts:
+    """The agent's durations, in seconds (named as :class:`ElasticAgent`'s parameters, less ``_timeout``)."""
 
-    UNKNOWN = "UNKNOWN"
-    INIT = "INIT"
-    HEALTHY = "HEALTHY"
-    UNHEALTHY = "UNHEALTHY"
-    STOPPED = "STOPPED"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-
-    @staticmethod
-    def is_running(state: WorkerState) -> bool:
-        return state in (WorkerState.HEALTHY, WorkerState.UNHEALTHY)
-
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    """What every node runs: ``local_world_size`` copies of ``entrypoint`` (an executable with ``args``, or a
-    callable called with ``args``), restarted at most ``max_restarts`` times after failures."""
-
-    role: str
-    local_world_size: int
-    entrypoint: str | Callable[..., Any]
-    args: tuple[Any, ...] = ()
-    max_restarts: int = 3
-    monitor_interval: float = 0.1
-    master_addr: str | None = None
-    master_port: int | None = None
-    local_addr: str | None = None
-    virtual_local_rank: bool = False  # torch's --virtual-local-rank: LOCAL_RANK 0, one visible device per worker
+    exit_barrier: float  # the most a node waits for the others at the exit barrier, and again when closing
+    shutdown: float  # from SIGTERM to SIGKILL when the workers are stopped
+    watchdog: float | None  # aelastic.worker's progress watchdog (None: off)
+    stack_dump: float  # the most a stack dump of the workers may take
 
     def __post_init__(self) -> None:
-        if self.local_world_size < 1:
-            raise AelasticError(f"WorkerSpec local_world_size={self.local_world_size}: must be >= 1")
-
-    def get_entrypoint_name(self) -> str:
-        """torch's name for the failure report: the script (first non-option argument) or the function."""
-        if callable(self.entrypoint):
-            return str(getattr(self.entrypoint, "__qualname__", repr(self.entrypoint)))
-        if os.path.basename(self.entrypoint).startswith("python"):
-            return next((str(a) for a in self.args if not str(a).startswith("-")), self.entrypoint)
-        return self.entrypoint
-
-
-@dataclass(frozen=True, slots=True)
-class Worker:
-    local_rank: int
-    global_rank: int
-    role_rank: int
-    world_size: int
-    role_world_size: int
-    id: int | None = None  # the pid, once started
-
-
-@dataclass
-class WorkerGroup:
-    spec: WorkerSpec
-    workers: list[Worker] = field(default_factory=list)
-    group_rank: int | None = None
-    group_world_size: int | None = None
-    state: WorkerState = WorkerState.INIT
-    master_addr: str | None = None
-    master_port: int | None = None
-    round: int | None = None
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """How the agent's run ended; ``return_values`` and ``failures`` are keyed by global rank."""
-
-    state: WorkerState
-    return_values: Mapping[int, Any] = field(default_factory=dict)
-    failures: Mapping[int, ProcessFailure] = field(default_factory=dict)
-    failure_restarts: int = 0
-    membership_restarts: int = 0
-    first_failure_rank: int | None = None
-
-    def is_failed(self) -> bool:
-        return self.state is WorkerState.FAILED
+        if self.watchdog is not None and self.watchdog <= 0:
+            raise AelasticError(f"watchdog_timeout={self.watchdog!r}: must be > 0 seconds")
 
 
 class ElasticAgent:
@@ -192,13 +128,8 @@ class ElasticAgent:
         self.logs = logs
         self.reaper = reaper
         self.run_dir = run_dir
-        self.exit_barrier_timeout = exit_barrier_timeout
-        self.shutdown_timeout = shutdown_timeout
+        self.timeouts = _Timeouts(exit_barrier_timeout, shutdown_timeout, watchdog_timeout, stack_dump_timeout)
         self.base_env = dict(os.environ if base_env is None else base_env)
-        if watchdog_timeout is not None and watchdog_timeout <= 0:
-            raise AelasticError(f"watchdog_timeout={watchdog_timeout!r}: must be > 0 seconds")
-        self.watchdog_timeout = watchdog_timeout
-        self.stack_dump_timeout = stack_dump_timeout
         self.logs_specs = logs_specs  # a custom torch LogsSpecs (--logs-specs): reify() routes each attempt's logs
         self.standbys = standbys
         self.stop_signal = stop_signal  # what a cancelled run stops the workers with (None: SIGTERM)
@@ -207,23 +138,25 @@ class ElasticAgent:
         if self.base_env.get(ENABLE_ENV) == "1" or watchdog_timeout is not None:
             self.timer_file = Path(self.base_env.get(FILE_ENV) or run_dir / "watchdog_timer")
         self.group = WorkerGroup(spec)
-        self.failure_restarts = 0
-        self.membership_restarts = 0
+        # Observability (aelastic.metrics): the figures behind /metrics and /health.
+        self.metrics = AgentMetrics(spec.role, spec.max_restarts)
+        self.recorder = _Recorder(spec, handler, self.group, self.metrics)
         self._attempt = 0
         self._finished: RendezvousInfo | None = None  # the round in which every node's workers succeeded
-        # Observability (aelastic.metrics, aelastic.events): figures for /metrics and /health, and the start time
-        # of torch's total_run_time.
-        self.metrics = AgentMetrics(spec.role, spec.max_restarts)
-        self.started_at = time.monotonic()
         self._dumper: StackDumper | None = None  # the last attempt's: its notes go into the failure report
 
     def __repr__(self) -> str:
-        g = self.group
+        g, budget = self.group, self.budget
         return (
             f"<ElasticAgent role={self.spec.role!r} state={g.state.value} round={g.round} "
-            f"group_rank={g.group_rank}/{g.group_world_size} failure_restarts={self.failure_restarts} "
-            f"membership_restarts={self.membership_restarts}>"
+            f"group_rank={g.group_rank}/{g.group_world_size} failure_restarts={budget.failure_restarts} "
+            f"membership_restarts={budget.membership_restarts}>"
         )
+
+    @property
+    def budget(self) -> Budget:
+        """The restarts spent so far (:mod:`~aelastic.agent.policy`)."""
+        return self.recorder.budget
 
     async def run(self) -> RunResult:
         """Run until the workers succeed everywhere, or fail with no restarts left.
@@ -233,54 +166,40 @@ class ElasticAgent:
         if self.standbys is not None:
             await self._prewarm(self.standbys)
         while True:
-            self.group.state = WorkerState.INIT
-            self.metrics.set_state(WorkerState.INIT.value)
+            self.recorder.init()
             began = anyio.current_time()
             info = await self.handler.next_rendezvous()
-            self.metrics.rendezvous_done(anyio.current_time() - began)
-            record_agent(self, "RENDEZVOUS", duration_ms=(anyio.current_time() - began) * 1000)
+            self.recorder.rendezvous_done(anyio.current_time() - began)
             assignment = await self._assign(info)
-            outcome, reason = await self._attempt_once(info, assignment)
-            self.metrics.set_alive(0)
-            if outcome is not None:
-                record_workers(self, outcome)
-            if outcome is None:
-                if await self.handler.is_closed():
-                    raise RendezvousClosedError(
-                        f"rendezvous {self.handler.get_run_id()!r} was closed by another node while this node's "
-                        "workers ran (its job ended: a worker failed with no restarts left, or it was stopped); "
-                        "this node's workers were stopped"
-                    )
-                self.membership_restarts += 1
-                self.metrics.restarted("membership", f"membership change: {reason}", anyio.current_time())
-                logger.info("[%s] membership change (%s): restarting workers", self.spec.role, reason)
-            elif outcome.succeeded:
-                self.group.state = WorkerState.SUCCEEDED
-                self.metrics.set_state(WorkerState.SUCCEEDED.value)
-                self.metrics.run_finished(succeeded=True)
+            workers, reason = await self._attempt_once(info, assignment)
+            self.recorder.attempt_ended(workers)
+            decision = decide(await self._outcome(workers), self.budget)
+            self.recorder.decided(decision, workers, reason, functools.partial(self._attempt_report, workers))
+            if decision.action is Action.SUCCEED:
                 await self._exit_barrier(info)
                 self._finished = info
-                return self._result(WorkerState.SUCCEEDED, outcome)
-            elif self.failure_restarts < self.spec.max_restarts:
-                self.failure_restarts += 1
-                self.group.state = WorkerState.FAILED
-                failed = outcome.first_failure
-                self.metrics.restarted(
-                    "failure",
-                    f"worker rank {failed and failed.global_rank} failed (exitcode {failed and failed.exitcode})",
-                    anyio.current_time(),
+                return self._finish(WorkerState.SUCCEEDED, workers)
+            if decision.action is Action.STOP_FAILED:
+                return self._finish(WorkerState.FAILED, workers)
+            if decision.action is Action.STOP_CLOSED:
+                raise RendezvousClosedError(
+                    f"rendezvous {self.handler.get_run_id()!r} was closed by another node while this node's "
+                    "workers ran (its job ended: a worker failed with no restarts left, or it was stopped); "
+                    "this node's workers were stopped"
                 )
-                logger.warning(
-                    "[%s] worker rank %s failed (exitcode %s); restart %d of %d:%s",
-                    self.spec.role, failed and failed.global_rank, failed and failed.exitcode,
-                    self.failure_restarts, self.spec.max_restarts, self._attempt_report(outcome),
-                )  # fmt: skip
-            else:
-                self.group.state = WorkerState.FAILED
-                self.metrics.set_state(WorkerState.FAILED.value)
-                self.metrics.run_finished(succeeded=False)
-                return self._result(WorkerState.FAILED, outcome)
             self._attempt += 1
+
+    async def _outcome(self, workers: GroupOutcome | None) -> Outcome:
+        """The policy's name for how an attempt ended; ``workers`` is ``None`` when the watcher ended it."""
+        if workers is None:
+            return Outcome.CLOSED if await self.handler.is_closed() else Outcome.MEMBERSHIP_CHANGED
+        return Outcome.SUCCEEDED if workers.succeeded else Outcome.FAILED
+
+    def _finish(self, state: WorkerState, workers: GroupOutcome | None) -> RunResult:
+        """The run's result, recorded as torch's SUCCEEDED or FAILED agent event."""
+        result = self._result(state, workers)
+        self.recorder.finished(state)
+        return result
 
     async def _prewarm(self, standbys: Standbys) -> None:
         """Start the first attempt's standbys before its rendezvous, so they preload while it runs."""
@@ -319,7 +238,7 @@ class ElasticAgent:
             for env in envs.values():
                 del env["TORCHELASTIC_ERROR_FILE"]  # as torch's: the spec's reify() sets it, if it wants one
             logs = replace(logs, custom=reify(self.logs_specs, envs))
-        dumper = self._dumper = StackDumper(logs, self.stack_dump_timeout)
+        dumper = self._dumper = StackDumper(logs, self.timeouts.stack_dump)
         try:
             commands = [self._command(w, envs[w.local_rank]) for w in self.group.workers]
             if self.standbys is None:  # a standby's interpreter started long ago, without the faulthandler hook
@@ -336,8 +255,8 @@ class ElasticAgent:
 
         async def before_kill(survivors: Sequence[WorkerProcess]) -> None:
             for worker in survivors:
-                dumper.note(worker.pid, f"did not exit within {self.shutdown_timeout:g} s of the stop: SIGKILLed")
-            await dumper.dump(survivors, f"still running {self.shutdown_timeout:g} s after the stop; SIGKILL next")
+                dumper.note(worker.pid, f"did not exit within {self.timeouts.shutdown:g} s of the stop: SIGKILLed")
+            await dumper.dump(survivors, f"still running {self.timeouts.shutdown:g} s after the stop; SIGKILL next")
 
         async with self._timer_server() as timers, anyio.create_task_group() as tg:
 
@@ -356,28 +275,21 @@ class ElasticAgent:
                 await timers.serve(workers, functools.partial(self._on_expired, dumper))
 
             tg.start_soon(watch)
-            self.group.state = WorkerState.HEALTHY
-            self.metrics.running(len(commands), anyio.current_time())
+            self.recorder.running(len(commands), anyio.current_time())
             outcome = await run_workers(
                 commands,
                 logs,
-                grace=self.shutdown_timeout,
+                grace=self.timeouts.shutdown,
                 reaper=self.reaper,
                 finish_together=callable(self.spec.entrypoint),  # as torch's multiprocessing runs functions
                 watch=None if timers is None else serve_timers,
                 before_kill=before_kill,
-                started=self._started,
+                started=self.recorder.spawned,
                 standbys=self.standbys,
                 stop_signal=self.stop_signal,
             )
             tg.cancel_scope.cancel()
         return (outcome, None) if reason is None else (None, reason)
-
-    def _started(self, processes: Sequence[WorkerProcess]) -> None:
-        """The workers were spawned: their pids are torch's worker ids, and its START events carry them."""
-        pids = {process.local_rank: process.pid for process in processes}
-        self.group.workers = [replace(w, id=pids.get(w.local_rank)) for w in self.group.workers]
-        record_started(self)
 
     @asynccontextmanager
     async def _timer_server(self) -> AsyncIterator[FileTimerServer | None]:
@@ -431,13 +343,13 @@ class ElasticAgent:
             ROLE_WORLD_SIZE=str(worker.role_world_size),
             MASTER_ADDR=str(g.master_addr),
             MASTER_PORT=str(g.master_port),
-            TORCHELASTIC_RESTART_COUNT=str(self.failure_restarts),
+            TORCHELASTIC_RESTART_COUNT=str(self.budget.failure_restarts),
             TORCHELASTIC_MAX_RESTARTS=str(self.spec.max_restarts),
             TORCHELASTIC_RUN_ID=self.handler.get_run_id(),
             TORCHELASTIC_USE_AGENT_STORE=str(self.handler.use_agent_store),
             TORCH_NCCL_ASYNC_ERROR_HANDLING=self.base_env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
             TORCHELASTIC_ERROR_FILE="" if error_file is None else str(error_file),
-            AELASTIC_MEMBERSHIP_RESTARTS=str(self.membership_restarts),
+            AELASTIC_MEMBERSHIP_RESTARTS=str(self.budget.membership_restarts),
         )
         if self.spec.virtual_local_rank:
             env["LOCAL_RANK"] = "0"
@@ -446,17 +358,17 @@ class ElasticAgent:
                 env["CUDA_VISIBLE_DEVICES"] = devices[worker.local_rank % len(devices)]
         if self.timer_file is not None:
             env[FILE_ENV] = str(self.timer_file)
-        if self.watchdog_timeout is not None:
-            env[WATCHDOG_ENV] = repr(self.watchdog_timeout)
+        if self.timeouts.watchdog is not None:
+            env[WATCHDOG_ENV] = repr(self.timeouts.watchdog)
         return env
 
     async def _exit_barrier(self, info: RendezvousInfo) -> None:
         """Wait until every node's workers are done, so no node tears down a store others still use."""
-        with anyio.move_on_after(self.exit_barrier_timeout) as scope:
+        with anyio.move_on_after(self.timeouts.exit_barrier) as scope:
             await self._members_barrier(info, _TERMINAL)
         if scope.cancelled_caught:
             logger.warning(
-                "[%s] exit barrier: not every node finished within %gs", self.spec.role, self.exit_barrier_timeout
+                "[%s] exit barrier: not every node finished within %gs", self.spec.role, self.timeouts.exit_barrier
             )
 
     async def _members_barrier(self, info: RendezvousInfo, key: str) -> None:
@@ -504,14 +416,14 @@ class ElasticAgent:
         closed = await self.handler.shutdown()
         if self._finished is not None:
             info = self._finished
-            with anyio.move_on_after(self.exit_barrier_timeout):
+            with anyio.move_on_after(self.timeouts.exit_barrier):
                 try:
                     await self._members_barrier(info, "aelastic/agent/closed")
                 except StoreConnectionError as exc:  # the job is done; a peer that left early changes nothing
                     logger.debug("[%s] closing barrier: %s", self.spec.role, exc)
         return closed
 
-    def _result(self, state: WorkerState, outcome: GroupOutcome) -> RunResult:
+    def _result(self, state: WorkerState, outcome: GroupOutcome | None) -> RunResult:
         values: dict[int, Any] = {}
         if state is WorkerState.SUCCEEDED and callable(self.spec.entrypoint):
             from .callables.parent import read_result
@@ -519,14 +431,15 @@ class ElasticAgent:
             values = {w.global_rank: read_result(self._result_path(w.local_rank)) for w in self.group.workers}
         elif state is WorkerState.SUCCEEDED:
             values = {w.global_rank: None for w in self.group.workers}
-        failures = self._failures(outcome)
-        first = outcome.first_failure
+        failures = {} if outcome is None else self._failures(outcome)
+        first = None if outcome is None else outcome.first_failure
+        budget = self.budget
         return RunResult(
             state,
             values,
             failures,
-            self.failure_restarts,
-            self.membership_restarts,
+            budget.failure_restarts,
+            budget.membership_restarts,
             None if first is None else first.global_rank,
         )
 
@@ -539,12 +452,12 @@ class ElasticAgent:
             for e in outcome.failures
         }
 
-    def _attempt_report(self, outcome: GroupOutcome) -> str:
+    def _attempt_report(self, outcome: GroupOutcome | None) -> str:
         """The failure report of an attempt that is restarted (the run's final report is the caller's)."""
-        failures = self._failures(outcome)
+        failures = {} if outcome is None else self._failures(outcome)
         if not failures:
             return " no worker failed"
-        first = outcome.first_failure
+        first = None if outcome is None else outcome.first_failure
         root = None if first is None or first.global_rank not in failures else first.global_rank
         return ChildFailedError(self.spec.get_entrypoint_name(), failures, root_rank=root).format_report()
 
@@ -552,3 +465,94 @@ class ElasticAgent:
         """The error file of ``local_rank`` in the current (or last) attempt."""
         logs = self._dumper.logs if self._dumper is not None else replace(self.logs, attempt=self._attempt)
         return logs.error_file_path(local_rank)
+
+
+class _Recorder:
+    """The one place that records the agent's state changes: the worker group's state, the restart budget, the
+    metrics (``/metrics``, ``/health`` and torch's ``put_metric``), torch's status events, and the log line that
+    says what the agent does next. The agent calls one method per change, in the order the changes happen."""
+
+    def __init__(self, spec: WorkerSpec, handler: RendezvousHandler, group: WorkerGroup, metrics: AgentMetrics) -> None:
+        self.spec = spec
+        self.handler = handler
+        self.group = group
+        self.metrics = metrics
+        self.budget = Budget(spec.max_restarts)
+        self.started_at = time.monotonic()  # the start of torch's total_run_time
+
+    def __repr__(self) -> str:
+        return f"<_Recorder state={self.group.state.value} {self.budget!r}>"
+
+    def snapshot(self) -> AgentSnapshot:
+        """The figures torch's status events report, as they are now."""
+        g = self.group
+        return AgentSnapshot(
+            run_id=self.handler.get_run_id(),
+            rdzv_backend=self.handler.get_backend(),
+            role=self.spec.role,
+            entry_point=self.spec.get_entrypoint_name(),
+            group_rank=g.group_rank,
+            group_world_size=g.group_world_size,
+            workers=tuple(g.workers),
+            agent_restarts=self.budget.failure_restarts,
+            total_run_time=int(time.monotonic() - self.started_at),
+        )
+
+    def init(self) -> None:
+        """An attempt begins: its rendezvous is next."""
+        self.group.state = WorkerState.INIT
+        self.metrics.set_state(WorkerState.INIT.value)
+
+    def rendezvous_done(self, seconds: float) -> None:
+        self.metrics.rendezvous_done(seconds)
+        if events.active() is not None:
+            record_agent(self.snapshot(), "RENDEZVOUS", duration_ms=seconds * 1000)
+
+    def running(self, workers: int, now: float) -> None:
+        """The attempt's workers are being started."""
+        self.group.state = WorkerState.HEALTHY
+        self.metrics.running(workers, now)
+
+    def spawned(self, processes: Sequence[WorkerProcess]) -> None:
+        """The workers were spawned: their pids are torch's worker ids, and its START events carry them."""
+        pids = {process.local_rank: process.pid for process in processes}
+        self.group.workers = [replace(w, id=pids.get(w.local_rank)) for w in self.group.workers]
+        if events.active() is not None:
+            record_started(self.snapshot())
+
+    def attempt_ended(self, workers: GroupOutcome | None) -> None:
+        """The attempt's workers are gone: ``workers`` is how they exited, ``None`` when the watcher stopped them."""
+        self.metrics.set_alive(0)
+        if workers is not None and events.active() is not None:
+            record_workers(self.snapshot(), workers)
+
+    def decided(
+        self, decision: Decision, workers: GroupOutcome | None, reason: str | None, report: Callable[[], str]
+    ) -> None:
+        """The policy decided what follows the attempt; ``reason`` is the watcher's, ``report()`` the failure
+        report of a restarted attempt."""
+        self.budget = decision.budget
+        action, role, now = decision.action, self.spec.role, anyio.current_time()
+        if action is Action.RESTART_MEMBERSHIP:
+            self.metrics.restarted("membership", f"membership change: {reason}", now)
+            logger.info("[%s] membership change (%s): restarting workers", role, reason)
+        elif action is Action.RESTART_FAILURE:
+            self.group.state = WorkerState.FAILED
+            failed = None if workers is None else workers.first_failure
+            rank, exitcode = failed and failed.global_rank, failed and failed.exitcode
+            self.metrics.restarted("failure", f"worker rank {rank} failed (exitcode {exitcode})", now)
+            logger.warning(
+                "[%s] worker rank %s failed (exitcode %s); restart %d of %d:%s",
+                role, rank, exitcode, self.budget.failure_restarts, self.spec.max_restarts, report(),
+            )  # fmt: skip
+        elif action in (Action.SUCCEED, Action.STOP_FAILED):
+            state = WorkerState.SUCCEEDED if action is Action.SUCCEED else WorkerState.FAILED
+            self.group.state = state
+            self.metrics.set_state(state.value)
+            self.metrics.run_finished(succeeded=action is Action.SUCCEED)
+        # STOP_CLOSED changes nothing here: the agent raises RendezvousClosedError.
+
+    def finished(self, state: WorkerState) -> None:
+        """The run is over (after the exit barrier, when it succeeded): torch's agent-level event."""
+        if events.active() is not None:
+            record_agent(self.snapshot(), state.value)

@@ -4,8 +4,9 @@ Theory of operation
 -------------------
 :func:`serve_control` is a task in the launch's task group: it listens on a TCP port and runs one task per
 connection, parsing HTTP/1.1 with h11 (keep-alive included, as Prometheus scrapes over one connection). Each request
-is answered from :class:`~aelastic.metrics.AgentMetrics`, the state the agent updates as things happen: nothing is
-computed between requests, and an answer at all proves the agent's event loop is responsive.
+is answered from :class:`~aelastic.metrics.AgentMetrics`, the state the agent updates as things happen, and from
+the statistics of the store servers the agent's rendezvous handler runs (``handler.statistics().stores``): nothing
+is computed between requests, and an answer at all proves the agent's event loop is responsive.
 
 ``/health`` (torch's ``TORCHELASTIC_HEALTH_CHECK_PORT``; torch's open-source server is a no-op) answers 200 while
 the workers are running or starting, and 503 with a one-line JSON reason otherwise: workers stopped after a failure
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
@@ -28,17 +29,21 @@ import h11
 
 from ..errors import AelasticError, ConfigurationError
 from ..metrics import RESTART_CAUSES, AgentMetrics
-from ..store.server import StoreServer
+from ..store import ServerStatistics
 
 if TYPE_CHECKING:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
     from prometheus_client.registry import CollectorRegistry
 
-    from .agent import ElasticAgent, RunResult
+    from .agent import ElasticAgent
+    from .workers import RunResult
 
 __all__ = ["health", "run_with_endpoint", "serve_control"]
 
 logger = logging.getLogger(__name__)
+
+StoreStatistics = Callable[[], Sequence[ServerStatistics]]
+"""Where ``/metrics`` reads the statistics of the store servers to report, when scraped."""
 
 _RUNNING = ("HEALTHY", "UNHEALTHY")
 _STATES = ("INIT", "HEALTHY", "UNHEALTHY", "STOPPED", "SUCCEEDED", "FAILED")
@@ -59,7 +64,11 @@ def health(metrics: AgentMetrics) -> tuple[int, dict[str, Any]]:
     return 503, {**body, "reason": f"run over: workers {metrics.state.lower()}"}
 
 
-def _registry(metrics: AgentMetrics) -> CollectorRegistry:
+def _no_stores() -> Sequence[ServerStatistics]:
+    return ()
+
+
+def _registry(metrics: AgentMetrics, stores: StoreStatistics = _no_stores) -> CollectorRegistry:
     try:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
         from prometheus_client.registry import Collector, CollectorRegistry
@@ -111,19 +120,20 @@ def _registry(metrics: AgentMetrics) -> CollectorRegistry:
             healthy = GaugeMetricFamily("aelastic_healthy", "1 when /health answers 200", labels=["role"])
             healthy.add_metric(role, int(status == 200))
             yield healthy
-            yield from _store_metrics(CounterMetricFamily, GaugeMetricFamily)
+            yield from _store_metrics(stores(), CounterMetricFamily, GaugeMetricFamily)
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(AgentCollector())
     return registry
 
 
-def _store_metrics(counter: type[CounterMetricFamily], gauge: type[GaugeMetricFamily]) -> Iterator[Metric]:
-    """The statistics of the store servers this agent's process hosts (the rendezvous store on the c10d host, the
-    workers' store of the round on group rank 0), labelled by what the store is for and its port. Each server
-    counts as it serves (O(1) per request); this reads the counts. The workers' store is new every round, so its
-    counters start again at 0 under a new port."""
-    servers: list[StoreServer] = []  # issue 23: the lead connects the handler's statistics().stores here
+def _store_metrics(
+    servers: Sequence[ServerStatistics], counter: type[CounterMetricFamily], gauge: type[GaugeMetricFamily]
+) -> Iterator[Metric]:
+    """The statistics of the store servers the agent's rendezvous handler runs (the rendezvous store on the c10d
+    host, the workers' store of the round on group rank 0), labelled by what the store is for and its port. Each
+    server counts as it serves (O(1) per request); this reads the counts. The workers' store is new every round,
+    so its counters start again at 0 under a new port."""
     labels = ["store", "port"]
     requests = counter("aelastic_store_requests", "requests handled, by request kind", labels=[*labels, "command"])
     received = counter("aelastic_store_received_bytes", "bytes received from clients", labels=labels)
@@ -131,9 +141,8 @@ def _store_metrics(counter: type[CounterMetricFamily], gauge: type[GaugeMetricFa
     connections = gauge("aelastic_store_connections", "clients connected", labels=labels)
     keys = gauge("aelastic_store_keys", "keys in the store (queues not counted)", labels=labels)
     waiters = gauge("aelastic_store_waiters", "clients blocked in WAIT, BARRIER or a queue pop", labels=labels)
-    for server in servers:
-        stats = server.statistics()
-        store = [server.name, str(server.port)]
+    for stats in sorted(servers, key=lambda server: server.port):
+        store = [stats.name, str(stats.port)]
         for command, count in sorted(stats.ops_by_kind.items()):
             requests.add_metric([*store, command], count)
         received.add_metric(store, stats.bytes_received)
@@ -150,9 +159,9 @@ def check_metrics_available() -> None:
 
 
 class _Routes:
-    def __init__(self, metrics: AgentMetrics, with_metrics: bool) -> None:
+    def __init__(self, metrics: AgentMetrics, with_metrics: bool, stores: StoreStatistics) -> None:
         self.metrics = metrics
-        self.registry = _registry(metrics) if with_metrics else None
+        self.registry = _registry(metrics, stores) if with_metrics else None
 
     def answer(self, request: h11.Request) -> tuple[int, str, bytes]:
         path = request.target.split(b"?", 1)[0]
@@ -226,15 +235,17 @@ async def serve_control(
     *,
     host: str = "0.0.0.0",
     with_metrics: bool,
+    stores: StoreStatistics = _no_stores,
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``/health`` (and ``/metrics`` if ``with_metrics``) on ``host:port`` until cancelled; reports the bound
-    port (``port`` 0 picks a free one) through ``task_status``.
+    port (``port`` 0 picks a free one) through ``task_status``. ``/metrics`` reports the store servers that
+    ``stores()`` returns when scraped (none by default).
 
     Raises:
         ConfigurationError: ``with_metrics`` and prometheus-client is not installed, or the port cannot be bound.
     """
-    routes = _Routes(metrics, with_metrics)
+    routes = _Routes(metrics, with_metrics, stores)
     listener = await _listen(host, port)
     task_status.started(listener.extra(anyio.abc.SocketAttribute.local_port))
     await _serve(listener, routes)
@@ -242,13 +253,14 @@ async def serve_control(
 
 async def run_with_endpoint(agent: ElasticAgent, ports: Sequence[int], *, with_metrics: bool) -> RunResult:
     """``agent.run()`` with the endpoint served beside it on each of ``ports`` (one per distinct port asked for:
-    ``--metrics-port`` and ``TORCHELASTIC_HEALTH_CHECK_PORT``) until the run ends.
+    ``--metrics-port`` and ``TORCHELASTIC_HEALTH_CHECK_PORT``) until the run ends. ``/metrics`` reports the store
+    servers of the agent's rendezvous handler (``handler.statistics().stores``).
 
     Raises:
         ConfigurationError: as :func:`serve_control`, before the agent starts.
         AelasticError: what ``agent.run()`` raised, as itself (not in an exception group).
     """
-    routes = _Routes(agent.metrics, with_metrics)
+    routes = _Routes(agent.metrics, with_metrics, lambda: agent.handler.statistics().stores)
     listeners: list[anyio.abc.Listener[anyio.abc.SocketStream]] = []
     try:
         for port in ports:
