@@ -333,17 +333,28 @@ def test_ipv6_loopback_endpoint_end_to_end(tmp_path: Path) -> None:
     assert record["env"]["MASTER_ADDR"] == "::1"  # the address the node reached the store at, kept literal
 
 
+def test_nproc_per_node_cpu_counts_the_affinity_mask_as_torch_does() -> None:
+    """``taskset -c 0 torchrun --nproc-per-node cpu`` starts one worker on a machine of several CPUs (torch counts
+    ``os.sched_getaffinity``); so does aelastic (torch's test_run.py test_nproc_launch_auto_configurations)."""
+    code = "from aelastic.config.values import parse_nproc; print(parse_nproc('cpu', {}), parse_nproc('auto', {}))"
+    out = subprocess.run(
+        ["taskset", "-c", "0", sys.executable, "-c", code],
+        capture_output=True, text=True, check=True, timeout=60, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )  # fmt: skip
+    assert out.stdout.split() == ["1", "1"]
+
+
 @pytest.mark.usefixtures("restore_environ")
 @pytest.mark.parametrize(
     ("visible", "gpu", "auto"),
-    [("0,1", 2, 2), ("GPU-5b2c,GPU-77aa,GPU-0f1e", 3, 3), ("0,-1,2", 1, 1), ("", None, os.cpu_count())],
+    [("0,1", 2, 2), ("GPU-5b2c,GPU-77aa,GPU-0f1e", 3, 3), ("0,-1,2", 1, 1), ("", None, len(os.sched_getaffinity(0)))],
 )
 def test_nproc_per_node_gpu_and_auto_count_visible_gpus(
     visible: str, gpu: int | None, auto: int | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)  # as CUDA reads it: up to the first invalid entry
     assert config("--nproc-per-node", "auto")[0].nproc_per_node == auto
-    assert config("--nproc-per-node", "cpu")[0].nproc_per_node == os.cpu_count()
+    assert config("--nproc-per-node", "cpu")[0].nproc_per_node == len(os.sched_getaffinity(0))
     if gpu is None:
         with pytest.raises(ConfigurationError, match=r"--nproc-per-node 'gpu': no visible GPU"):
             config("--nproc-per-node", "gpu")

@@ -131,12 +131,21 @@ def _gpu_count(environ: Mapping[str, str]) -> int:
     return len(visible_devices(environ))
 
 
+def _cpu_count() -> int:
+    """The CPUs this process may run on, as torch counts them (``torch._utils.cpu_count``): the affinity mask
+    (taskset, cgroups' cpusets, a Slurm step's binding), not the machine's count."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def parse_nproc(text: str, environ: Mapping[str, str]) -> int:
-    """``--nproc-per-node``: a positive integer, ``cpu``, ``gpu`` (the visible NVIDIA GPUs) or ``auto``."""
+    """``--nproc-per-node``: a positive integer, ``cpu`` (the CPUs of this process's affinity mask), ``gpu`` (the
+    visible NVIDIA GPUs) or ``auto``."""
     if text == "cpu":
-        return os.cpu_count() or 1
+        return _cpu_count()
     if text == "auto":
-        return _gpu_count(environ) or os.cpu_count() or 1
+        return _gpu_count(environ) or _cpu_count()
     if text == "gpu":
         count = _gpu_count(environ)
         if count == 0:

@@ -5,18 +5,21 @@ and ``torch.distributed.run.main`` (torchrun) at aelastic. Every test that does 
 below, the one place that says why:
 
 * ``a``: the test mocks or calls torch internals that aelastic does not have, or runs torch's code only; it
-  says nothing about aelastic's behaviour. Skipped.
+  says nothing about aelastic's behaviour. Skipped, or, where the test first checks a behaviour and then asserts
+  on a mock of torch's, an expected failure that must fail on that mock's assertion.
 * ``b``: a deliberate difference, named by its row of README's "From torchrun" table.
 * ``c``: an aelastic defect, with its reproduction and the function at fault.
 
 Entries of kind b and c carry a regex that the failure must match: such a failure is reported as XFAIL with the
 reason; a failure that does not match fails, and so does a pass (XPASS(strict): the entry is stale, e.g. the
-defect was fixed). A failure not listed here fails the run. No test turned out to be of kind b.
+defect was fixed). A failure not listed here fails the run. No test is of kind b or c today.
 
-``pytest tests/torch_launcher`` takes about 30 s on a 2-CPU machine (19 passed, 12 skipped, 10 xfailed); the same
-files against torch take about 4 min. ``TORCH_LAUNCHER_TARGET=torch`` runs them against torch itself (no shim, no
-classification): the baseline, where all pass but the two-GPU test. ``TORCH_LAUNCHER_SHIM_NONE_DEFAULTS=1`` works
-around the None-defaults defect in the shim and applies no classification either, to see what lies beneath it.
+The files of ``upstream/`` are PyTorch's and are not committed: ``upstream/README.md`` says which to copy there.
+Without them this folder's tests are skipped with that reason.
+
+``pytest tests/torch_launcher`` takes about 2 min on a busy 2-CPU machine; the same files against torch take
+about 4 min. ``TORCH_LAUNCHER_TARGET=torch`` runs them against torch itself (no shim, no
+classification): the baseline, where all pass but the two-GPU test.
 """
 
 from __future__ import annotations
@@ -36,62 +39,30 @@ HERE = Path(__file__).parent
 UPSTREAM = HERE / "upstream"
 SHIM = HERE / "shim"
 TARGET = os.environ.get("TORCH_LAUNCHER_TARGET", "aelastic")
-CLASSIFY = TARGET == "aelastic" and os.environ.get("TORCH_LAUNCHER_SHIM_NONE_DEFAULTS") != "1"
+CLASSIFY = TARGET == "aelastic"
 TIMEOUT_S = 240  # per test; these tests start launchers and workers (a few seconds each when well)
 
 collect_ignore_glob = ["upstream/bin/*"]
+FETCHED = (UPSTREAM / "api_test.py").is_file() and (UPSTREAM / "test_run.py").is_file()
+MISSING = "PyTorch's launcher tests are not in tests/torch_launcher/upstream/: see its README.md to fetch them"
+if not FETCHED:
+    collect_ignore_glob.append("upstream/*")
 
-# The defects (c) in one place: each entry's regex must match the failure, so another failure of the same test fails.
-NONE_DEFAULTS = (
-    "known defect, being fixed elsewhere: torch's LaunchConfig defaults duplicate_stdout_filters="
-    "duplicate_stderr_filters=None crash aelastic's launch (aelastic/agent/logs.py LogSpec.__post_init__, reached from "
-    "aelastic/launcher.py launch; shutdown_timeout=None likewise in aelastic/config.py LaunchConfig.__post_init__). "
-    "Reproduction: aelastic.run(aelastic.LaunchConfig(duplicate_stdout_filters=None), 'true') -> TypeError: Value "
-    "after * must be an iterable, not NoneType"
-)
-NONE_DEFAULTS_MATCH = r"TypeError: Value after \* must be an iterable, not NoneType"
-UNREAD_CONF = (
-    "known defect, being fixed elsewhere: an --rdzv-conf key the c10d backend does not read is validated anyway "
-    "(aelastic/rendezvous/backends/__init__.py C10dSettings.from_parameters: conf_int(params, 'timeout', 900)); "
-    "README's row '--rdzv-conf key the backend does not use' says ignored with a warning. Reproduction: aelastic run "
-    '--rdzv-backend c10d --rdzv-endpoint localhost:0 --rdzv-conf "timeout=5\'" --no-python true -> exit 2, '
-    "'--rdzv-conf timeout=\"5'\": must be an integer' (upstream passes --rdzv-conf='join_timeout=5,...,timeout=5'' "
-    "with the quotes inside)"
-)
-UNREAD_CONF_MATCH = r"""ValueError: aelastic run: error: --rdzv-conf timeout="5'": must be an integer"""
 TORCH_ONLY = "calls torch's own code only ({}); no launcher runs, so it says nothing about aelastic"
 MOCKED_AGENT = "mocks torch's {} and asserts on the mock; aelastic's agent and rendezvous are its own: never called"
-RECORD_BENEATH = "; beneath it (seen with TORCH_LAUNCHER_SHIM_NONE_DEFAULTS=1 / the conf fixed) the test raises {} "
-RECORD_BENEATH += "as expected and then fails on record_mock.assert_called_once(): torch's events.record, kind (a)"
-
-# Not listed because it passes here: test_run.py's test_nproc_launch_auto_configurations fails under an affinity
-# mask (taskset -c 0 pytest ...: 2 workers, expected 1), a defect (c) of aelastic/cli.py _nproc, which counts
-# os.cpu_count() for 'cpu' and 'auto' where torch 2.13 counts os.sched_getaffinity(0) (torch._utils.cpu_count).
-# Reproduction: taskset -c 0 aelastic run --nproc-per-node cpu --no-python sh -c 'echo $LOCAL_RANK' prints 2 lines.
+RECORD_MOCK = (
+    "runs the launch through aelastic, which raises {} as expected (the behaviour), then asserts that torch's "
+    "events.record was called (a mock of torch's event API; aelastic records its own events, aelastic.events)"
+)
+RECORD_MOCK_MATCH = r"AssertionError: Expected 'record' to have been called once\. Called 0 times\."
 
 # test id under upstream/ -> (kind, reason, regex the failure must match; None: skipped, kind a only)
 CLASSIFIED: dict[str, tuple[str, str, str | None]] = {
-    # --- api_test.py: every launch goes through torch's LaunchConfig, whose None defaults aelastic rejects
-    **{
-        f"api_test.py::ElasticLaunchTest::{name}": (
-            "c",
-            NONE_DEFAULTS + "; beneath it the test passes",
-            NONE_DEFAULTS_MATCH,
-        )
-        for name in (
-            "test_launch_script_python",
-            "test_launch_script_python_local_rank_transfer",
-            "test_launch_script_bash",
-            "test_launch_function",
-            "test_launch_dist_sum_with_static_rdzv",
-            "test_launch_elastic",
-            "test_launch_elastic_multiple_agents",
-        )
-    },
+    # --- api_test.py
     "api_test.py::ElasticLaunchTest::test_launch_elastic_worker_raise_exception": (
-        "c",
-        NONE_DEFAULTS + RECORD_BENEATH.format("ChildFailedError"),
-        NONE_DEFAULTS_MATCH,
+        "a",
+        RECORD_MOCK.format("torch's ChildFailedError"),
+        RECORD_MOCK_MATCH,
     ),
     "api_test.py::ElasticLaunchTest::test_launch_elastic_agent_raise_exception": (
         "a",
@@ -119,15 +90,10 @@ CLASSIFIED: dict[str, tuple[str, str, str | None]] = {
         None,
     ),
     # --- test_run.py
-    "test_run.py::ElasticLaunchTest::test_launch_elastic": (
-        "c",
-        UNREAD_CONF + "; beneath it the test passes",
-        UNREAD_CONF_MATCH,
-    ),
     "test_run.py::ElasticLaunchTest::test_launch_elastic_worker_raise_exception": (
-        "c",
-        UNREAD_CONF + RECORD_BENEATH.format("ChildFailedError"),
-        UNREAD_CONF_MATCH,
+        "a",
+        RECORD_MOCK.format("torch's ChildFailedError (exit 1 with the failure report)"),
+        RECORD_MOCK_MATCH,
     ),
     "test_run.py::ElasticLaunchTest::test_launch_elastic_agent_raise_exception": (
         "a",

@@ -12,10 +12,7 @@ Two functions are replaced, nothing else of torch and nothing of aelastic:
   the CLI printed). argparse's own ``SystemExit(2)`` passes through in both.
 
 To tell a worker failure from other exit-1 causes, ``main`` observes the ``ChildFailedError`` that
-``aelastic.launcher.launch`` raises (a wrapper that re-raises it unchanged, installed for the duration of the call).
-
-``TORCH_LAUNCHER_SHIM_NONE_DEFAULTS=1`` substitutes aelastic's defaults for torch's ``None`` values of
-``duplicate_std*_filters`` and ``shutdown_timeout`` (a known aelastic defect) to see what lies beneath it.
+``aelastic.cli.launch`` raises (a wrapper that re-raises it unchanged, installed for the duration of the call).
 
 In the pytest process, ``tests/torch_launcher/conftest.py`` sets the two functions for each test of that folder only;
 the interpreters a test starts (``multiprocessing`` spawn children) get them from ``sitecustomize.py`` beside this
@@ -30,7 +27,6 @@ import contextlib
 import importlib.abc
 import importlib.machinery
 import io
-import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -61,15 +57,6 @@ def aelastic_config(config: Any) -> Any:
         }
     elif specs is not None:  # a custom LogsSpecs: aelastic follows its reify()
         logs = {"logs_specs": specs}
-    optional = {
-        "duplicate_stdout_filters": config.duplicate_stdout_filters,
-        "duplicate_stderr_filters": config.duplicate_stderr_filters,
-        "shutdown_timeout": config.shutdown_timeout,
-    }
-    if os.environ.get("TORCH_LAUNCHER_SHIM_NONE_DEFAULTS") == "1":
-        optional = {name: value for name, value in optional.items() if value is not None}
-    # numa_options has no aelastic field (README: --numa-binding is accepted and has no effect); torch computes it
-    # only where CUDA devices match nproc_per_node.
     return aelastic.LaunchConfig(
         min_nodes=config.min_nodes,
         max_nodes=config.max_nodes,
@@ -89,8 +76,11 @@ def aelastic_config(config: Any) -> Any:
         event_log_handler=config.event_log_handler,
         signals_to_handle=config.signals_to_handle,
         virtual_local_rank=config.virtual_local_rank,
+        duplicate_stdout_filters=config.duplicate_stdout_filters,  # torch's None defaults mean what they mean there
+        duplicate_stderr_filters=config.duplicate_stderr_filters,
+        shutdown_timeout=config.shutdown_timeout,
+        numa_options=config.numa_options,
         **logs,
-        **optional,
     )
 
 
@@ -117,11 +107,11 @@ def launch_agent(config: Any, entrypoint: Any, args: list[Any], health_check_ser
 
 @contextlib.contextmanager
 def _observe_child_failures() -> Iterator[list[BaseException]]:
-    """Record the ``ChildFailedError`` that ``aelastic.launcher.launch`` raises; behaviour unchanged."""
-    import aelastic.launcher
+    """Record the ``ChildFailedError`` that the command line's ``launch`` raises; behaviour unchanged."""
+    import aelastic.cli
 
     seen: list[BaseException] = []
-    original = aelastic.launcher.launch
+    original = aelastic.cli.launch
 
     async def launch(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -130,11 +120,11 @@ def _observe_child_failures() -> Iterator[list[BaseException]]:
             seen.append(exc)
             raise
 
-    aelastic.launcher.launch = launch  # type: ignore[assignment]
+    aelastic.cli.launch = launch  # type: ignore[assignment]
     try:
         yield seen
     finally:
-        aelastic.launcher.launch = original  # type: ignore[assignment]
+        aelastic.cli.launch = original  # type: ignore[assignment]
 
 
 class _Tee(io.TextIOBase):
