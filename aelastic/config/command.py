@@ -36,6 +36,7 @@ from .values import (
     parse_rdzv_conf,
     parse_signals,
     parse_std,
+    resolve_forwarded,
 )
 
 __all__ = ["RunCommand", "config_from_args", "run_script_path"]
@@ -48,7 +49,8 @@ Entrypoint = str | Callable[..., Any]
 # The flags whose value (argparse's, already typed) is the LaunchConfig field of the same name.
 _AS_GIVEN = (
     "role", "max_restarts", "monitor_interval", "start_method", "log_dir", "local_addr", "shutdown_timeout",
-    "signals_to_handle", "event_log_handler", "metrics_port", "virtual_local_rank", "watchdog_timeout", "prewarm",
+    "signals_to_handle", "signals_to_forward", "event_log_handler", "metrics_port", "virtual_local_rank",
+    "watchdog_timeout", "prewarm",
 )  # fmt: skip
 
 
@@ -174,6 +176,7 @@ def config_from_args(args: argparse.Namespace) -> RunCommand:
     nproc = parse_nproc(str(args.nproc_per_node), os.environ)
     check_at_least(args.max_restarts, 0, f"--max-restarts {args.max_restarts}")  # LaunchConfig's rule, named
     parse_signals(args.signals_to_handle)  # as the user wrote it (LaunchConfig's errors name its fields)
+    resolve_forwarded(args.signals_to_forward, args.signals_to_handle)
     if args.module and args.no_python:
         raise ConfigurationError("-m/--module and --no-python cannot be used together: -m runs python")
     rdzv = _rendezvous(args)
