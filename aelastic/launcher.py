@@ -24,7 +24,7 @@ import signal
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -193,7 +193,7 @@ async def _run_agent(
 ) -> RunResult | None:
     """The agent's run and the rendezvous's closing; ``None`` if this node was in reserve when it closed."""
     async with (
-        open_reaper() as reaper,
+        _open_reaper(control.relayed) as reaper,
         _open_standbys(config, reaper) as standbys,
         _open_witness(control),
         open_rendezvous(config.rendezvous_parameters(run_id), observer=control.join_observer) as handler,
@@ -227,6 +227,20 @@ async def _run_agent(
         with anyio.move_on_after(_SHUTDOWN_GRACE, shield=True):
             await agent.shutdown()
     return result
+
+
+@asynccontextmanager
+async def _open_reaper(spared: tuple[signal.Signals, ...]) -> AsyncIterator[Reaper]:
+    """The reaper sidecar, spawned with ``spared`` (the relayed signals) blocked: it inherits the mask through
+    exec, so a notice sent to every process of the job step (Slurm's step signal) does not kill it."""
+    async with AsyncExitStack() as stack:
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, spared) if spared else None
+        try:
+            reaper = await stack.enter_async_context(open_reaper())  # spawned before its first checkpoint
+        finally:
+            if previous is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        yield reaper
 
 
 @asynccontextmanager

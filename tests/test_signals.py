@@ -145,6 +145,7 @@ def test_a_signal_to_every_process_of_the_tree_reaches_each_worker_once(job: Cal
     assert "which signalled the workers directly too: not forwarded again" in j.log()
     assert "forwarded to the workers' process groups" not in j.log()
     assert j.finish() == {0: ["SIGUSR1"], 1: ["SIGUSR1"]}
+    assert "reaper sidecar" not in j.log()  # spawned with the forwarded signals blocked: the notice spared it
 
 
 def test_a_burst_of_notices_each_reaches_every_worker_once(job: Callable[..., Job]) -> None:
