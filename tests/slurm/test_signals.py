@@ -276,3 +276,26 @@ def test_torchrun_beside(
         assert code != 0
     finally:
         kill_leftovers(tmp_path)
+
+
+def test_torchrun_beside_as_the_batch_shell(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """torchrun as the batch shell (``exec torchrun``) and ``--signal=B:USR1`` (``scancel --batch``): it dies of
+    SIGUSR1; its workers never hear of the notice. Recorded for RESULTS.md."""
+    out = tmp_path / "job.out"
+    (tmp_path / "worker.py").write_text(WORKER)
+    command = f"{BIN / 'torchrun'} --nproc-per-node 2 {tmp_path / 'worker.py'} {tmp_path}"
+    try:
+        job = slurm_cluster.sbatch(f"#!/bin/sh\nexec {command}\n", "-N1", f"--output={out}", env=PATH_ENV)
+        wait_for("2 ready workers", lambda: all((tmp_path / f"ready.{r}").exists() for r in range(2)))
+        slurm_cluster.scancel("--batch", "--signal=USR1", job)
+        record = slurm_cluster.wait_job(job)
+        time.sleep(2.0)  # what is left running once the job is over (an absence: nothing to await)
+        alive = [pid for r in range(2) if (pid := int(read(tmp_path / f"ready.{r}"))) and Path(f"/proc/{pid}").exists()]
+        (tmp_path / "done").touch()
+        wait_for("the orphans' reports", lambda: all((tmp_path / f"got.{r}").exists() for r in range(2)) or not alive)
+        summary = {"job": record["JobState"], "exit": record.get("ExitCode"), "workers_alive_after_the_job": len(alive),
+                   "workers_got": received(tmp_path, 2) if alive else "-"}  # fmt: skip
+        print(f"[slurm] torchrun as the batch shell, B:USR1: {json.dumps(summary)}")
+        assert record["JobState"] in ("FAILED", "CANCELLED"), record
+    finally:
+        kill_leftovers(tmp_path)
