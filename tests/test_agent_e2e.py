@@ -16,7 +16,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -27,6 +26,7 @@ from typing import Any
 import anyio
 import anyio.abc
 import pytest
+from helpers.procs import alive, free_port
 
 from aelastic.rendezvous.api import RendezvousParameters
 from aelastic.status import open_reader, state_or_none
@@ -68,21 +68,6 @@ def all_reduce_ones(dist):
 
 
 # --- processes ---------------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
 
 
 def processes_mentioning(marker: str) -> list[int]:
