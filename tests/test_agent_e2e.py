@@ -18,7 +18,7 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from typing import Any
 import anyio
 import anyio.abc
 import pytest
-from helpers.procs import alive, free_port
+from helpers.procs import alive, free_port, wait_gone
 
 from aelastic.rendezvous.api import RendezvousParameters
 from aelastic.status import open_reader, state_or_none
@@ -89,19 +89,6 @@ def kill_all_mentioning(marker: str) -> None:
     for pid in processes_mentioning(marker):
         with suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-
-
-async def wait_gone(pids: Iterable[int]) -> None:
-    """Wait until every pid has exited (pidfds: works for processes that are not our children)."""
-    for pid in pids:
-        try:
-            fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            continue
-        try:
-            await anyio.wait_readable(fd)
-        finally:
-            os.close(fd)
 
 
 class Agent:

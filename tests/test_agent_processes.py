@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import cast
@@ -24,7 +24,7 @@ import anyio
 import anyio.abc
 import pytest
 from helpers.console import Sink
-from helpers.procs import alive
+from helpers.procs import alive, wait_gone
 
 from aelastic.agent.callables.parent import bootstrap_args, read_result, write_payload
 from aelastic.agent.errors import ProcessFailure
@@ -56,19 +56,6 @@ def spec(sink: Sink) -> LogSpec:
 
 def exitcodes(outcome: GroupOutcome) -> dict[int, int]:
     return {e.local_rank: e.exitcode for e in outcome.exits}
-
-
-async def wait_gone(pids: Iterable[int]) -> None:
-    """Wait until every pid has exited (zombies count as gone). Uses pidfds: works for processes not our own."""
-    for pid in pids:
-        try:
-            fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            continue
-        try:
-            await anyio.wait_readable(fd)
-        finally:
-            os.close(fd)
 
 
 class Gate:

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import time
+from collections.abc import Callable, Iterable
+from typing import TypeVar
+
+import anyio
+
+T = TypeVar("T")
 
 
 def alive(pid: int) -> bool:
@@ -21,3 +29,29 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+async def wait_gone(pids: Iterable[int]) -> None:
+    """Wait until every pid has exited (zombies count as gone). Uses pidfds: works for processes not our own."""
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        try:
+            await anyio.wait_readable(fd)
+        finally:
+            os.close(fd)
+
+
+def poll_until(what: str, check: Callable[[], T | None], timeout: float, interval: float, logs: Callable[[], str]) -> T:
+    """``check()`` every ``interval`` seconds until it returns something truthy, for states that offer no event to
+    await from outside (a scheduler's, another network namespace's); on timeout fail with ``logs()``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {timeout:g} s\n{logs()}")
+        time.sleep(interval)
