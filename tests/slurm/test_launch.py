@@ -49,14 +49,15 @@ def test_srun_without_rendezvous_flags_is_one_world_of_four(slurm_cluster: Slurm
     assert {r["world"] for r in ranks} == {4}
     assert {r["sum"] for r in ranks} == {6.0}
     assert sorted(str(r["host"]) for r in ranks) == ["node1", "node1", "node2", "node2"]
-    job_ids = {str(r["run_id"]) for r in ranks}
-    assert len(job_ids) == 1 and re.fullmatch(r"slurm-\d+-0", job_ids.pop()), ranks
+    [run_id] = {str(r["run_id"]) for r in ranks}
+    assert re.fullmatch(r"slurm-\d+-0", run_id), ranks
     # The one line each agent logs: what it derived, from which variable.
     derived = [line for line in done.stderr.splitlines() if "Slurm step" in line]
     assert len(derived) == 2, done.stderr
     for line in derived:
         assert "--nnodes 2 (SLURM_STEP_NUM_NODES=2)" in line
-        assert "--rdzv-endpoint node1:" in line and "first node of SLURM_STEP_NODELIST=node[1-2]" in line
+        assert "--rdzv-endpoint node1:" in line
+        assert "first node of SLURM_STEP_NODELIST=node[1-2]" in line
         assert "SLURM_RESTART_COUNT=unset" in line
 
 
@@ -90,12 +91,15 @@ def test_dry_run_under_srun_prints_each_value_and_its_source(slurm_cluster: Slur
         rows = {m[1]: (m[2].strip(), m[3]) for m in re.finditer(r"^  (\w+)\s+(.*?)\s+<- (.*)$", text, re.M)}
         assert rows["min_nodes"] == ("2", "SLURM_STEP_NUM_NODES=2") == rows["max_nodes"]
         assert rows["nproc_per_node"] == ("2", "flag --nproc-per-node")
-        assert rows["rdzv_backend"][0] == "'c10d'" and rows["rdzv_backend"][1].startswith("Slurm step")
+        assert rows["rdzv_backend"][0] == "'c10d'"
+        assert rows["rdzv_backend"][1].startswith("Slurm step")
         endpoint, source = rows["rdzv_endpoint"]
-        assert re.fullmatch(r"'node1:\d+'", endpoint) and "SLURM_STEP_NODELIST=node[1-2]" in source
+        assert re.fullmatch(r"'node1:\d+'", endpoint)
+        assert "SLURM_STEP_NODELIST=node[1-2]" in source
         run_id, source = rows["run_id"]
         job = job or re.fullmatch(r"'slurm-(\d+)-0'", run_id)[1]  # type: ignore[index]
-        assert run_id == f"'slurm-{job}-0'" and source == f"SLURM_JOB_ID={job}, SLURM_RESTART_COUNT=unset"
+        assert run_id == f"'slurm-{job}-0'"
+        assert source == f"SLURM_JOB_ID={job}, SLURM_RESTART_COUNT=unset"
         assert int(endpoint.strip("'").split(":")[1]) == 15000 + int(job) % 15000
         assert rows["max_restarts"] == ("0", "default")
     assert done.returncode == 0
