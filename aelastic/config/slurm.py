@@ -161,6 +161,6 @@ def check_not_loopback(host: str, source: str, max_nodes: int) -> None:
     loopback = sorted(a for a in addresses if ipaddress.ip_address(a.split("%")[0]).is_loopback)
     if loopback:
         raise ConfigurationError(
-            f"rendezvous host {host!r} (from {source}) resolves to {', '.join(loopback)}, a loopback address, but "
-            f"up to {max_nodes} nodes must reach it: fix its /etc/hosts entry or give --rdzv-endpoint ADDR:PORT"
+            f"rendezvous host {host!r} (from {source}) resolves to loopback ({', '.join(loopback)}), but up to "
+            f"{max_nodes} nodes must reach it: fix its /etc/hosts entry or give --rdzv-endpoint ADDR:PORT"
         )
