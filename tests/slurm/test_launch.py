@@ -21,6 +21,8 @@ from .cluster import SlurmCluster
 pytestmark = pytest.mark.slurm
 
 SLURM_NODES = 2
+SLURM_CPUS = 2  # room for two tasks per node (test_more_than_one_task_per_node_...)
+SLURM_GPUS = 2  # fake gres/gpu devices: a step with --gpus-per-node=2 sees SLURM_GPUS_ON_NODE=2
 
 HERE = Path(__file__).resolve().parent
 TRAIN = HERE / "allreduce_train.py"
@@ -103,3 +105,36 @@ def test_dry_run_under_srun_prints_each_value_and_its_source(slurm_cluster: Slur
         assert int(endpoint.strip("'").split(":")[1]) == 15000 + int(job) % 15000
         assert rows["max_restarts"] == ("0", "default")
     assert done.returncode == 0
+
+
+def test_more_than_one_task_per_node_is_refused_before_anything_starts(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """``srun --ntasks-per-node=2`` would start two agents per node: each task exits 2 with one line, no worker ran."""
+    done = slurm_cluster.srun(
+        "-N2", "--ntasks-per-node=2", BIN / "aelastic", "run", "--nproc-per-node", "2", TRAIN, "4",
+        tmp_path, check=False,
+    )  # fmt: skip
+    _show("srun -N2 --ntasks-per-node=2 aelastic run --nproc-per-node 2 train.py", done.stdout + done.stderr)
+    assert done.returncode == 2, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("aelastic run: error:")]
+    assert len(errors) == 4, done.stderr
+    assert set(errors) == {
+        "aelastic run: error: SLURM_STEP_NUM_TASKS=4 on SLURM_STEP_NUM_NODES=2: aelastic run must be one task per "
+        "node (it starts the node's workers itself); use 'srun --ntasks-per-node=1 aelastic run', or give --nnodes "
+        "and --rdzv-* yourself"
+    }
+    assert not list(tmp_path.glob("rank-*.json"))
+
+
+def test_gpus_of_the_step_are_the_workers_per_node(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """``srun --gpus-per-node=2 aelastic run --dry-run train.py``: --nproc-per-node 2 from SLURM_GPUS_ON_NODE."""
+    done = slurm_cluster.srun(
+        "-N2", "--ntasks-per-node=1", "--gpus-per-node=2", "--output", tmp_path / "dry-%n.out", BIN / "aelastic",
+        "run", "--dry-run", TRAIN,
+    )  # fmt: skip
+    assert done.returncode == 0
+    for path in sorted(tmp_path.glob("dry-*.out")):
+        text = path.read_text()
+        assert re.search(r"^  nproc_per_node\s+2\s+<- SLURM_GPUS_ON_NODE=2$", text, re.M), text
+        assert "--nproc-per-node 2 (SLURM_GPUS_ON_NODE=2)" in text  # the log line, in the same file
