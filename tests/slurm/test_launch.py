@@ -138,3 +138,32 @@ def test_gpus_of_the_step_are_the_workers_per_node(slurm_cluster: SlurmCluster, 
         text = path.read_text()
         assert re.search(r"^  nproc_per_node\s+2\s+<- SLURM_GPUS_ON_NODE=2$", text, re.M), text
         assert "--nproc-per-node 2 (SLURM_GPUS_ON_NODE=2)" in text  # the log line, in the same file
+
+
+def test_head_node_named_on_loopback_is_an_error_naming_host_and_variable(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """Debian's classic: node1's own /etc/hosts maps its name to 127.0.1.1. node1's agent refuses to start (exit 2,
+    the host and the variable named) instead of publishing a loopback master address; srun's --kill-on-bad-exit
+    then ends node2's agent, which waits for the rendezvous."""
+    loop_hosts = tmp_path / "hosts-loopback"
+    loop_hosts.write_text(
+        "".join(
+            "127.0.1.1 node1\n" if line.split()[1:] == ["node1"] else line + "\n"
+            for line in slurm_cluster.hosts.read_text().splitlines()
+        )
+    )
+    # On node1 only, in a mount namespace of the task's own.
+    script = f'[ "$SLURMD_NODENAME" = node1 ] && mount --bind {loop_hosts} /etc/hosts; exec "$@"'
+    done = slurm_cluster.srun(
+        "-N2", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "unshare", "--mount", "sh", "-c", script, "sh",
+        BIN / "aelastic", "run", "--nproc-per-node", "1", TRAIN, "2", tmp_path, check=False,
+    )  # fmt: skip
+    _show("srun -N2 aelastic run train.py, node1 named 127.0.1.1 in its own /etc/hosts", done.stdout + done.stderr)
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.splitlines() if line.startswith("aelastic run: error:")]
+    assert errors == [
+        "aelastic run: error: rendezvous host 'node1' (from SLURM_STEP_NODELIST=node[1-2]) resolves to loopback "
+        "(127.0.1.1), but up to 2 nodes must reach it: fix its /etc/hosts entry or give --rdzv-endpoint ADDR:PORT"
+    ], done.stderr
+    assert not list(tmp_path.glob("rank-*.json"))
