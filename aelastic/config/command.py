@@ -17,7 +17,7 @@ import logging
 import os
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from .._net import format_address
@@ -27,6 +27,7 @@ from ..rendezvous.api import RendezvousParameters
 from ..rendezvous.registry import check_parameters
 from . import environ
 from .launch_config import LaunchConfig
+from .sources import apply_slurm, sources
 from .values import (
     check_at_least,
     new_run_id,
@@ -38,7 +39,7 @@ from .values import (
     parse_std,
 )
 
-__all__ = ["RunCommand", "config_from_args", "run_script_path"]
+__all__ = ["Resolved", "RunCommand", "config_from_args", "resolve", "run_script_path"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +59,15 @@ class RunCommand(NamedTuple):
     config: LaunchConfig
     entrypoint: Entrypoint
     args: list[str]
+
+
+class Resolved(NamedTuple):
+    """A command line resolved: the command, each LaunchConfig field's source (``--dry-run`` prints both), and the
+    Slurm source's line ('' where it has nothing to say)."""
+
+    command: RunCommand
+    sources: dict[str, str]
+    slurm_line: str
 
 
 class _Rendezvous(NamedTuple):
@@ -165,13 +175,25 @@ def _explain_ignored(args: argparse.Namespace, backend: str) -> None:
             logger.warning("%s %s: accepted for torchrun compatibility and ignored: %s", flag, value, why)
 
 
-def config_from_args(args: argparse.Namespace) -> RunCommand:
+def config_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> RunCommand:
     """Map torchrun's arguments onto a LaunchConfig and a worker command, refusing bad input; see the module doc.
 
     Raises:
         ConfigurationError: a value breaks a rule; the message names the flag and the value.
     """
-    nproc = parse_nproc(str(args.nproc_per_node), os.environ)
+    return resolve(args, env).command
+
+
+def resolve(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Resolved:
+    """:func:`config_from_args` with each value's source, after the Slurm source (:mod:`.slurm`) filled in what no
+    flag or ``PET_*`` variable gave; logs nothing (the caller logs ``slurm_line``).
+
+    Raises:
+        ConfigurationError: a value breaks a rule; the message names the flag (or the variable) and the value.
+    """
+    env = os.environ if env is None else env
+    args, derived, slurm_line = apply_slurm(args, env)
+    nproc = parse_nproc(str(args.nproc_per_node), env)
     check_at_least(args.max_restarts, 0, f"--max-restarts {args.max_restarts}")  # LaunchConfig's rule, named
     parse_signals(args.signals_to_handle)  # as the user wrote it (LaunchConfig's errors name its fields)
     if args.module and args.no_python:
@@ -201,4 +223,4 @@ def config_from_args(args: argparse.Namespace) -> RunCommand:
     check_parameters(config.rendezvous_parameters(config.run_id))
     entrypoint, script_args = _entrypoint(args)
     _explain_ignored(args, config.rdzv_backend or "c10d")
-    return RunCommand(config, entrypoint, script_args)
+    return Resolved(RunCommand(config, entrypoint, script_args), sources(config, args, env, derived), slurm_line)
