@@ -87,6 +87,7 @@ from .state import (
     decide_close,
     decide_exit,
     decide_join,
+    regrouped,
     update_timers,
 )
 
@@ -274,7 +275,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
         if view.complete or view.closed:
             return None
         counted = len(view.participants) + self._ticket - joined
-        return view._replace(sizes=(counted, *view.sizes[1:]), where="participants")
+        # Whether the requests counted regroup the round (fast quorum) only the fold can tell: _triggers judges.
+        return view._replace(sizes=(counted, *view.sizes[1:]), where="participants", regrouped=False)
 
     async def _whole(self) -> RendezvousState:
         """The whole state, for what a view cannot tell (which members left, and their ranks)."""
@@ -288,14 +290,20 @@ class DynamicRendezvousHandler(RendezvousHandler):
         counts it (``_with_own_request``): in a gathering round, the request that brings the participants to
         ``min_nodes`` (the others start their last call) or to ``max_nodes`` (the round completes). (In a
         complete round every request may land on the wait list, which members restart for: the node reads the
-        whole state and ``_must_publish`` judges.) A miscount (a request dropped) only delays the publication
-        until a node's deadline or the liveness grace."""
-        return len(counted.participants) in (self.settings.min_nodes, self.settings.max_nodes)
+        whole state and ``_must_publish`` judges.) After a loss, also any request that brings the participants to
+        the number of survivors or beyond: it may be the last survivor's, which regroups the round (fast quorum);
+        newcomers among them only make a few more nodes read the whole state. A miscount (a request dropped) only
+        delays the publication until a node's deadline or the liveness grace."""
+        n = len(counted.participants)
+        if self.settings.fast_quorum and counted.survivors and n >= counted.survivors:
+            return True
+        return n in (self.settings.min_nodes, self.settings.max_nodes)
 
     def _must_publish(self) -> bool:
         """Whether the join requests folded into this node's view change what other nodes wait for, so that the
         view must be written (which wakes them): the round completed, a node joined the wait list of a complete
-        round, or the round reached ``min_nodes`` (the others start their last call when they see it).
+        round, the round reached ``min_nodes`` (the others start their last call when they see it), or the round
+        regrouped after a loss (fast quorum: the participants complete it when they see it).
 
         One node does it, not every node that sees it (a thousand nodes reading one burst of requests would
         otherwise each encode and compare-and-set the whole state): the node whose own request is the newest in
@@ -316,6 +324,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             view.complete != written.complete
             or len(view.wait_list) > len(written.wait_list)
             or len(written.participants) < quorum <= len(view.participants)
+            or (self.settings.fast_quorum and regrouped(view) and not regrouped(written))
         )
         return self._publish
 
