@@ -29,7 +29,9 @@ dead is removed from the state by a compare-and-set; every member learns of it t
 also watch the backend itself: when none has reached it for ``read_timeout`` (its host died, or the network
 dropped it without a reset, so that reads would hang for TCP's retransmission timeout), the handler fails with
 :class:`~aelastic.errors.RendezvousConnectionError` naming where the backend lives, which cancels whatever runs
-inside the handler (the agent stops its workers).
+inside the handler (the agent stops its workers). A backend that hears of deaths from the network
+(``departures``: the c10d host, whose store server sees a dead agent's connections close) reports them too, and
+the handler evicts those nodes at once, without waiting for the keep-alive.
 
 Clocks: every deadline is this process's monotonic clock (``anyio.current_time``); nothing compares times
 written by different hosts.
@@ -437,7 +439,36 @@ class DynamicRendezvousHandler(RendezvousHandler):
     async def _start_liveness(self) -> None:
         if not self._liveness_started:
             await self._task_group.start(self._liveness)
+            if self.backend.departures:
+                self._task_group.start_soon(self._departures)
             self._liveness_started = True
+
+    async def _departures(self) -> None:
+        """Evict the nodes whose connections the network reported closed (the c10d host's store server): a dead
+        agent is found within the backend's short grace instead of the keep-alive's. Nodes at this node's own
+        address are left to the keep-alive (this node is alive, and it cannot tell which of them died)."""
+        while True:
+            hosts = await self.backend.wait_for_departures()
+            if self.node.addr in hosts:
+                hosts = hosts - {self.node.addr}
+            if not hosts:
+                continue
+            state = await self._whole()
+            gone = frozenset(n for n in state.all_nodes() if n.addr in hosts)
+            if not gone:
+                continue
+            logger.warning(
+                "rendezvous %s: every connection from %s closed: %s died",
+                self.settings.run_id, ", ".join(sorted(hosts)), ", ".join(sorted(n.id for n in gone)),
+            )  # fmt: skip
+            try:
+                with anyio.fail_after(self._read_timeout):
+                    await self._evict(gone)
+            except TimeoutError as exc:
+                raise RendezvousConnectionError(
+                    f"rendezvous {self.settings.run_id!r}: lost {self.backend.location}: evicting the dead "
+                    f"node(s) {sorted(n.id for n in gone)} got no answer within read_timeout={self._read_timeout:g}s"
+                ) from exc
 
     async def _liveness(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         await self.backend.keep_alive(self.node.key)
