@@ -475,6 +475,12 @@ class DynamicRendezvousHandler(RendezvousHandler):
         task_status.started()
         interval = self.settings.keep_alive_interval
         grace = interval * self.settings.keep_alive_max_attempt
+        # A checker sees a beat up to one interval after it happened (it checks once per interval), and judges a
+        # neighbour by when it saw its counter move. Counting from half an interval earlier makes the verdict fall
+        # on the check that finds keep_alive_max_attempt beats missed (15-20 s after the last beat with torch's
+        # defaults, as torch's wall-clock expiry), not one check later (20-25 s); never before the grace has
+        # passed since the last beat, and a live node's beats (at most 1.5 intervals apart) stay well inside it.
+        still = grace - interval / 2 if self.settings.keep_alive_max_attempt >= 3 else grace
         # A beat due while the node waits for its round to complete would preempt the wait (on a c10d store:
         # CANCEL_WAIT, the beat, WAIT again). Those waits end together when the round completes, and at 10,000
         # nodes the beats that preempt them at that moment starve the one write that completes it (RESULTS.md).
@@ -495,7 +501,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
                     await self.backend.keep_alive(self.node.key)
                     reached = anyio.current_time()
                     neighbour = self._neighbour()
-                    if neighbour is not None and await self.backend.find_dead([neighbour.key], grace):
+                    if neighbour is not None and await self.backend.find_dead([neighbour.key], still):
                         dead = neighbour
             except (TimeoutError, StoreConnectionError) as exc:
                 # A missed beat is what liveness is for: the others judge this node. Only a backend that no beat
