@@ -29,7 +29,9 @@ dead is removed from the state by a compare-and-set; every member learns of it t
 also watch the backend itself: when none has reached it for ``read_timeout`` (its host died, or the network
 dropped it without a reset, so that reads would hang for TCP's retransmission timeout), the handler fails with
 :class:`~aelastic.errors.RendezvousConnectionError` naming where the backend lives, which cancels whatever runs
-inside the handler (the agent stops its workers).
+inside the handler (the agent stops its workers). A backend that hears of deaths from the network
+(``departures``: the c10d host, whose store server sees a dead agent's connections close) reports them too, and
+the handler evicts those nodes at once, without waiting for the keep-alive.
 
 Clocks: every deadline is this process's monotonic clock (``anyio.current_time``); nothing compares times
 written by different hosts.
@@ -87,6 +89,7 @@ from .state import (
     decide_close,
     decide_exit,
     decide_join,
+    regrouped,
     update_timers,
 )
 
@@ -274,7 +277,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
         if view.complete or view.closed:
             return None
         counted = len(view.participants) + self._ticket - joined
-        return view._replace(sizes=(counted, *view.sizes[1:]), where="participants")
+        # Whether the requests counted regroup the round (fast quorum) only the fold can tell: _triggers judges.
+        return view._replace(sizes=(counted, *view.sizes[1:]), where="participants", regrouped=False)
 
     async def _whole(self) -> RendezvousState:
         """The whole state, for what a view cannot tell (which members left, and their ranks)."""
@@ -288,14 +292,20 @@ class DynamicRendezvousHandler(RendezvousHandler):
         counts it (``_with_own_request``): in a gathering round, the request that brings the participants to
         ``min_nodes`` (the others start their last call) or to ``max_nodes`` (the round completes). (In a
         complete round every request may land on the wait list, which members restart for: the node reads the
-        whole state and ``_must_publish`` judges.) A miscount (a request dropped) only delays the publication
-        until a node's deadline or the liveness grace."""
-        return len(counted.participants) in (self.settings.min_nodes, self.settings.max_nodes)
+        whole state and ``_must_publish`` judges.) After a loss, also any request that brings the participants to
+        the number of survivors or beyond: it may be the last survivor's, which regroups the round (fast quorum);
+        newcomers among them only make a few more nodes read the whole state. A miscount (a request dropped) only
+        delays the publication until a node's deadline or the liveness grace."""
+        n = len(counted.participants)
+        if self.settings.fast_quorum and counted.survivors and n >= counted.survivors:
+            return True
+        return n in (self.settings.min_nodes, self.settings.max_nodes)
 
     def _must_publish(self) -> bool:
         """Whether the join requests folded into this node's view change what other nodes wait for, so that the
         view must be written (which wakes them): the round completed, a node joined the wait list of a complete
-        round, or the round reached ``min_nodes`` (the others start their last call when they see it).
+        round, the round reached ``min_nodes`` (the others start their last call when they see it), or the round
+        regrouped after a loss (fast quorum: the participants complete it when they see it).
 
         One node does it, not every node that sees it (a thousand nodes reading one burst of requests would
         otherwise each encode and compare-and-set the whole state): the node whose own request is the newest in
@@ -316,6 +326,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             view.complete != written.complete
             or len(view.wait_list) > len(written.wait_list)
             or len(written.participants) < quorum <= len(view.participants)
+            or (self.settings.fast_quorum and regrouped(view) and not regrouped(written))
         )
         return self._publish
 
@@ -428,13 +439,48 @@ class DynamicRendezvousHandler(RendezvousHandler):
     async def _start_liveness(self) -> None:
         if not self._liveness_started:
             await self._task_group.start(self._liveness)
+            if self.backend.departures:
+                self._task_group.start_soon(self._departures)
             self._liveness_started = True
+
+    async def _departures(self) -> None:
+        """Evict the nodes whose connections the network reported closed (the c10d host's store server): a dead
+        agent is found within the backend's short grace instead of the keep-alive's. Nodes at this node's own
+        address are left to the keep-alive (this node is alive, and it cannot tell which of them died)."""
+        while True:
+            hosts = await self.backend.wait_for_departures()
+            if self.node.addr in hosts:
+                hosts = hosts - {self.node.addr}
+            if not hosts:
+                continue
+            state = await self._whole()
+            gone = frozenset(n for n in state.all_nodes() if n.addr in hosts)
+            if not gone:
+                continue
+            logger.warning(
+                "rendezvous %s: every connection from %s closed: %s died",
+                self.settings.run_id, ", ".join(sorted(hosts)), ", ".join(sorted(n.id for n in gone)),
+            )  # fmt: skip
+            try:
+                with anyio.fail_after(self._read_timeout):
+                    await self._evict(gone)
+            except TimeoutError as exc:
+                raise RendezvousConnectionError(
+                    f"rendezvous {self.settings.run_id!r}: lost {self.backend.location}: evicting the dead "
+                    f"node(s) {sorted(n.id for n in gone)} got no answer within read_timeout={self._read_timeout:g}s"
+                ) from exc
 
     async def _liveness(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         await self.backend.keep_alive(self.node.key)
         task_status.started()
         interval = self.settings.keep_alive_interval
         grace = interval * self.settings.keep_alive_max_attempt
+        # A checker sees a beat up to one interval after it happened (it checks once per interval), and judges a
+        # neighbour by when it saw its counter move. Counting from half an interval earlier makes the verdict fall
+        # on the check that finds keep_alive_max_attempt beats missed (15-20 s after the last beat with torch's
+        # defaults, as torch's wall-clock expiry), not one check later (20-25 s); never before the grace has
+        # passed since the last beat, and a live node's beats (at most 1.5 intervals apart) stay well inside it.
+        still = grace - interval / 2 if self.settings.keep_alive_max_attempt >= 3 else grace
         # A beat due while the node waits for its round to complete would preempt the wait (on a c10d store:
         # CANCEL_WAIT, the beat, WAIT again). Those waits end together when the round completes, and at 10,000
         # nodes the beats that preempt them at that moment starve the one write that completes it (RESULTS.md).
@@ -455,7 +501,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
                     await self.backend.keep_alive(self.node.key)
                     reached = anyio.current_time()
                     neighbour = self._neighbour()
-                    if neighbour is not None and await self.backend.find_dead([neighbour.key], grace):
+                    if neighbour is not None and await self.backend.find_dead([neighbour.key], still):
                         dead = neighbour
             except (TimeoutError, StoreConnectionError) as exc:
                 # A missed beat is what liveness is for: the others judge this node. Only a backend that no beat
