@@ -50,7 +50,7 @@ import functools
 import logging
 import math
 import os
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import anyio
@@ -96,6 +96,7 @@ from .state import (
 __all__ = [
     "DynamicRendezvousHandler",
     "FoldCache",
+    "HandlerOptions",
     "committed_state",
     "open_dynamic_rendezvous",
     "state_of",
@@ -153,6 +154,27 @@ def state_of(seen: Versioned) -> RendezvousState:
     return fold_joins(committed_state(seen), map(_decode_join_request, seen.pending))
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class HandlerOptions:
+    """What a backend's opener tells its dynamic handler besides the node, the settings and the driver.
+
+    Attributes:
+        backend_name: the name events and ``get_backend()`` report.
+        bootstrap_host: the address this node serves the workers' store of a round on (when rank 0).
+        heartbeat_timeout: the deadline of one keep-alive write.
+        read_timeout: how long the backend may stay unreachable before the handler fails.
+        observer: called at every step of the node's exit and join (:data:`~aelastic.rendezvous.api.JoinObserver`).
+        servers: the store servers the opener runs for this handler (they show in its ``statistics()``).
+    """
+
+    backend_name: str
+    bootstrap_host: str
+    heartbeat_timeout: float = 5.0
+    read_timeout: float = 60.0
+    observer: JoinObserver | None = None
+    servers: tuple[StoreServer, ...] = ()
+
+
 class DynamicRendezvousHandler(RendezvousHandler):
     """torch's ``DynamicRendezvousHandler`` semantics, event driven. Open it with :func:`open_dynamic_rendezvous`."""
 
@@ -162,21 +184,15 @@ class DynamicRendezvousHandler(RendezvousHandler):
         settings: RendezvousSettings,
         backend: RendezvousBackend,
         task_group: anyio.abc.TaskGroup,
-        *,
-        backend_name: str,
-        bootstrap_host: str,
-        heartbeat_timeout: float = 5.0,
-        read_timeout: float = 60.0,
-        observer: JoinObserver | None = None,
-        servers: Sequence[StoreServer] = (),
+        options: HandlerOptions,
     ) -> None:
         self.node = node
         self.settings = settings
         self.backend = backend
         self._task_group = task_group
-        self._backend_name = backend_name
-        self._heartbeat_timeout = heartbeat_timeout
-        self._read_timeout = read_timeout
+        self._backend_name = options.backend_name
+        self._heartbeat_timeout = options.heartbeat_timeout
+        self._read_timeout = options.read_timeout
         self._seen = Versioned(0, None)  # the last whole read: what a write compare-and-sets against
         self._committed = RendezvousState()
         self._state: View = self._committed  # what this node decides on: the whole state, or its digest's view
@@ -187,13 +203,13 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._publish = False  # this node's request changes what others wait for: write the folded state
         self._liveness_started = False
         self._joining: anyio.Event | None = None  # set when this node's wait for its round to complete ends
-        self._bootstrap = BootstrapStores(task_group, bootstrap_host)
+        self._bootstrap = BootstrapStores(task_group, options.bootstrap_host)
         # torch's switch, read where torch's handler reads it: rank 0's worker serves the workers' store itself.
         self._share_store = os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "0") != "1"
         self._round: int | None = None
         self._world = 0  # the world size of the round this node finished
-        self._observer = observer
-        self._servers = tuple(servers)  # the store servers the backend hosts for this handler (c10d's host)
+        self._observer = options.observer
+        self._servers = options.servers  # the store servers the backend hosts for this handler (c10d's host)
         self._folds = FoldCache()
         self._counted = RendezvousStatistics()  # what this handler did (stores and folds: see statistics())
 
@@ -659,29 +675,16 @@ async def open_dynamic_rendezvous(
     node: NodeDesc,
     settings: RendezvousSettings,
     backend: RendezvousBackend,
-    *,
-    backend_name: str,
-    bootstrap_host: str,
-    heartbeat_timeout: float = 5.0,
-    read_timeout: float = 60.0,
-    observer: JoinObserver | None = None,
-    servers: Sequence[StoreServer] = (),
+    options: HandlerOptions,
 ) -> AsyncIterator[DynamicRendezvousHandler]:
     """A handler of ``node`` over ``backend``, whose background tasks (liveness, bootstrap store) live in a task
-    group of its own: how a backend's opener makes its handler.
+    group of its own: how a backend's opener makes its handler (``options``: see :class:`HandlerOptions`).
 
-    ``observer`` is called at every step of the node's exit and join (see
-    :data:`~aelastic.rendezvous.api.JoinObserver`); ``servers`` are the store servers the opener runs for this
-    handler (they show in its :meth:`~DynamicRendezvousHandler.statistics`).
-
-    If no heartbeat reaches the backend for ``read_timeout`` seconds, the handler's task group fails with
+    If no heartbeat reaches the backend for ``options.read_timeout`` seconds, the handler's task group fails with
     :class:`~aelastic.errors.RendezvousConnectionError`, cancelling the body of this context manager.
     """
     async with anyio.create_task_group() as tg:
-        handler = DynamicRendezvousHandler(
-            node, settings, backend, tg, backend_name=backend_name, bootstrap_host=bootstrap_host,
-            heartbeat_timeout=heartbeat_timeout, read_timeout=read_timeout, observer=observer, servers=servers,
-        )  # fmt: skip
+        handler = DynamicRendezvousHandler(node, settings, backend, tg, options)
         try:
             await handler._bootstrap.reserve()  # the first join's endpoint, bound before any round starts
             yield handler

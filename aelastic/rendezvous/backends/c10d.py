@@ -25,7 +25,7 @@ from ...errors import ConfigurationError
 from ...store.auth import resolve_auth_token
 from ...store.client import open_store_client
 from ..api import JoinObserver, RendezvousHandler, RendezvousParameters
-from ..dynamic import open_dynamic_rendezvous
+from ..dynamic import HandlerOptions, open_dynamic_rendezvous
 from ..settings import TIMING_KEYS, TORCHRUN_KEYS, TimingSettings, conf_bool, conf_float
 from ..state import NodeDesc, RendezvousSettings
 from .base import StateReader
@@ -116,11 +116,11 @@ async def open_c10d_rendezvous(
         )  # fmt: skip
         await backend.initialize()
         node = NodeDesc(addr, os.getpid(), next(_local_ids))
-        async with open_dynamic_rendezvous(
-            node, settings.rendezvous, backend, backend_name="c10d", bootstrap_host=addr,
-            heartbeat_timeout=settings.heartbeat_timeout, read_timeout=settings.read_timeout, observer=observer,
+        options = HandlerOptions(
+            "c10d", addr, settings.heartbeat_timeout, settings.read_timeout, observer=observer,
             servers=() if server is None else (server,),
-        ) as handler:  # fmt: skip
+        )  # fmt: skip
+        async with open_dynamic_rendezvous(node, settings.rendezvous, backend, options) as handler:
             yield handler
 
 
