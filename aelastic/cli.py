@@ -21,8 +21,10 @@ from ._groups import leaves, single_error
 from ._net import format_address
 from .agent.errors import ChildFailedError
 from .config import DEFAULT_FORWARDED, DEFAULT_SIGNALS, LIST_LIMIT
-from .config.command import RunCommand, config_from_args
+from .config.command import RunCommand, resolve
 from .config.environ import export_run_environment
+from .config.limits import raise_open_file_limit
+from .config.sources import describe
 from .config.values import comma_list, parse_log_level, parse_port, parse_positive, pet_default, pet_flag
 from .errors import AelasticError, ConfigurationError
 from .launcher import LaunchControl, launch
@@ -70,16 +72,34 @@ def _spellings(flags: tuple[str, ...]) -> list[str]:
     return list(dict.fromkeys([*flags, *underscored]))
 
 
+def _record(namespace: argparse.Namespace, dest: str, option_string: str | None) -> None:
+    """Note that ``dest`` was given on the command line, as typed (``args.flags_given``): a flag wins over a Slurm
+    variable, and ``--dry-run`` names each value's source (aelastic.config.sources)."""
+    namespace.flags_given = {**getattr(namespace, "flags_given", {}), dest: option_string or dest}
+
+
+class _Store(argparse._StoreAction):
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None) -> None:
+        super().__call__(parser, namespace, values, option_string)
+        _record(namespace, self.dest, option_string)
+
+
+class _StoreTrue(argparse._StoreTrueAction):
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None) -> None:
+        super().__call__(parser, namespace, values, option_string)
+        _record(namespace, self.dest, option_string)
+
+
 def _add(group: Any, *flags: str, dest: str, default: Any, help: str, **kwargs: Any) -> None:
     """A torchrun flag: its default is ``PET_<DEST>`` when set (torch's ``env`` action)."""
     default = pet_default(dest, default, os.environ)
-    group.add_argument(*_spellings(flags), dest=dest, default=default, help=help, **kwargs)
+    group.add_argument(*_spellings(flags), dest=dest, default=default, help=help, action=_Store, **kwargs)
 
 
 def _add_flag(group: Any, *flags: str, dest: str, help: str) -> None:
     """A torchrun switch: ``PET_<DEST>=1`` turns it on (torch's ``check_env`` action)."""
     default = pet_flag(dest, os.environ)
-    group.add_argument(*_spellings(flags), dest=dest, action="store_true", default=default, help=help)
+    group.add_argument(*_spellings(flags), dest=dest, action=_StoreTrue, default=default, help=help)
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -171,7 +191,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
          help="this node's address for the rendezvous and the workers' store (default: the local address of the "
          "connection to the rendezvous store: routable by construction, never a reverse lookup)")  # fmt: skip
     # torchrun reads no PET_* variable for these two.
-    compat.add_argument(*_spellings(("--logs-specs",)), dest="logs_specs", default=None,
+    compat.add_argument(*_spellings(("--logs-specs",)), dest="logs_specs", default=None, action=_Store,
                         help="a LogsSpecs class registered under the entry-point group 'torchrun.logs_specs' decides "
                         "where workers' output and error files go, as with torchrun (imports torch); "
                         "(default: default, torch's layout under --log-dir)")  # fmt: skip
@@ -199,7 +219,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     _add(own, "--metrics-port", dest="metrics_port", default=None, type=_port,
          help="serve this agent's Prometheus /metrics and /health on this port (0: a free one, logged); needs "
          "aelastic[metrics]. TORCHELASTIC_HEALTH_CHECK_PORT serves /health alone (default: off)")  # fmt: skip
-    own.add_argument("--watchdog-timeout", dest="watchdog_timeout", default=None, type=float,
+    own.add_argument("--watchdog-timeout", dest="watchdog_timeout", default=None, type=float, action=_Store,
                      help="kill (its stack dumped first) a worker whose aelastic.worker.heartbeat() calls stop for "
                      "this many seconds; it then fails like any worker (default: off)")  # fmt: skip
     _add_flag(own, "--prewarm", dest="prewarm",
@@ -213,6 +233,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
          "--signals-to-handle)")  # fmt: skip
     _add(own, "--prewarm-modules", dest="prewarm_modules", default=[], type=_comma_list,
          help="comma list of modules the standbys import besides torch (default: none)")  # fmt: skip
+    own.add_argument("--dry-run", dest="dry_run", action="store_true",
+                     help="print the resolved configuration, each value with its source (flag, PET_* variable, "
+                     "Slurm variable, default), and exit; nothing is started (default: off)")  # fmt: skip
 
     parser.add_argument("training_script", help="the script (or module, or executable) every worker runs")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="its arguments")
@@ -309,6 +332,7 @@ async def _until_stopped() -> None:
 
 
 async def _run_store(host: str, port: int) -> int:
+    raise_open_file_limit("aelastic store")  # before the server: its connection cap follows the soft limit
     async with anyio.create_task_group() as tg:
         server = await tg.start(serve_store, host, port)
         print(f"aelastic store listening on {format_address(host, server.port)}", flush=True)
@@ -405,8 +429,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+async def _nothing() -> int:
+    return 0
+
+
 def _entry_run(args: argparse.Namespace) -> Callable[[], Any]:
-    command = config_from_args(args)
+    resolved = resolve(args)
+    if resolved.slurm_line:
+        logger.warning("%s", resolved.slurm_line)
+    command = resolved.command
+    if args.dry_run:
+        print(describe(command.config, command.entrypoint, command.args, resolved.sources), flush=True)
+        return _nothing
+    raise_open_file_limit("aelastic run")  # before the agent's store opens: its cap follows the soft limit
     export_run_environment(command.config.nproc_per_node, command.config.signals_to_handle)  # accepted: torchrun's
     return partial(_run_job, command)
 

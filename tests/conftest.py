@@ -29,3 +29,9 @@ def etcd_endpoint() -> Iterator[str]:
     etcd = open_local_etcd(timing=RaftTiming(heartbeat_interval=0.1, election_timeout=0.5))
     with anyio.from_thread.start_blocking_portal() as portal, portal.wrap_async_context_manager(etcd) as server:
         yield server.endpoint
+
+
+@pytest.fixture
+def etcd(etcd_endpoint: str) -> str:
+    """The session's etcd for one test; each test module keeps to key prefixes of its own."""
+    return etcd_endpoint

@@ -16,10 +16,9 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from typing import Any
 import anyio
 import anyio.abc
 import pytest
+from helpers.procs import alive, free_port, wait_gone
 
 from aelastic.rendezvous.api import RendezvousParameters
 from aelastic.status import open_reader, state_or_none
@@ -70,21 +70,6 @@ def all_reduce_ones(dist):
 # --- processes ---------------------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
-
-
 def processes_mentioning(marker: str) -> list[int]:
     """Live pids whose command line contains ``marker`` (this process excluded)."""
     pids = []
@@ -104,19 +89,6 @@ def kill_all_mentioning(marker: str) -> None:
     for pid in processes_mentioning(marker):
         with suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-
-
-async def wait_gone(pids: Iterable[int]) -> None:
-    """Wait until every pid has exited (pidfds: works for processes that are not our children)."""
-    for pid in pids:
-        try:
-            fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            continue
-        try:
-            await anyio.wait_readable(fd)
-        finally:
-            os.close(fd)
 
 
 class Agent:

@@ -15,6 +15,7 @@ from pathlib import Path
 import anyio
 import pytest
 import torch.distributed.elastic.multiprocessing.errors as torch_errors
+from helpers.console import Sink
 
 from aelastic.agent.errors import ChildFailedError, ProcessFailure, record
 from aelastic.agent.logs import ConsoleSinks, LogSpec
@@ -24,18 +25,6 @@ from aelastic.errors import AelasticError
 
 DEADLINE = 30.0
 T0 = 1_700_000_000
-
-
-class Sink:
-    def __init__(self) -> None:
-        self.chunks: list[str] = []
-
-    def write(self, s: str, /) -> int:
-        self.chunks.append(s)
-        return len(s)
-
-    def flush(self) -> None:
-        pass
 
 
 def when(ts: int) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 import anyio
 import anyio.lowlevel
 import pytest
+from helpers.console import Sink
 
 from aelastic.agent.logs import ConsoleSinks, LogSpec, Std, WorkerLog
 from aelastic.agent.processes import GroupOutcome, run_workers
@@ -23,30 +24,6 @@ from aelastic.agent.spawn.parent import WorkerCommand
 from aelastic.errors import ConfigurationError
 
 DEADLINE = 30.0
-
-
-class Sink:
-    def __init__(self) -> None:
-        self.chunks: list[str] = []
-        self._changed: anyio.Event | None = None
-
-    @property
-    def text(self) -> str:
-        return "".join(self.chunks)
-
-    def write(self, s: str, /) -> int:
-        self.chunks.append(s)
-        if self._changed is not None:
-            self._changed.set()
-        return len(s)
-
-    def flush(self) -> None:
-        pass
-
-    async def wait_for(self, pattern: str) -> None:
-        while not re.search(pattern, self.text, re.MULTILINE):
-            self._changed = anyio.Event()
-            await self._changed.wait()
 
 
 def command(local_rank: int, code: str, global_rank: int | None = None) -> WorkerCommand:

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import cast
@@ -23,6 +23,8 @@ from typing import cast
 import anyio
 import anyio.abc
 import pytest
+from helpers.console import Sink
+from helpers.procs import alive, wait_gone
 
 from aelastic.agent.callables.parent import bootstrap_args, read_result, write_payload
 from aelastic.agent.errors import ProcessFailure
@@ -34,35 +36,6 @@ from aelastic.agent.spawn.parent import WorkerCommand
 pytestmark = pytest.mark.anyio
 
 DEADLINE = 30.0  # generous: the machine is small and shared
-
-
-class Sink:
-    """An in-memory console that tests can wait on."""
-
-    def __init__(self) -> None:
-        self.chunks: list[str] = []
-        self._changed: anyio.Event | None = None
-
-    @property
-    def text(self) -> str:
-        return "".join(self.chunks)
-
-    def write(self, s: str, /) -> int:
-        self.chunks.append(s)
-        if self._changed is not None:
-            self._changed.set()
-        return len(s)
-
-    def flush(self) -> None:
-        pass
-
-    async def wait_for(self, pattern: str, count: int = 1) -> list[re.Match[str]]:
-        while True:
-            found = list(re.finditer(pattern, self.text, re.MULTILINE))
-            if len(found) >= count:
-                return found
-            self._changed = anyio.Event()
-            await self._changed.wait()
 
 
 def env() -> dict[str, str]:
@@ -83,28 +56,6 @@ def spec(sink: Sink) -> LogSpec:
 
 def exitcodes(outcome: GroupOutcome) -> dict[int, int]:
     return {e.local_rank: e.exitcode for e in outcome.exits}
-
-
-async def wait_gone(pids: Iterable[int]) -> None:
-    """Wait until every pid has exited (zombies count as gone). Uses pidfds: works for processes not our own."""
-    for pid in pids:
-        try:
-            fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            continue
-        try:
-            await anyio.wait_readable(fd)
-        finally:
-            os.close(fd)
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state not in ("Z", "X")
 
 
 class Gate:

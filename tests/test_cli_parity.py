@@ -24,7 +24,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import uuid
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.procs import free_port
 
 from aelastic._net import is_local_host
 
@@ -141,14 +141,6 @@ def c10d_store() -> Iterator[Callable[[], int]]:
 
     yield new
     stores.clear()
-
-
-def free_port() -> int:
-    """A port nobody listens on now. Only the static case needs one: torch's static rank 0 must bind a port the
-    other node knows in advance, so port 0 cannot be used; the window between this close and that bind is short."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def no_python_wrapper(tmp_path: Path) -> str:

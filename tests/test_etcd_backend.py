@@ -8,12 +8,11 @@ import socket
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
-from urllib.parse import urlsplit
 
 import anyio
 import anyio.from_thread
 import pytest
-from etcd3 import Client as Etcd3Client  # type: ignore[import-untyped]
+from helpers.etcd import reader
 
 from aelastic.errors import ConfigurationError, RendezvousConnectionError
 from aelastic.etcd import (
@@ -41,16 +40,6 @@ pytestmark = pytest.mark.anyio
 
 _runs = itertools.count()
 DIGEST = make_digest(RendezvousState())  # the etcd backend ignores digests; its signature takes one
-
-
-@pytest.fixture
-def etcd(etcd_endpoint: str) -> str:
-    return etcd_endpoint  # the session's etcd (conftest.py); this module keeps to its own keys
-
-
-def reader(endpoint: str) -> Etcd3Client:
-    parts = urlsplit(endpoint)
-    return Etcd3Client(parts.hostname, parts.port)
 
 
 @asynccontextmanager

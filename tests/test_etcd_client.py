@@ -12,8 +12,8 @@ from urllib.parse import urlsplit
 import anyio
 import anyio.from_thread
 import pytest
-from etcd3 import Client as Etcd3Client  # type: ignore[import-untyped]
-from silent_relay import open_relay
+from helpers.etcd import reader
+from helpers.relay import open_relay
 
 from aelastic.errors import ConfigurationError, EtcdConnectionError, EtcdLeaseExpiredError
 from aelastic.etcd import (
@@ -30,16 +30,6 @@ from aelastic.etcd import (
 )
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def etcd(etcd_endpoint: str) -> str:
-    return etcd_endpoint  # the session's etcd (conftest.py); this module keeps to its own keys
-
-
-def reader(endpoint: str) -> Etcd3Client:
-    parts = urlsplit(endpoint.split(",")[0])
-    return Etcd3Client(parts.hostname, parts.port)
 
 
 def config(endpoint: str) -> EtcdConfig:

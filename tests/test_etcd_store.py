@@ -5,12 +5,11 @@ from __future__ import annotations
 import itertools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from urllib.parse import urlsplit
 
 import anyio
 import anyio.from_thread
 import pytest
-from etcd3 import Client as Etcd3Client  # type: ignore[import-untyped]
+from helpers.etcd import reader
 
 from aelastic.errors import QueueEmptyError, StoreError
 from aelastic.etcd import EtcdConfig, EtcdStore, open_etcd_client, parse_endpoints
@@ -18,16 +17,6 @@ from aelastic.etcd import EtcdConfig, EtcdStore, open_etcd_client, parse_endpoin
 pytestmark = pytest.mark.anyio
 
 _prefixes = itertools.count()
-
-
-@pytest.fixture
-def etcd(etcd_endpoint: str) -> str:
-    return etcd_endpoint  # the session's etcd (conftest.py); this module keeps to its own keys
-
-
-def reader(endpoint: str) -> Etcd3Client:
-    parts = urlsplit(endpoint)
-    return Etcd3Client(parts.hostname, parts.port)
 
 
 @asynccontextmanager

@@ -47,7 +47,8 @@ RENDEZVOUS_BACKENDS = {"Digest", "DigestRead", "RendezvousBackend", "StateReader
 RENDEZVOUS_TESTING = {
     "CHECKS", "FAST", "BackendUnderTest", "Cluster", "Node", "assert_consistent", "check_barrier_blocks_until_min",
     "check_close_reaches_members_and_later_joiners", "check_completes_after_last_call_below_max",
-    "check_completes_at_once_at_max", "check_join_timeout_when_min_never_reached",
+    "check_completes_at_once_at_max", "check_fast_quorum_false_keeps_the_last_call",
+    "check_join_timeout_when_min_never_reached", "check_regroups_after_a_loss_without_the_last_call",
     "check_late_node_waits_and_joins_next_round", "check_member_death_after_completion_is_detected",
     "check_member_that_finished_may_leave", "check_node_dying_before_completion_is_dropped",
     "check_reserve_nodes_exit_gracefully_on_close", "check_survivors_keep_rank_order",

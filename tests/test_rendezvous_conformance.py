@@ -108,6 +108,14 @@ async def test_node_dying_before_completion_is_dropped(backend: BackendUnderTest
     await testing.check_node_dying_before_completion_is_dropped(backend)
 
 
+async def test_regroups_after_a_loss_without_the_last_call(backend: BackendUnderTest) -> None:
+    await testing.check_regroups_after_a_loss_without_the_last_call(backend)
+
+
+async def test_fast_quorum_false_keeps_the_last_call(backend: BackendUnderTest) -> None:
+    await testing.check_fast_quorum_false_keeps_the_last_call(backend)
+
+
 async def test_a_beat_due_while_a_node_waits_for_its_round_lets_the_wait_end_first(
     backend: BackendUnderTest, monkeypatch: pytest.MonkeyPatch
 ) -> None:

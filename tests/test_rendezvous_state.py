@@ -106,6 +106,56 @@ JOIN_CASES: list[tuple[str, RendezvousState, NodeTimers, frozenset[NodeDesc], Ac
         Action.MARK_COMPLETE,
     ),
     ("participant, last call open", S(participants=(A, ME)), CALL_OPEN, frozenset(), Action.WAIT),
+    # Fast quorum: A, ME, C were the last round; C was lost; A and ME are back: no need to wait out the last call.
+    (
+        "after a loss, every survivor back",
+        S(round=1, participants=(A, ME), rank_order=(A, ME, C), lost=(C,)),
+        CALL_OPEN,
+        frozenset(),
+        Action.MARK_COMPLETE,
+    ),
+    (
+        "after a loss, a survivor not back yet",
+        S(round=1, participants=(A, ME), rank_order=(A, ME, B, C), lost=(C,)),
+        CALL_OPEN,
+        frozenset(),
+        Action.WAIT,
+    ),
+    (
+        "after a loss, survivors back but a node waits to join",
+        S(round=1, participants=(A, ME), wait_list=(D,), rank_order=(A, ME, C), lost=(C,)),
+        CALL_OPEN,
+        frozenset(),
+        Action.WAIT,
+    ),
+    (
+        "after a loss, survivors and a newcomer back",
+        S(round=1, participants=(D, A, ME), rank_order=(A, ME, B, C), lost=(B, C)),
+        CALL_OPEN,
+        frozenset(),
+        Action.MARK_COMPLETE,
+    ),
+    (
+        "after a loss, survivors back but below min_nodes",
+        S(round=1, participants=(ME,), rank_order=(ME, C), lost=(C,)),
+        T,
+        frozenset(),
+        Action.WAIT,
+    ),
+    (
+        "no loss: the last call as torch",
+        S(round=1, participants=(A, ME), rank_order=(A, ME)),
+        CALL_OPEN,
+        frozenset(),
+        Action.WAIT,
+    ),
+    (
+        "every member lost: newcomers wait for the last call",
+        S(round=1, participants=(A, ME), rank_order=(B, C), lost=(B, C)),
+        CALL_OPEN,
+        frozenset(),
+        Action.WAIT,
+    ),
     ("participant, an old round's last call", S(participants=(A, ME)), CALL_OVER_OLD_ROUND, frozenset(), Action.WAIT),
     ("participant, below min_nodes", S(participants=(ME,)), CALL_OVER, frozenset(), Action.WAIT),
     ("participant, no last call yet", S(participants=(A, ME)), T, frozenset(), Action.WAIT),
@@ -272,7 +322,7 @@ APPLY_CASES: list[tuple[str, RendezvousState, Action, NodeDesc, frozenset[NodeDe
         Action.REMOVE_DEAD,
         A,
         frozenset({B, C, D, E}),
-        RendezvousState(complete=True, participants=(A,), rank_order=(A, B)),
+        RendezvousState(complete=True, participants=(A,), rank_order=(A, B), lost=(B,)),  # B was a member
     ),
     (
         "evicting the last members ends the round",
@@ -280,7 +330,7 @@ APPLY_CASES: list[tuple[str, RendezvousState, Action, NodeDesc, frozenset[NodeDe
         Action.REMOVE_DEAD,
         C,
         frozenset({A, B}),
-        RendezvousState(round=1, wait_list=(C,), rank_order=(A, B)),
+        RendezvousState(round=1, wait_list=(C,), rank_order=(A, B), lost=(A, B)),
     ),
     (
         "evict from a gathering round",
@@ -491,9 +541,9 @@ def test_state_invariants(kwargs: dict[str, object], words: str) -> None:
 # --- codec ------------------------------------------------------------------------------------------------------
 
 ENCODED = (
-    b'{"v":3,"round":3,"complete":true,"closed":false,"nodes":[["10.0.0.1",100,0],["10.0.0.1",200,0],'
+    b'{"v":4,"round":3,"complete":true,"closed":false,"nodes":[["10.0.0.1",100,0],["10.0.0.1",200,0],'
     b'["10.0.0.1",300,0],["::1",7,1]],"endpoints":[null,"10.0.0.1:40001","10.0.0.1:40002","[::1]:40003"],'
-    b'"participants":[1,0],"wait_list":[3],"redundancy_list":[],"rank_order":[2,1,0]}'
+    b'"participants":[1,0],"wait_list":[3],"redundancy_list":[],"rank_order":[2,1,0],"lost":[2]}'
 )
 DECODED = RendezvousState(
     round=3,
@@ -502,6 +552,7 @@ DECODED = RendezvousState(
     wait_list=(NodeDesc("::1", 7, 1),),
     rank_order=(C, B, A),
     endpoints={B: "10.0.0.1:40001", C: "10.0.0.1:40002", NodeDesc("::1", 7, 1): "[::1]:40003"},
+    lost=(C,),
 )
 
 
@@ -529,11 +580,12 @@ BAD_PAYLOADS: list[tuple[str, bytes, str]] = [
     ("not JSON", b"{round: 3}", "not JSON"),
     ("trailing bytes", ENCODED + b"x", "not JSON"),
     ("an array", b"[1, 2]", "a JSON list, not an object"),
-    ("no version", _doc(v=...), "format v=None is not v=3"),
-    ("the previous version", _doc(v=2), "format v=2 is not v=3, the one this aelastic reads (are all nodes"),
-    ("a later version", _doc(v=4), "format v=4 is not v=3"),
-    ("a boolean version", _doc(v=True), "format v=True is not v=3"),
-    ("a string version", _doc(v="3"), "format v='3' is not v=3"),
+    ("no version", _doc(v=...), "format v=None is not v=4"),
+    ("the previous version", _doc(v=3), "format v=3 is not v=4, the one this aelastic reads (are all nodes"),
+    ("a later version", _doc(v=5), "format v=5 is not v=4"),
+    ("a boolean version", _doc(v=True), "format v=True is not v=4"),
+    ("a string version", _doc(v="4"), "format v='4' is not v=4"),
+    ("lost not in rank_order", _doc(lost=[3]), "lost=[[::1]_7_1]: not all in rank_order"),
     ("a missing field", _doc(closed=...), "missing ['closed'], unknown []"),
     ("an unknown field", _doc(deadline=1.5), "missing [], unknown ['deadline']"),
     ("a string round", _doc(round="3"), "round='3': must be an integer >= 0"),
@@ -554,7 +606,7 @@ BAD_PAYLOADS: list[tuple[str, bytes, str]] = [
     ("a node on no list", _doc(wait_list=[]), "nodes [3] are on no list"),
     ("a node on two lists", _doc(wait_list=[3, 0]), "lists 10.0.0.1_100_0 twice"),
     ("a broken invariant", _doc(participants=[0, 1]), "are not in rank_order"),
-    ("a key twice", ENCODED[:-1] + b',"v":3}', "key 'v' twice"),
+    ("a key twice", ENCODED[:-1] + b',"v":4}', "key 'v' twice"),
     ("endpoints not a list", _doc(endpoints={}), "endpoints: must be a list as long as nodes (4)"),
     ("an endpoint short", _doc(endpoints=[None]), "endpoints: must be a list as long as nodes (4)"),
     ("an endpoint number", _doc(endpoints=[None, 1, None, None]), "endpoints[1]=1: must be a 'host:port' string"),
@@ -601,7 +653,9 @@ def states(draw: st.DrawFn) -> RendezvousState:
         participants = tuple(n for n in rank_order if n in set(participants))
     known = dict.fromkeys([*pool, *rank_order])
     endpoints = {n: format_address(n.addr, port) for n in known if (port := draw(st.integers(0, 2))) > 0}
+    lost = tuple(n for n in rank_order if draw(st.booleans()))
     return RendezvousState(
+        lost=lost,
         round=draw(st.integers(0, 2**40)),
         complete=complete,
         closed=draw(st.booleans()),
@@ -676,15 +730,15 @@ def test_join_request_codec_round_trips(requests: list[JoinRequest]) -> None:
     [
         (b"", "not JSON"),
         (b"\xff", "not JSON"),
-        (b"{}", "not [3, addr, pid, local_id, max_nodes, endpoint]"),
-        (b'["a",1,2,3]', "format v=None is not v=3, the one this aelastic reads (are all nodes"),  # v2's
-        (b'[2,"a",1,2,3,null]', "format v=2 is not v=3"),
-        (b'[3,"a",1,2,3]', "not [3, addr"),
-        (b'[3,"a",1,2,0,null]', "max_nodes=0"),
-        (b'[3,"",1,2,3,null]', "addr=''"),
-        (b'[3,"a",1,2,true,null]', "not [3, addr"),
-        (b'[3,"a",1,2,3,5]', "not [3, addr"),
-        (b'[3,"a",1,2,3,"h"]', "'h': needs a port"),
+        (b"{}", "not [4, addr, pid, local_id, max_nodes, endpoint]"),
+        (b'["a",1,2,3]', "format v=None is not v=4, the one this aelastic reads (are all nodes"),  # v2's
+        (b'[3,"a",1,2,3,null]', "format v=3 is not v=4"),
+        (b'[4,"a",1,2,3]', "not [4, addr"),
+        (b'[4,"a",1,2,0,null]', "max_nodes=0"),
+        (b'[4,"",1,2,3,null]', "addr=''"),
+        (b'[4,"a",1,2,true,null]', "not [4, addr"),
+        (b'[4,"a",1,2,3,5]', "not [4, addr"),
+        (b'[4,"a",1,2,3,"h"]', "'h': needs a port"),
     ],
 )
 def test_join_request_decode_rejects_bad_payloads(data: bytes, words: str) -> None:
@@ -849,11 +903,13 @@ class RendezvousCluster(RuleBasedStateMachine):
         extra=st.integers(0, 2),
         join_timeout=st.sampled_from([4.0, 30.0]),
         addrs=st.lists(st.sampled_from(ADDRS), min_size=1, max_size=5),
+        fast_quorum=st.booleans(),
     )
-    def setup(self, min_nodes: int, extra: int, join_timeout: float, addrs: list[str]) -> None:
+    def setup(self, min_nodes: int, extra: int, join_timeout: float, addrs: list[str], fast_quorum: bool) -> None:
         self.cfg = RendezvousSettings(
-            "sim", min_nodes, min_nodes + extra, join_timeout=join_timeout, last_call_timeout=1.0, close_timeout=5.0
-        )
+            "sim", min_nodes, min_nodes + extra, join_timeout=join_timeout, last_call_timeout=1.0, close_timeout=5.0,
+            fast_quorum=fast_quorum,
+        )  # fmt: skip
         for addr in addrs:
             self.spawn(addr)
 
@@ -986,7 +1042,7 @@ def test_a_dead_member_makes_the_survivors_rerendezvous_in_order() -> None:
     cfg = RendezvousSettings("run", min_nodes=2, max_nodes=3, last_call_timeout=10.0)
     s = done(A, B, C)
     s = apply(s, decide_join(s, C, cfg, T, NOW, frozenset({B})), C, cfg, frozenset({B}))
-    assert s == RendezvousState(complete=True, participants=(A, C), rank_order=(A, B, C))
+    assert s == RendezvousState(complete=True, participants=(A, C), rank_order=(A, B, C), lost=(B,))
     for n in (C, A):
         s = apply(s, decide_exit(s, n, cfg, T, NOW), n, cfg)
     assert (s.round, s.complete, s.participants) == (1, False, ())
@@ -994,6 +1050,79 @@ def test_a_dead_member_makes_the_survivors_rerendezvous_in_order() -> None:
         s = apply(s, decide_join(s, n, cfg, T, NOW), n, cfg)
     assert s.complete
     assert [s.rank_of(n) for n in (A, C, D)] == [0, 1, 2]
+
+
+def test_fast_quorum_false_keeps_torchs_last_call() -> None:
+    regrouped_state = S(round=1, participants=(A, ME), rank_order=(A, ME, C), lost=(C,))
+    torch_like = dataclasses.replace(CFG, fast_quorum=False)
+    assert decide_join(regrouped_state, ME, CFG, CALL_OPEN, NOW) is Action.MARK_COMPLETE
+    assert decide_join(regrouped_state, ME, torch_like, CALL_OPEN, NOW) is Action.WAIT
+    call_over = dataclasses.replace(CALL_OVER, last_call_round=1)
+    assert decide_join(regrouped_state, ME, torch_like, call_over, NOW) is Action.MARK_COMPLETE
+
+
+def test_a_completed_round_forgets_its_losses() -> None:
+    s = apply(done(A, B, C), Action.REMOVE_DEAD, A, CFG, frozenset({C}))
+    assert s.lost == (C,)
+    assert sm.completed(dataclasses.replace(s, complete=False, round=1)).lost == ()
+    # a newcomer dying is no loss of the last round: nothing to wait without
+    s = apply(S(round=1, participants=(A, D), rank_order=(A, B)), Action.REMOVE_DEAD, A, CFG, frozenset({D}))
+    assert s.lost == ()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    size=st.integers(2, 6),
+    data=st.data(),
+    fast=st.booleans(),
+)
+def test_a_round_after_a_loss_completes_exactly_when_the_survivors_are_back(
+    size: int, data: st.DataObject, fast: bool
+) -> None:
+    """A group of ``size`` loses some members (found dead); the survivors, waiters and newcomers join again in any
+    order, nobody's last call ever ends. With fast quorum the round completes at the first moment every survivor
+    and every waiting node is back (and min_nodes is reached), with all of them; without it, only a full round
+    completes (torch: below max_nodes, the last call)."""
+    group = tuple(NodeDesc("10.0.1.1", 100 + i, 0) for i in range(size))
+    cfg = RendezvousSettings("run", min_nodes=data.draw(st.integers(1, size)), max_nodes=size + 2, fast_quorum=fast)
+    dead = frozenset(data.draw(st.sets(st.sampled_from(group), min_size=1, max_size=size)))
+    waiters = tuple(NodeDesc("10.0.2.1", 200 + i, 0) for i in range(data.draw(st.integers(0, 1))))
+    s = done(*group, wait_list=waiters)
+    s = apply(s, Action.REMOVE_DEAD, group[0], cfg, dead)
+    assert set(s.lost) == dead
+    for member in [n for n in group if n not in dead]:  # the survivors leave the round to join the next
+        s = apply(s, Action.REMOVE_FROM_PARTICIPANTS, member, cfg)
+    survivors = [n for n in group if n not in dead]
+    newcomers = [NodeDesc("10.0.3.1", 300 + i, 0) for i in range(data.draw(st.integers(0, 2)))]
+    joiners = data.draw(st.permutations([*survivors, *waiters, *newcomers]))
+    expected_back = {*survivors, *waiters}
+    timers = NodeTimers(join_deadline=math.inf)  # no last call ends: only a fast quorum or a full round completes
+    for node in joiners:
+        if s.complete:
+            break
+        action = decide_join(s, node, cfg, timers, NOW)
+        if action in JOIN_REQUESTS:
+            s = apply(s, action, node, cfg)
+        if s.complete:
+            break
+        for member in s.participants:  # every participant decides on the state as it now is
+            timers_m = update_timers(timers, s, cfg, NOW, node=member)
+            if decide_join(s, member, cfg, timers_m, NOW) is Action.MARK_COMPLETE:
+                s = apply(s, Action.MARK_COMPLETE, member, cfg)
+                break
+        if not s.complete:
+            back = set(s.participants)
+            may = fast and survivors and expected_back <= back and len(back) >= cfg.min_nodes
+            assert not may, f"regrouped but not complete: {s!r}"
+    if s.complete:
+        assert s.lost == ()
+        if len(s.participants) < cfg.max_nodes:
+            assert fast, "torch's rule completed below max_nodes before the last call"
+            assert expected_back <= set(s.participants), "a fast quorum left a survivor or a waiting node out"
+            assert len(s.participants) >= cfg.min_nodes
+        assert s.rank_order[: len(survivors)] == tuple(survivors), "survivors keep their order, first"
+    else:
+        assert not fast or not survivors or len(set(s.participants)) < cfg.min_nodes
 
 
 # --- digests ----------------------------------------------------------------------------------------------------
@@ -1045,13 +1174,18 @@ def test_digest_shards_are_bounded_and_cover_every_node() -> None:
 @pytest.mark.parametrize(
     ("summary", "words"),
     [
-        (b'{"v":2,"round":0}', "digest format v=2 is not v=3, the one this aelastic reads (are all nodes"),
+        (b'{"v":3,"round":0}', "digest format v=3 is not v=4, the one this aelastic reads (are all nodes"),
         (b"not json", "digest is not JSON"),
-        (b'{"v":3,"round":0}', "not the v3 summary"),
+        (b'{"v":4,"round":0}', "not the v4 summary"),
         (
-            b'{"v":3,"round":0,"complete":false,"closed":false,"participants":0,"wait_list":0,"redundancy_list":0,'
-            b'"world_size":0,"shards":1,"master":"h"}',
+            b'{"v":4,"round":0,"complete":false,"closed":false,"participants":0,"wait_list":0,"redundancy_list":0,'
+            b'"world_size":0,"shards":1,"master":"h","regrouped":false,"survivors":0}',
             "digest master 'h': needs a port",
+        ),
+        (
+            b'{"v":4,"round":0,"complete":false,"closed":false,"participants":0,"wait_list":0,"redundancy_list":0,'
+            b'"world_size":0,"shards":1,"master":null,"regrouped":1,"survivors":0}',
+            "not the v4 summary",
         ),
     ],
 )

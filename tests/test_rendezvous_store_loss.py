@@ -3,7 +3,7 @@ it): nothing tells the node, its reads would hang for TCP's retransmission timeo
 ``read_timeout`` without a heartbeat reaching the store, with an error naming the store, and tolerates a shorter
 silence.
 
-A relay between the node and the store plays the network (``silent_relay.py``).
+A relay between the node and the store plays the network (``helpers/relay.py``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 
 import anyio
 import pytest
-from silent_relay import Relay, open_relay
+from helpers.relay import Relay, open_relay
 
 from aelastic.errors import RendezvousConnectionError
 from aelastic.rendezvous.api import RendezvousParameters

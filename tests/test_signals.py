@@ -12,6 +12,7 @@ is written after the ``killpg``, so a forwarded signal is pending in every worke
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -228,6 +229,16 @@ def test_bad_signal_lists_are_one_line_exit_2_and_nothing_starts(
     assert done.stderr.startswith("aelastic run: error: "), done.stderr
     assert message in done.stderr
     assert not (tmp_path / "started").exists()
+
+
+def test_dry_run_shows_what_is_forwarded(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("")
+    done = subprocess.run(
+        [sys.executable, "-m", "aelastic", "run", "--dry-run", "--signals-to-handle", "SIGTERM,SIGUSR1", str(script)],
+        capture_output=True, text=True, timeout=DEADLINE, check=True,
+    )  # fmt: skip
+    assert re.search(r"signals_to_forward +'SIGUSR2' +<- default", done.stdout), done.stdout
 
 
 def test_launch_config_forwarded_signals() -> None:

@@ -13,8 +13,8 @@ from datetime import timedelta
 import anyio
 import pytest
 import torch.distributed as dist
-from store_checks import GLOO_WORKER, wait_for_connections
-from torch_store_peer import PeerError, TorchPeer
+from helpers.store import GLOO_WORKER, wait_for_connections
+from helpers.torch_store_peer import PeerError, TorchPeer
 
 from aelastic.errors import ConfigurationError, RendezvousConnectionError, StoreAuthError
 from aelastic.rendezvous.api import RendezvousParameters

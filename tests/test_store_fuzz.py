@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator, Iterator
 import anyio
 import anyio.abc
 import pytest
+from helpers.store import closed_by_server, wait_for_connections
+from helpers.torch_store_peer import TorchPeer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from store_checks import closed_by_server, wait_for_connections
-from torch_store_peer import TorchPeer
 
 from aelastic.store import wire
 from aelastic.store.server import ServerSettings, StoreServer, open_store_server

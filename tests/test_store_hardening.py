@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator
 import anyio
 import anyio.abc
 import pytest
-from store_checks import closed_by_server, wait_for_connections
-from torch_store_peer import TorchPeer
+from helpers.store import closed_by_server, wait_for_connections
+from helpers.torch_store_peer import TorchPeer
 
 from aelastic.rendezvous.api import RendezvousParameters
 from aelastic.rendezvous.registry import open_rendezvous

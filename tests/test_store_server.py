@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import anyio
 import anyio.abc
 import pytest
-from store_checks import GLOO_WORKER
-from torch_store_peer import PeerError, TorchPeer
+from helpers.store import GLOO_WORKER
+from helpers.torch_store_peer import PeerError, TorchPeer
 
 from aelastic.store import wire
 from aelastic.store.server import (

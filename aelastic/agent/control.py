@@ -11,8 +11,15 @@ is computed between requests, and an answer at all proves the agent's event loop
 ``/health`` (torch's ``TORCHELASTIC_HEALTH_CHECK_PORT``; torch's open-source server is a no-op) answers 200 while
 the workers are running or starting, and 503 with a one-line JSON reason otherwise: workers stopped after a failure
 or a membership change until they run again, the run over, or a worker marked unhealthy
-(``AgentMetrics.unhealthy``, which a progress watchdog sets and clears). ``/metrics`` exists only when the
-endpoint was asked for with ``--metrics-port``; only then is ``prometheus-client`` imported.
+(``AgentMetrics.unhealthy``, which a progress watchdog sets and clears). It answers 200 during a join, so it
+says whether the agent is alive, not whether the node trains.
+
+``/ready`` (a Kubernetes readiness probe's) says whether the node trains: 200 once this node's workers run after a
+complete rendezvous round, 503 with the reason otherwise: before the first round completes, from the workers stopped
+for a restart until they run again (the re-rendezvous included), while a worker is marked unhealthy, after the run.
+
+``/metrics`` exists only when the endpoint was asked for with ``--metrics-port``; only then is
+``prometheus-client`` imported.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ if TYPE_CHECKING:
     from .agent import ElasticAgent
     from .workers import RunResult
 
-__all__ = ["health", "run_with_endpoint", "serve_control"]
+__all__ = ["health", "ready", "run_with_endpoint", "serve_control"]
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +68,25 @@ def health(metrics: AgentMetrics) -> tuple[int, dict[str, Any]]:
         return 200, {**body, "reason": "workers running"}
     if metrics.state == "INIT":
         return 200, {**body, "reason": "workers starting"}
+    return 503, {**body, "reason": f"run over: workers {metrics.state.lower()}"}
+
+
+def ready(metrics: AgentMetrics) -> tuple[int, dict[str, Any]]:
+    """The ``/ready`` answer for the agent's current state: ``(status, JSON body)``; see the module doc."""
+    body: dict[str, Any] = {"state": metrics.state, "workers_alive": metrics.workers_alive}
+    if metrics.unhealthy:
+        rank, why = min(metrics.unhealthy.items())
+        return 503, {**body, "reason": f"local rank {rank} is unhealthy: {why}"}
+    if metrics.stopped_reason is not None:
+        return 503, {**body, "reason": f"workers stopped: {metrics.stopped_reason}; re-rendezvous"}
+    if metrics.state in _RUNNING:
+        if metrics.workers_alive:
+            return 200, {**body, "reason": "workers running after a complete rendezvous round"}
+        return 503, {**body, "reason": "workers exited: the run ends or restarts"}
+    if metrics.state == "INIT":
+        if metrics.rendezvous_count:
+            return 503, {**body, "reason": "rendezvous round complete: workers starting"}
+        return 503, {**body, "reason": "waiting for the first rendezvous round"}
     return 503, {**body, "reason": f"run over: workers {metrics.state.lower()}"}
 
 
@@ -167,8 +193,8 @@ class _Routes:
         path = request.target.split(b"?", 1)[0]
         if request.method not in (b"GET", b"HEAD"):
             return 405, "text/plain; charset=utf-8", b"only GET and HEAD\n"
-        if path == b"/health":
-            status, body = health(self.metrics)
+        if path in (b"/health", b"/ready"):
+            status, body = (health if path == b"/health" else ready)(self.metrics)
             return status, "application/json", json.dumps(body).encode() + b"\n"
         if path == b"/metrics" and self.registry is not None:
             from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -177,7 +203,7 @@ class _Routes:
         return (
             404,
             "text/plain; charset=utf-8",
-            b"not found: /health" + (b", /metrics" if self.registry else b"") + b"\n",
+            b"not found: /health, /ready" + (b", /metrics" if self.registry else b"") + b"\n",
         )
 
 
@@ -238,9 +264,9 @@ async def serve_control(
     stores: StoreStatistics = _no_stores,
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``/health`` (and ``/metrics`` if ``with_metrics``) on ``host:port`` until cancelled; reports the bound
-    port (``port`` 0 picks a free one) through ``task_status``. ``/metrics`` reports the store servers that
-    ``stores()`` returns when scraped (none by default).
+    """Serve ``/health`` and ``/ready`` (and ``/metrics`` if ``with_metrics``) on ``host:port`` until cancelled;
+    reports the bound port (``port`` 0 picks a free one) through ``task_status``. ``/metrics`` reports the store
+    servers that ``stores()`` returns when scraped (none by default).
 
     Raises:
         ConfigurationError: ``with_metrics`` and prometheus-client is not installed, or the port cannot be bound.
@@ -269,7 +295,7 @@ async def run_with_endpoint(agent: ElasticAgent, ports: Sequence[int], *, with_m
         for listener in listeners:
             await listener.aclose()
         raise
-    logger.info("agent endpoint on port(s) %s: /health%s", list(ports), ", /metrics" if with_metrics else "")
+    logger.info("agent endpoint on port(s) %s: /health, /ready%s", list(ports), ", /metrics" if with_metrics else "")
     result: RunResult | None = None
     error: AelasticError | None = None
     async with anyio.create_task_group() as tg:

@@ -6,9 +6,15 @@
 * :mod:`.command`: ``aelastic run``'s arguments into a LaunchConfig and the workers' command (torch's legacy URL,
   the standalone defaults, the plugins a flag names);
 * :mod:`.environ`: the variables of torch's that configure a launch, and the one place that writes the process
-  environment.
+  environment;
+* :mod:`.slurm` (with :mod:`.hostlist`, our own Slurm hostlist parser): what a Slurm step gives where no flag or
+  ``PET_*`` variable did (nodes, the c10d endpoint and port, the run id, GPUs per node), and the loopback rule;
+* :mod:`.sources`: each value's source (flag, ``PET_*``, Slurm variable, default), the Slurm source applied, and
+  ``--dry-run``'s table;
+* :mod:`.limits`: the open-file limit raised to the hard limit at agent and ``aelastic store`` start.
 
-Imports go one way: ``cli -> config.command -> config.launch_config -> config.values``; ``launcher -> config``.
+Imports go one way: ``cli -> config.command -> config.sources -> config.slurm -> config.hostlist``,
+``config.command -> config.launch_config -> config.values``; ``launcher -> config``.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import logging
 import os
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from .._net import format_address
@@ -27,6 +27,7 @@ from ..rendezvous.api import RendezvousParameters
 from ..rendezvous.registry import check_parameters
 from . import environ
 from .launch_config import LaunchConfig
+from .sources import apply_slurm, sources
 from .values import (
     check_at_least,
     new_run_id,
@@ -39,7 +40,7 @@ from .values import (
     resolve_forwarded,
 )
 
-__all__ = ["RunCommand", "config_from_args", "run_script_path"]
+__all__ = ["Resolved", "RunCommand", "config_from_args", "resolve", "run_script_path"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +50,7 @@ Entrypoint = str | Callable[..., Any]
 # The flags whose value (argparse's, already typed) is the LaunchConfig field of the same name.
 _AS_GIVEN = (
     "role", "max_restarts", "monitor_interval", "start_method", "log_dir", "local_addr", "shutdown_timeout",
-    "signals_to_handle", "signals_to_forward", "event_log_handler", "metrics_port", "virtual_local_rank",
-    "watchdog_timeout", "prewarm",
+    "signals_to_handle", "event_log_handler", "metrics_port", "virtual_local_rank", "watchdog_timeout", "prewarm",
 )  # fmt: skip
 
 
@@ -60,6 +60,15 @@ class RunCommand(NamedTuple):
     config: LaunchConfig
     entrypoint: Entrypoint
     args: list[str]
+
+
+class Resolved(NamedTuple):
+    """A command line resolved: the command, each LaunchConfig field's source (``--dry-run`` prints both), and the
+    Slurm source's line ('' where it has nothing to say)."""
+
+    command: RunCommand
+    sources: dict[str, str]
+    slurm_line: str
 
 
 class _Rendezvous(NamedTuple):
@@ -167,16 +176,28 @@ def _explain_ignored(args: argparse.Namespace, backend: str) -> None:
             logger.warning("%s %s: accepted for torchrun compatibility and ignored: %s", flag, value, why)
 
 
-def config_from_args(args: argparse.Namespace) -> RunCommand:
+def config_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> RunCommand:
     """Map torchrun's arguments onto a LaunchConfig and a worker command, refusing bad input; see the module doc.
 
     Raises:
         ConfigurationError: a value breaks a rule; the message names the flag and the value.
     """
-    nproc = parse_nproc(str(args.nproc_per_node), os.environ)
+    return resolve(args, env).command
+
+
+def resolve(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Resolved:
+    """:func:`config_from_args` with each value's source, after the Slurm source (:mod:`.slurm`) filled in what no
+    flag or ``PET_*`` variable gave; logs nothing (the caller logs ``slurm_line``).
+
+    Raises:
+        ConfigurationError: a value breaks a rule; the message names the flag (or the variable) and the value.
+    """
+    env = os.environ if env is None else env
+    args, derived, slurm_line = apply_slurm(args, env)
+    nproc = parse_nproc(str(args.nproc_per_node), env)
     check_at_least(args.max_restarts, 0, f"--max-restarts {args.max_restarts}")  # LaunchConfig's rule, named
     parse_signals(args.signals_to_handle)  # as the user wrote it (LaunchConfig's errors name its fields)
-    resolve_forwarded(args.signals_to_forward, args.signals_to_handle)
+    forwarded = resolve_forwarded(args.signals_to_forward, args.signals_to_handle)
     if args.module and args.no_python:
         raise ConfigurationError("-m/--module and --no-python cannot be used together: -m runs python")
     rdzv = _rendezvous(args)
@@ -198,10 +219,11 @@ def config_from_args(args: argparse.Namespace) -> RunCommand:
         duplicate_stderr_filters=tuple(f for f in args.duplicate_stderr_filters if f),
         log_line_prefix_template=template,
         prewarm_modules=tuple(m for m in args.prewarm_modules if m),
+        signals_to_forward=",".join(s.name for s in forwarded),  # resolved: --dry-run shows what is forwarded
         **{name: getattr(args, name) for name in _AS_GIVEN},
     )
     config = _load_plugins(args, config)
     check_parameters(config.rendezvous_parameters(config.run_id))
     entrypoint, script_args = _entrypoint(args)
     _explain_ignored(args, config.rdzv_backend or "c10d")
-    return RunCommand(config, entrypoint, script_args)
+    return Resolved(RunCommand(config, entrypoint, script_args), sources(config, args, env, derived), slurm_line)

@@ -13,7 +13,7 @@ from typing import Any, Final, NamedTuple
 
 from ..errors import ConfigurationError, RendezvousStateError
 from .joins import JoinRequest
-from .state import NodeDesc, RendezvousState, StateView, check_endpoint, is_int
+from .state import NodeDesc, RendezvousState, StateView, check_endpoint, is_int, regrouped, survivors
 
 __all__ = [
     "FORMAT_VERSION",
@@ -28,20 +28,22 @@ __all__ = [
     "shard_of",
 ]
 
-FORMAT_VERSION: Final = 3
+FORMAT_VERSION: Final = 4
 """The ``"v"`` field of the encoded state, of its digest and of join requests; a reader rejects any other value.
 v2 added the digest (:func:`make_digest`): a reader of v1 state would not publish one, so the two must not share a
 run. v3 added each node's bootstrap endpoint (``endpoints``, the ``"master"`` of the summary): a v2 node would
-wait for a rank 0 that no longer publishes its address in the round's store."""
+wait for a rank 0 that no longer publishes its address in the round's store. v4 added the members found dead
+(``lost``) and the fast quorum's facts in the summary (``regrouped``, ``survivors``): a v3 node would wait out the
+last call that a v4 node skips, and mark nothing lost."""
 
 
 # --- encoding -----------------------------------------------------------------------------------------------------
-# {"v":3,"round":3,"complete":true,"closed":false,"nodes":[["10.0.0.1",4242,0],...],
+# {"v":4,"round":3,"complete":true,"closed":false,"nodes":[["10.0.0.1",4242,0],...],
 #  "endpoints":["10.0.0.1:40123",null,...],"participants":[0,1],"wait_list":[2],"redundancy_list":[],
-#  "rank_order":[0,1,3]}
+#  "rank_order":[0,1,3],"lost":[3]}
 # Each node appears once in "nodes" (sorted); "endpoints" pairs with it; the lists hold indices into it.
 
-_LISTS: Final = ("participants", "wait_list", "redundancy_list", "rank_order")
+_LISTS: Final = ("participants", "wait_list", "redundancy_list", "rank_order", "lost")
 _KEYS: Final = frozenset({"v", "round", "complete", "closed", "nodes", "endpoints", *_LISTS})
 
 
@@ -78,7 +80,7 @@ def decode_state(data: bytes) -> RendezvousState:
     """The state that :func:`encode_state` encoded as ``data``.
 
     Raises:
-        RendezvousStateError: ``data`` is not the v3 JSON format (not UTF-8 JSON, another version, a missing,
+        RendezvousStateError: ``data`` is not the v4 JSON format (not UTF-8 JSON, another version, a missing,
             unknown or ill-typed field, an index out of range) or breaks a state invariant; the message says which.
     """
     if not isinstance(data, (bytes, bytearray, memoryview)):
@@ -167,7 +169,7 @@ def decode_join_request(data: bytes) -> JoinRequest:
     """The request :func:`encode_join_request` encoded as ``data``.
 
     Raises:
-        RendezvousStateError: ``data`` is not a v3 request; the message shows it.
+        RendezvousStateError: ``data`` is not a v4 request; the message shows it.
     """
     try:
         doc = json.loads(data)
@@ -202,15 +204,16 @@ def decode_join_request(data: bytes) -> JoinRequest:
 # size of each list) and each node's position (its list, its rank, its liveness neighbour) in shards of at most
 # SHARD_SIZE nodes, the node's shard chosen by a hash of its key. A node that only waits reads the summary and its
 # shard, O(1) bytes, and decides on a StateView; a node about to write reads the whole state and decides again on it.
-# "summary": {"v":3,"round":3,"complete":true,"closed":false,"participants":2,"wait_list":1,"redundancy_list":0,
-#             "world_size":3,"shards":1,"master":"10.0.0.1:40123"}   (master: rank 0's endpoint, or null)
+# "summary": {"v":4,"round":3,"complete":true,"closed":false,"participants":2,"wait_list":1,"redundancy_list":0,
+#             "world_size":3,"shards":1,"master":"10.0.0.1:40123","regrouped":false,"survivors":0}
+#             (master: rank 0's endpoint, or null; regrouped and survivors: state.regrouped and state.survivors)
 # a shard:   one line per node: "<key> <p|w|r> <rank or -> <neighbour key or ->"
 
 SHARD_SIZE: Final = 64
 _WHERE: Final = {"p": "participants", "w": "wait_list", "r": "redundancy_list"}
 _SUMMARY_KEYS: Final = frozenset({
     "v", "round", "complete", "closed", "participants", "wait_list", "redundancy_list", "world_size", "shards",
-    "master",
+    "master", "regrouped", "survivors",
 })  # fmt: skip
 
 
@@ -256,6 +259,8 @@ def make_digest(state: RendezvousState) -> Digest:
         "world_size": state.world_size,
         "shards": count,
         "master": state.master,
+        "regrouped": regrouped(state),
+        "survivors": survivors(state),
     }
     summary = json.dumps(doc, separators=(",", ":")).encode()
     return Digest(summary, tuple("\n".join(ls).encode() for ls in lines))
@@ -266,7 +271,7 @@ def decode_view(node: NodeDesc, summary: bytes, shard: bytes | None) -> tuple[St
     state lists no node); also the number of shards, to find the shard of a later version.
 
     Raises:
-        RendezvousStateError: the summary or the shard is not the v3 format; the message says which.
+        RendezvousStateError: the summary or the shard is not the v4 format; the message says which.
     """
     try:
         doc = json.loads(summary)
@@ -278,8 +283,12 @@ def decode_view(node: NodeDesc, summary: bytes, shard: bytes | None) -> tuple[St
             f"rendezvous digest format v={version!r} is not v={FORMAT_VERSION}, the one this aelastic reads "
             "(are all nodes running the same aelastic version?)"
         )
-    ints = ("round", "participants", "wait_list", "redundancy_list", "world_size", "shards")
-    if doc.keys() != _SUMMARY_KEYS or not all(is_int(doc[k]) and doc[k] >= 0 for k in ints):
+    ints = ("round", "participants", "wait_list", "redundancy_list", "world_size", "shards", "survivors")
+    if (
+        doc.keys() != _SUMMARY_KEYS
+        or not all(is_int(doc[k]) and doc[k] >= 0 for k in ints)
+        or not isinstance(doc["regrouped"], bool)
+    ):
         raise RendezvousStateError(f"rendezvous digest {bytes(summary)[:120]!r}: not the v{FORMAT_VERSION} summary")
     master = doc["master"]
     if master is not None:
@@ -306,5 +315,7 @@ def decode_view(node: NodeDesc, summary: bytes, shard: bytes | None) -> tuple[St
         rank,
         neighbour,
         master,
+        doc["regrouped"],
+        doc["survivors"],
     )
     return view, doc["shards"]

@@ -29,7 +29,9 @@ dead is removed from the state by a compare-and-set; every member learns of it t
 also watch the backend itself: when none has reached it for ``read_timeout`` (its host died, or the network
 dropped it without a reset, so that reads would hang for TCP's retransmission timeout), the handler fails with
 :class:`~aelastic.errors.RendezvousConnectionError` naming where the backend lives, which cancels whatever runs
-inside the handler (the agent stops its workers).
+inside the handler (the agent stops its workers). A backend that hears of deaths from the network
+(``departures``: the c10d host, whose store server sees a dead agent's connections close) reports them too, and
+the handler evicts those nodes at once, without waiting for the keep-alive.
 
 Clocks: every deadline is this process's monotonic clock (``anyio.current_time``); nothing compares times
 written by different hosts.
@@ -48,7 +50,7 @@ import functools
 import logging
 import math
 import os
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import anyio
@@ -87,12 +89,14 @@ from .state import (
     decide_close,
     decide_exit,
     decide_join,
+    regrouped,
     update_timers,
 )
 
 __all__ = [
     "DynamicRendezvousHandler",
     "FoldCache",
+    "HandlerOptions",
     "committed_state",
     "open_dynamic_rendezvous",
     "state_of",
@@ -150,6 +154,27 @@ def state_of(seen: Versioned) -> RendezvousState:
     return fold_joins(committed_state(seen), map(_decode_join_request, seen.pending))
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class HandlerOptions:
+    """What a backend's opener tells its dynamic handler besides the node, the settings and the driver.
+
+    Attributes:
+        backend_name: the name events and ``get_backend()`` report.
+        bootstrap_host: the address this node serves the workers' store of a round on (when rank 0).
+        heartbeat_timeout: the deadline of one keep-alive write.
+        read_timeout: how long the backend may stay unreachable before the handler fails.
+        observer: called at every step of the node's exit and join (:data:`~aelastic.rendezvous.api.JoinObserver`).
+        servers: the store servers the opener runs for this handler (they show in its ``statistics()``).
+    """
+
+    backend_name: str
+    bootstrap_host: str
+    heartbeat_timeout: float = 5.0
+    read_timeout: float = 60.0
+    observer: JoinObserver | None = None
+    servers: tuple[StoreServer, ...] = ()
+
+
 class DynamicRendezvousHandler(RendezvousHandler):
     """torch's ``DynamicRendezvousHandler`` semantics, event driven. Open it with :func:`open_dynamic_rendezvous`."""
 
@@ -159,21 +184,15 @@ class DynamicRendezvousHandler(RendezvousHandler):
         settings: RendezvousSettings,
         backend: RendezvousBackend,
         task_group: anyio.abc.TaskGroup,
-        *,
-        backend_name: str,
-        bootstrap_host: str,
-        heartbeat_timeout: float = 5.0,
-        read_timeout: float = 60.0,
-        observer: JoinObserver | None = None,
-        servers: Sequence[StoreServer] = (),
+        options: HandlerOptions,
     ) -> None:
         self.node = node
         self.settings = settings
         self.backend = backend
         self._task_group = task_group
-        self._backend_name = backend_name
-        self._heartbeat_timeout = heartbeat_timeout
-        self._read_timeout = read_timeout
+        self._backend_name = options.backend_name
+        self._heartbeat_timeout = options.heartbeat_timeout
+        self._read_timeout = options.read_timeout
         self._seen = Versioned(0, None)  # the last whole read: what a write compare-and-sets against
         self._committed = RendezvousState()
         self._state: View = self._committed  # what this node decides on: the whole state, or its digest's view
@@ -184,13 +203,13 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._publish = False  # this node's request changes what others wait for: write the folded state
         self._liveness_started = False
         self._joining: anyio.Event | None = None  # set when this node's wait for its round to complete ends
-        self._bootstrap = BootstrapStores(task_group, bootstrap_host)
+        self._bootstrap = BootstrapStores(task_group, options.bootstrap_host)
         # torch's switch, read where torch's handler reads it: rank 0's worker serves the workers' store itself.
         self._share_store = os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "0") != "1"
         self._round: int | None = None
         self._world = 0  # the world size of the round this node finished
-        self._observer = observer
-        self._servers = tuple(servers)  # the store servers the backend hosts for this handler (c10d's host)
+        self._observer = options.observer
+        self._servers = options.servers  # the store servers the backend hosts for this handler (c10d's host)
         self._folds = FoldCache()
         self._counted = RendezvousStatistics()  # what this handler did (stores and folds: see statistics())
 
@@ -274,7 +293,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
         if view.complete or view.closed:
             return None
         counted = len(view.participants) + self._ticket - joined
-        return view._replace(sizes=(counted, *view.sizes[1:]), where="participants")
+        # Whether the requests counted regroup the round (fast quorum) only the fold can tell: _triggers judges.
+        return view._replace(sizes=(counted, *view.sizes[1:]), where="participants", regrouped=False)
 
     async def _whole(self) -> RendezvousState:
         """The whole state, for what a view cannot tell (which members left, and their ranks)."""
@@ -288,14 +308,20 @@ class DynamicRendezvousHandler(RendezvousHandler):
         counts it (``_with_own_request``): in a gathering round, the request that brings the participants to
         ``min_nodes`` (the others start their last call) or to ``max_nodes`` (the round completes). (In a
         complete round every request may land on the wait list, which members restart for: the node reads the
-        whole state and ``_must_publish`` judges.) A miscount (a request dropped) only delays the publication
-        until a node's deadline or the liveness grace."""
-        return len(counted.participants) in (self.settings.min_nodes, self.settings.max_nodes)
+        whole state and ``_must_publish`` judges.) After a loss, also any request that brings the participants to
+        the number of survivors or beyond: it may be the last survivor's, which regroups the round (fast quorum);
+        newcomers among them only make a few more nodes read the whole state. A miscount (a request dropped) only
+        delays the publication until a node's deadline or the liveness grace."""
+        n = len(counted.participants)
+        if self.settings.fast_quorum and counted.survivors and n >= counted.survivors:
+            return True
+        return n in (self.settings.min_nodes, self.settings.max_nodes)
 
     def _must_publish(self) -> bool:
         """Whether the join requests folded into this node's view change what other nodes wait for, so that the
         view must be written (which wakes them): the round completed, a node joined the wait list of a complete
-        round, or the round reached ``min_nodes`` (the others start their last call when they see it).
+        round, the round reached ``min_nodes`` (the others start their last call when they see it), or the round
+        regrouped after a loss (fast quorum: the participants complete it when they see it).
 
         One node does it, not every node that sees it (a thousand nodes reading one burst of requests would
         otherwise each encode and compare-and-set the whole state): the node whose own request is the newest in
@@ -316,6 +342,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             view.complete != written.complete
             or len(view.wait_list) > len(written.wait_list)
             or len(written.participants) < quorum <= len(view.participants)
+            or (self.settings.fast_quorum and regrouped(view) and not regrouped(written))
         )
         return self._publish
 
@@ -428,13 +455,48 @@ class DynamicRendezvousHandler(RendezvousHandler):
     async def _start_liveness(self) -> None:
         if not self._liveness_started:
             await self._task_group.start(self._liveness)
+            if self.backend.departures:
+                self._task_group.start_soon(self._departures)
             self._liveness_started = True
+
+    async def _departures(self) -> None:
+        """Evict the nodes whose connections the network reported closed (the c10d host's store server): a dead
+        agent is found within the backend's short grace instead of the keep-alive's. Nodes at this node's own
+        address are left to the keep-alive (this node is alive, and it cannot tell which of them died)."""
+        while True:
+            hosts = await self.backend.wait_for_departures()
+            if self.node.addr in hosts:
+                hosts = hosts - {self.node.addr}
+            if not hosts:
+                continue
+            state = await self._whole()
+            gone = frozenset(n for n in state.all_nodes() if n.addr in hosts)
+            if not gone:
+                continue
+            logger.warning(
+                "rendezvous %s: every connection from %s closed: %s died",
+                self.settings.run_id, ", ".join(sorted(hosts)), ", ".join(sorted(n.id for n in gone)),
+            )  # fmt: skip
+            try:
+                with anyio.fail_after(self._read_timeout):
+                    await self._evict(gone)
+            except TimeoutError as exc:
+                raise RendezvousConnectionError(
+                    f"rendezvous {self.settings.run_id!r}: lost {self.backend.location}: evicting the dead "
+                    f"node(s) {sorted(n.id for n in gone)} got no answer within read_timeout={self._read_timeout:g}s"
+                ) from exc
 
     async def _liveness(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         await self.backend.keep_alive(self.node.key)
         task_status.started()
         interval = self.settings.keep_alive_interval
         grace = interval * self.settings.keep_alive_max_attempt
+        # A checker sees a beat up to one interval after it happened (it checks once per interval), and judges a
+        # neighbour by when it saw its counter move. Counting from half an interval earlier makes the verdict fall
+        # on the check that finds keep_alive_max_attempt beats missed (15-20 s after the last beat with torch's
+        # defaults, as torch's wall-clock expiry), not one check later (20-25 s); never before the grace has
+        # passed since the last beat, and a live node's beats (at most 1.5 intervals apart) stay well inside it.
+        still = grace - interval / 2 if self.settings.keep_alive_max_attempt >= 3 else grace
         # A beat due while the node waits for its round to complete would preempt the wait (on a c10d store:
         # CANCEL_WAIT, the beat, WAIT again). Those waits end together when the round completes, and at 10,000
         # nodes the beats that preempt them at that moment starve the one write that completes it (RESULTS.md).
@@ -455,7 +517,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
                     await self.backend.keep_alive(self.node.key)
                     reached = anyio.current_time()
                     neighbour = self._neighbour()
-                    if neighbour is not None and await self.backend.find_dead([neighbour.key], grace):
+                    if neighbour is not None and await self.backend.find_dead([neighbour.key], still):
                         dead = neighbour
             except (TimeoutError, StoreConnectionError) as exc:
                 # A missed beat is what liveness is for: the others judge this node. Only a backend that no beat
@@ -613,29 +675,16 @@ async def open_dynamic_rendezvous(
     node: NodeDesc,
     settings: RendezvousSettings,
     backend: RendezvousBackend,
-    *,
-    backend_name: str,
-    bootstrap_host: str,
-    heartbeat_timeout: float = 5.0,
-    read_timeout: float = 60.0,
-    observer: JoinObserver | None = None,
-    servers: Sequence[StoreServer] = (),
+    options: HandlerOptions,
 ) -> AsyncIterator[DynamicRendezvousHandler]:
     """A handler of ``node`` over ``backend``, whose background tasks (liveness, bootstrap store) live in a task
-    group of its own: how a backend's opener makes its handler.
+    group of its own: how a backend's opener makes its handler (``options``: see :class:`HandlerOptions`).
 
-    ``observer`` is called at every step of the node's exit and join (see
-    :data:`~aelastic.rendezvous.api.JoinObserver`); ``servers`` are the store servers the opener runs for this
-    handler (they show in its :meth:`~DynamicRendezvousHandler.statistics`).
-
-    If no heartbeat reaches the backend for ``read_timeout`` seconds, the handler's task group fails with
+    If no heartbeat reaches the backend for ``options.read_timeout`` seconds, the handler's task group fails with
     :class:`~aelastic.errors.RendezvousConnectionError`, cancelling the body of this context manager.
     """
     async with anyio.create_task_group() as tg:
-        handler = DynamicRendezvousHandler(
-            node, settings, backend, tg, backend_name=backend_name, bootstrap_host=bootstrap_host,
-            heartbeat_timeout=heartbeat_timeout, read_timeout=read_timeout, observer=observer, servers=servers,
-        )  # fmt: skip
+        handler = DynamicRendezvousHandler(node, settings, backend, tg, options)
         try:
             await handler._bootstrap.reserve()  # the first join's endpoint, bound before any round starts
             yield handler

@@ -60,7 +60,7 @@ def fold_joins(state: RendezvousState, requests: Iterable[JoinRequest]) -> Rende
         return state
     listed = set(state.all_nodes())
     participants, wait_list, reserve = list(state.participants), list(state.wait_list), list(state.redundancy_list)
-    complete, rank_order, endpoints = state.complete, state.rank_order, dict(state.endpoints)
+    complete, rank_order, endpoints, lost = state.complete, state.rank_order, dict(state.endpoints), state.lost
     changed = False
     for request in requests:
         node = request.node
@@ -85,7 +85,7 @@ def fold_joins(state: RendezvousState, requests: Iterable[JoinRequest]) -> Rende
                     )
                 )
                 participants, complete, rank_order = list(done.participants), True, done.rank_order
-                endpoints = dict(done.endpoints)
+                endpoints, lost = dict(done.endpoints), done.lost
         listed.add(node)
         changed = True
     if not changed:
@@ -98,4 +98,5 @@ def fold_joins(state: RendezvousState, requests: Iterable[JoinRequest]) -> Rende
         redundancy_list=tuple(reserve),
         rank_order=rank_order,
         endpoints=endpoints,
+        lost=lost,
     )

@@ -27,9 +27,12 @@ TIMING_KEYS: Final = frozenset(
         "heartbeat_timeout",
         "keep_alive_interval",
         "keep_alive_max_attempt",
+        "fast_quorum",
     }
 )
-"""The keys of :class:`TimingSettings`."""
+"""The keys of :class:`TimingSettings`: the protocol's timings, and ``fast_quorum`` (whether a round after a loss
+completes once the survivors are back, see :func:`~aelastic.rendezvous.state.regrouped`; ``false``: torch's last
+call)."""
 
 TORCHRUN_KEYS: Final = frozenset({"timeout"})
 """Keys torchrun passes to every backend (``timeout``: 900 unless given); a backend that does not read one accepts
@@ -107,5 +110,6 @@ class TimingSettings:
             close_timeout=conf_float(params, "close_timeout", 30.0),
             keep_alive_interval=conf_float(params, "keep_alive_interval", 5.0),
             keep_alive_max_attempt=conf_int(params, "keep_alive_max_attempt", 3),
+            fast_quorum=conf_bool(params, "fast_quorum", True),
         )
         return cls(rendezvous, conf_float(params, "heartbeat_timeout", 5.0))

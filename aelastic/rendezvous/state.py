@@ -36,6 +36,12 @@ Where this differs from torch, and why:
   complete is completed before anyone's deadline is looked at. A node past its join deadline first takes itself
   out of the state, then reports the timeout (torch tries for 5 s and may leave a stale entry behind). Torch
   checks the deadline first, which lets staggered deadlines break up a quorum again and again.
+* Fast quorum (torchft's name): a round that follows the loss of a member (a member of the last completed round
+  found dead, recorded in ``lost``) completes as soon as every surviving member of that round is back and no node
+  waits or stands in reserve (:func:`regrouped`), instead of waiting out the last call for nodes that cannot come.
+  Nodes that waited for the next round are expected as usual; a first round, and a re-rendezvous without a loss,
+  keep torch's last call. ``RendezvousSettings.fast_quorum=False`` (``--rdzv-conf fast_quorum=false``) restores
+  torch's rule.
 """
 
 from __future__ import annotations
@@ -65,6 +71,8 @@ __all__ = [
     "decide_close",
     "decide_exit",
     "decide_join",
+    "regrouped",
+    "survivors",
     "update_timers",
 ]
 
@@ -106,6 +114,10 @@ class Fact(enum.Enum):
     DEAD_LISTED = ("a node found dead is listed", "no node found dead is listed")
     EXPIRED = ("the operation's deadline passed", "the operation's deadline has not passed")
     LAST_CALL_OVER = ("the last-call window closed", "the last-call window is open")
+    REGROUPED = (
+        "every surviving member of the last round is back after a loss (fast quorum)",
+        "no fast quorum: no member lost, a survivor not back yet, a node waiting, or fast_quorum=false",
+    )
 
 
 class _Rule(NamedTuple):
@@ -145,6 +157,9 @@ JOIN_RULES: Final[tuple[_Rule, ...]] = (
     # the fail-safe for a round that cannot form, not a reason to break up one that has.
     _rule("participant full", Action.MARK_COMPLETE),
     _rule("participant quorum last_call_over", Action.MARK_COMPLETE),
+    # Fast quorum: after a loss, the survivors (and the nodes that waited for this round) are all back: no one
+    # else is coming whom the last call would wait for.
+    _rule("participant quorum regrouped", Action.MARK_COMPLETE),
     _rule("expired participant", Action.REMOVE_FROM_PARTICIPANTS),  # clean up first ...
     _rule("expired waiting", Action.REMOVE_FROM_WAIT_LIST),
     _rule("expired", Action.ERROR_TIMEOUT),  # ... then fail, no longer listed
@@ -262,8 +277,11 @@ class RendezvousSettings:
     close_timeout: float = 30.0
     keep_alive_interval: float = 5.0
     keep_alive_max_attempt: int = 3
+    fast_quorum: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.fast_quorum, bool):
+            raise ConfigurationError(f"fast_quorum={self.fast_quorum!r}: must be True or False")
         if not isinstance(self.run_id, str) or not self.run_id:
             raise ConfigurationError(f"run_id={self.run_id!r}: must be a non-empty string")
         for name in ("min_nodes", "max_nodes", "keep_alive_max_attempt"):
@@ -302,6 +320,8 @@ class RendezvousState:
             complete it is this round's; after, it is kept so the next round keeps the survivors' relative order.
         endpoints: The bootstrap endpoint (``host:port``) of each listed or ranked node that sent one with its join
             request; :attr:`master` is rank 0's.
+        lost: The members of ``rank_order`` found dead (``REMOVE_DEAD``) since it was fixed, in order of removal;
+            emptied when a round completes. What the fast quorum (:func:`regrouped`) waits without.
     """
 
     round: int = 0
@@ -313,6 +333,7 @@ class RendezvousState:
     rank_order: tuple[NodeDesc, ...] = ()
     # Compared, not hashed (a dict is not hashable): the state stays a hashable value, as its other fields allow.
     endpoints: Mapping[NodeDesc, str] = dataclasses.field(default_factory=dict, hash=False)
+    lost: tuple[NodeDesc, ...] = ()
 
     def __post_init__(self) -> None:
         if not is_int(self.round) or self.round < 0:
@@ -341,6 +362,12 @@ class RendezvousState:
                     f"rendezvous state round {self.round} is complete but participants={_render(self.participants)} "
                     f"are not in rank_order={_render(self.rank_order)}"
                 )
+        if not isinstance(self.lost, tuple) or len(set(self.lost)) != len(self.lost):
+            raise RendezvousStateError(f"rendezvous state lost={self.lost!r}: must be a tuple of distinct NodeDesc")
+        if not set(self.lost) <= set(self.rank_order):
+            raise RendezvousStateError(
+                f"rendezvous state lost={_render(self.lost)}: not all in rank_order={_render(self.rank_order)}"
+            )
         stray = set(self.endpoints) - seen - set(self.rank_order)
         if stray:
             raise RendezvousStateError(f"rendezvous state has endpoints of {_render(tuple(sorted(stray)))}: not listed")
@@ -349,7 +376,8 @@ class RendezvousState:
         return (
             f"RendezvousState(round={self.round}, complete={self.complete}, closed={self.closed}, "
             f"participants={_render(self.participants)}, wait_list={_render(self.wait_list)}, "
-            f"redundancy_list={_render(self.redundancy_list)}, rank_order={_render(self.rank_order)})"
+            f"redundancy_list={_render(self.redundancy_list)}, rank_order={_render(self.rank_order)}"
+            + (f", lost={_render(self.lost)})" if self.lost else ")")
         )
 
     def rank_of(self, node: NodeDesc) -> int | None:
@@ -433,6 +461,7 @@ class StateView(NamedTuple):
             complete round, ``neighbour`` the node its liveness watches.
         summary: The decoded summary (round, flags, list sizes, world size, shard count).
         master: Rank 0's bootstrap endpoint in a complete round (:attr:`RendezvousState.master`).
+        regrouped: :func:`regrouped` of the state; ``survivors``: :func:`survivors` of the state.
     """
 
     node: NodeDesc
@@ -445,6 +474,8 @@ class StateView(NamedTuple):
     rank: int | None = None
     neighbour: NodeDesc | None = None
     master: str | None = None
+    regrouped: bool = False
+    survivors: int = 0
 
     def _list(self, index: int, name: str) -> _Listed:
         return _Listed(self.sizes[index], self.node if self.where == name else None)
@@ -473,6 +504,29 @@ class StateView(NamedTuple):
         return self.rank if node == self.node and self.complete and self.where == "participants" else None
 
 
+# --- fast quorum ----------------------------------------------------------------------------------------------------
+
+
+def survivors(state: RendezvousState) -> int:
+    """How many members of the last completed round survive a loss that this gathering round follows (0: no such
+    loss, so no fast quorum; or the round is complete or closed)."""
+    if state.complete or state.closed or not state.lost:
+        return 0
+    return len(state.rank_order) - len(state.lost)
+
+
+def regrouped(state: RendezvousState | StateView) -> bool:
+    """Whether the round may complete by fast quorum: it follows the loss of a member of the last completed round,
+    every surviving member of that round is a participant again, and no node waits for the round or stands in
+    reserve (they join as usual, and are expected). The fast quorum rule also needs ``min_nodes`` participants."""
+    if isinstance(state, StateView):
+        return state.regrouped
+    if not survivors(state) or state.wait_list or state.redundancy_list:
+        return False
+    back, gone = set(state.participants), set(state.lost)
+    return all(n in back for n in state.rank_order if n not in gone)
+
+
 # --- decisions ----------------------------------------------------------------------------------------------------
 
 
@@ -494,6 +548,7 @@ def _facts(
         Fact.FULL: n >= settings.max_nodes,
         Fact.QUORUM: n >= settings.min_nodes,
         Fact.DEAD_LISTED: bool(dead) and not dead.isdisjoint(state.all_nodes()),
+        Fact.REGROUPED: settings.fast_quorum and regrouped(state),
     }
     if timers is not None and now is not None:
         facts[Fact.EXPIRED] = now >= timers.join_deadline
@@ -576,11 +631,12 @@ def completed(state: RendezvousState) -> RendezvousState:
         sorted(state.participants, key=lambda n: (0, previous[n], n) if n in previous else (1, 0, n)),
     )
     endpoints = _kept_endpoints(state.endpoints, order, state.wait_list, state.redundancy_list)
-    return dataclasses.replace(state, complete=True, participants=order, rank_order=order, endpoints=endpoints)
+    return dataclasses.replace(state, complete=True, participants=order, rank_order=order, endpoints=endpoints, lost=())
 
 
-def _removed(state: RendezvousState, gone: frozenset[NodeDesc]) -> RendezvousState:
-    """Take ``gone`` off every list; torch's ``_remove_participant_epilogue`` after a participant leaves."""
+def _removed(state: RendezvousState, gone: frozenset[NodeDesc], *, dead: bool = False) -> RendezvousState:
+    """Take ``gone`` off every list; torch's ``_remove_participant_epilogue`` after a participant leaves.
+    ``dead``: they were found dead; those of them that are members of ``rank_order`` are recorded as ``lost``."""
     participants = _without(state.participants, gone)
     round_over = state.complete and not participants  # the last member of a completed round left
     wait_list, reserve = _without(state.wait_list, gone), _without(state.redundancy_list, gone)
@@ -592,6 +648,7 @@ def _removed(state: RendezvousState, gone: frozenset[NodeDesc]) -> RendezvousSta
         wait_list=wait_list,
         redundancy_list=reserve,
         endpoints=_kept_endpoints(state.endpoints, participants, wait_list, reserve, state.rank_order),
+        lost=state.lost + tuple(n for n in state.rank_order if dead and n in gone and n not in state.lost),
     )
 
 
@@ -616,7 +673,7 @@ MUTATIONS: Final[Mapping[Action, Mutation]] = {
     Action.REMOVE_FROM_REDUNDANCY_LIST: lambda s, node, settings, dead: _removed(s, frozenset({node})),
     Action.MARK_COMPLETE: lambda s, node, settings, dead: completed(s),
     Action.MARK_CLOSED: lambda s, node, settings, dead: dataclasses.replace(s, closed=True),
-    Action.REMOVE_DEAD: lambda s, node, settings, dead: _removed(s, dead),
+    Action.REMOVE_DEAD: lambda s, node, settings, dead: _removed(s, dead, dead=True),
 }
 
 

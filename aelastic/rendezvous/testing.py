@@ -55,11 +55,13 @@ __all__ = [  # noqa: RUF022  (plain sorted order: tests/test_public_surface.py p
     "check_close_reaches_members_and_later_joiners",
     "check_completes_after_last_call_below_max",
     "check_completes_at_once_at_max",
+    "check_fast_quorum_false_keeps_the_last_call",
     "check_join_timeout_when_min_never_reached",
     "check_late_node_waits_and_joins_next_round",
     "check_member_death_after_completion_is_detected",
     "check_member_that_finished_may_leave",
     "check_node_dying_before_completion_is_dropped",
+    "check_regroups_after_a_loss_without_the_last_call",
     "check_reserve_nodes_exit_gracefully_on_close",
     "check_survivors_keep_rank_order",
     "check_workers_store_is_served_by_rank_0_fresh_each_round",
@@ -433,6 +435,59 @@ async def check_reserve_nodes_exit_gracefully_on_close(backend: BackendUnderTest
         )
 
 
+async def _lost_one(c: Cluster, member: Node) -> None:
+    """Wait until ``member`` hears that its round lost a member (the liveness found the dead one)."""
+    world = _info(member).world_size
+    with anyio.fail_after(c.grace * 4 + 10):
+        ranks = await member.h.wait_for_member_ranks(frozenset(range(world)))
+    _check(len(ranks) < world, f"member ranks {sorted(ranks)} of {world}: none lost")
+
+
+async def check_regroups_after_a_loss_without_the_last_call(backend: BackendUnderTest) -> None:
+    """Fast quorum: after members die, the next round completes as soon as every survivor, and every node that
+    waited for the next round, is back, with all of them, without waiting out the last call (60 s here)."""
+    async with _cluster(backend) as c:
+        nodes = [await c.start(2, 4, last_call_timeout=60) for _ in range(4)]
+        await wait_done(*nodes)  # full: no last call
+        by_rank = sorted(nodes, key=lambda n: _info(n).rank)
+        survivors, doomed = by_rank[:2], by_rank[2:]
+        for node in doomed:
+            node.kill()
+        await _lost_one(c, survivors[0])
+        late = await c.start(2, 4, last_call_timeout=60)  # waits for the next round (the round is not full)
+        # No event says "another node is on the wait list" while a loss is the member's reason to restart: look.
+        with anyio.fail_after(c.grace * 4 + 10):
+            while await survivors[0].h.num_nodes_waiting() < 1:  # noqa: ASYNC110
+                await anyio.sleep(c.keep_alive_interval)
+        rejoined = anyio.current_time()
+        for node in survivors:
+            node.rejoin()
+        await wait_done(*survivors, late, within=c.grace * 4 + 20)  # the dead are found; the last call is 60 s
+        assert_consistent(*survivors, late)
+        _check([_info(n).rank for n in survivors] == [0, 1], "the survivors did not keep their order")
+        took = max(n.completed_at for n in (*survivors, late)) - rejoined
+        _check(took < 30, f"the round after the loss took {took:.1f}s: it waited for the last call")
+
+
+async def check_fast_quorum_false_keeps_the_last_call(backend: BackendUnderTest) -> None:
+    """``fast_quorum=false`` is torch's rule: after a loss, the survivors wait out the last call."""
+    last_call = 1.5
+    async with _cluster(backend) as c:
+        nodes = [await c.start(2, 3, last_call_timeout=last_call, fast_quorum=False) for _ in range(3)]
+        await wait_done(*nodes)
+        by_rank = sorted(nodes, key=lambda n: _info(n).rank)
+        survivors = by_rank[:2]
+        by_rank[2].kill()
+        await _lost_one(c, survivors[0])
+        rejoined = anyio.current_time()
+        for node in survivors:
+            node.rejoin()
+        await wait_done(*survivors, within=c.grace * 4 + 20)
+        assert_consistent(*survivors)
+        took = min(n.completed_at for n in survivors) - rejoined
+        _check(took >= last_call * 0.95, f"completed {took:.2f}s after the rejoin: before the last call ended")
+
+
 CHECKS: Final[tuple[Callable[[BackendUnderTest], Awaitable[None]], ...]] = (
     check_barrier_blocks_until_min,
     check_completes_at_once_at_max,
@@ -442,6 +497,8 @@ CHECKS: Final[tuple[Callable[[BackendUnderTest], Awaitable[None]], ...]] = (
     check_workers_store_is_served_by_rank_0_fresh_each_round,
     check_survivors_keep_rank_order,
     check_node_dying_before_completion_is_dropped,
+    check_regroups_after_a_loss_without_the_last_call,
+    check_fast_quorum_false_keeps_the_last_call,
     check_member_death_after_completion_is_detected,
     check_member_that_finished_may_leave,
     check_close_reaches_members_and_later_joiners,

@@ -47,7 +47,7 @@ import logging
 import math
 import resource
 import socket
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -100,6 +100,10 @@ class ServerSettings:
             torch's own client cannot, so leave it unset on a store that torch workers use.
         name: what the store is for (``"rendezvous"``, ``"workers"``): its ``store`` label in the agent's
             ``/metrics``.
+        on_connection: called as ``on_connection(peer, True)`` when a client connection is admitted and
+            ``on_connection(peer, False)`` when an admitted one closes (``peer``: ``"host:port"``, an IPv6 host in
+            brackets), in the server's loop; it must not block or raise. The c10d rendezvous host learns from it
+            that a node's agent died (its kernel closed the connections) without waiting for missed heartbeats.
     """
 
     limits: wire.Limits = field(default_factory=wire.Limits)
@@ -108,6 +112,7 @@ class ServerSettings:
     handshake_timeout: float = 10.0
     auth_token: str | None = field(default=None, repr=False)
     name: str = "store"
+    on_connection: Callable[[str, bool], None] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.max_connections is not None and self.max_connections < 1:
@@ -183,6 +188,7 @@ class StoreServer:
             max_connections=settings.max_connections or _default_max_connections(),
             auth_token=settings.auth_token,
             port=self.port,
+            on_connection=settings.on_connection,
         )
 
     @property

@@ -139,9 +139,11 @@ class StoreTable:
         max_connections: int,
         auth_token: str | None,
         port: int,
+        on_connection: Callable[[str, bool], None] | None = None,
     ) -> None:
         self.limits = limits
         self.port = port  # for log messages only
+        self._on_connection = on_connection  # ServerSettings.on_connection
         self._max_buffered = max_buffered_bytes
         self._max_connections = max_connections
         self._auth_token = None if auth_token is None else auth_token.encode()
@@ -210,12 +212,17 @@ class StoreTable:
             return False
         self._at_capacity = False
         self.connections.add(conn)
+        if self._on_connection is not None:
+            self._on_connection(conn.peer, True)
         return True
 
     def drop(self, conn: Connection) -> None:
         """``conn`` is closed: forget it and its wait registrations."""
         self._unregister(conn)
-        self.connections.discard(conn)
+        if conn in self.connections:
+            self.connections.discard(conn)
+            if self._on_connection is not None:
+                self._on_connection(conn.peer, False)
 
     def receive(self, conn: Connection, data: bytes) -> None:
         self.bytes_received += len(data)

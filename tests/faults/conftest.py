@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from helpers.procs import poll_until
 
 T = TypeVar("T")
 
@@ -272,14 +273,7 @@ class Cluster:
 
     def wait_for(self, what: str, check: Callable[[], T | None], timeout: float = DEADLINE) -> T:
         """Poll ``check`` until it returns something truthy; on timeout fail with every process's log tail."""
-        deadline = time.monotonic() + timeout
-        while True:
-            value = check()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no {what} within {timeout:g} s\n{self.logs()}")
-            time.sleep(0.02)
+        return poll_until(what, check, timeout, 0.02, self.logs)
 
     def wait_training(
         self, hosts: Sequence[Host], world: int, *, old: Sequence[dict[str, Any]] = (), steps: int = 3,

@@ -10,9 +10,9 @@ runs them), since torchrun's non-recoveries take the whole window.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
+from helpers.procs import alive
 
 from .conftest import C10D_PORT, Cluster, Proc, report_time
 
@@ -43,13 +43,6 @@ def survivors_recover(cluster: Cluster, first: dict[str, dict[str, object]]) -> 
     except AssertionError:
         return None
     return time.time() - started
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
 
 
 def still_training(cluster: Cluster, host: str, pid: int) -> bool:

@@ -49,6 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from helpers.procs import poll_until
+
 T = TypeVar("T")
 
 DEADLINE = 120.0  # generous: daemons and jobs on a small machine shared with other work
@@ -422,14 +424,7 @@ class SlurmCluster:
 
     def wait_for(self, what: str, check: Callable[[], T | None], timeout: float = DEADLINE) -> T:
         """Poll ``check`` every 0.1 s until it returns something truthy; on timeout fail with the daemons' logs."""
-        deadline = time.monotonic() + timeout
-        while True:
-            value = check()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no {what} within {timeout:g} s\n{self.daemon_logs()}")
-            time.sleep(POLL)
+        return poll_until(what, check, timeout, POLL, self.daemon_logs)
 
     def daemon_logs(self, chars: int = 2000) -> str:
         return "\n".join(f"--- {path.name}:\n{_tail(path, chars)}" for path in sorted(self.logs.glob("*")))

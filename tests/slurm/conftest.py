@@ -4,6 +4,7 @@ How it is built and torn down: :mod:`tests.slurm.cluster`. A test module sets it
 
     SLURM_NODES = 3  # nodes node1..node3 (default 2)
     SLURM_GPUS = 2  # gres/gpu per node, fake devices (default 0)
+    SLURM_CPUS = 2  # CPUs each node declares (default 1)
 
 and uses the cluster as a user of it would::
 
@@ -43,7 +44,8 @@ def slurm_cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
         pytest.skip(why)
     size = getattr(request.module, "SLURM_NODES", 2)
     gpus = getattr(request.module, "SLURM_GPUS", 0)
-    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"), size, gpus=gpus)
+    cpus = getattr(request.module, "SLURM_CPUS", 1)
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"), size, cpus=cpus, gpus=gpus)
     left: list[str] = []
     try:
         start = time.monotonic()

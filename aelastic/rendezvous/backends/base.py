@@ -27,6 +27,8 @@ import abc
 from collections.abc import Sequence
 from typing import NamedTuple
 
+import anyio
+
 from ...store.api import Store
 from ..codec import Digest
 
@@ -79,6 +81,7 @@ class RendezvousBackend(StateReader):
     store: Store
     location: str  # where the shared state lives, for messages: "the rendezvous store at 10.0.0.1:29400"
     digests: bool = False  # whether it keeps digests (read_digest) and tickets (request_join) for cheap reads
+    departures: bool = False  # whether it reports hosts whose connections closed (wait_for_departures)
 
     @abc.abstractmethod
     async def get_state(self) -> Versioned:
@@ -118,3 +121,10 @@ class RendezvousBackend(StateReader):
     @abc.abstractmethod
     async def find_dead(self, node_keys: Sequence[str], grace: float) -> frozenset[str]:
         """Which of ``node_keys`` have shown no heartbeat for ``grace`` seconds, as this backend judges it."""
+
+    async def wait_for_departures(self) -> frozenset[str]:
+        """Wait until the network reports nodes gone: the addresses from which every connection to the backend
+        closed and stayed closed for a short grace (the c10d host, which serves the store, can tell). A backend
+        with ``departures = False`` never returns; its nodes are found dead by ``find_dead`` alone."""
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable: sleep_forever returned")

@@ -6,8 +6,10 @@ agent on this machine already serves it) it connects as a client instead, as tor
 a kernel-chosen port (``--standalone``). ``auth_token`` (or ``$AELASTIC_AUTH_TOKEN``) makes that store refuse
 clients without the token (:mod:`aelastic.store.auth`).
 
-Keys: the timing keys (:mod:`..settings`), ``is_host``, ``read_timeout``, ``auth_token``; torchrun's ``timeout``
-is accepted and not read (torch's c10d backend does not read it either).
+Keys: the timing keys (:mod:`..settings`), ``is_host``, ``read_timeout``, ``auth_token``, ``disconnect_grace``
+(seconds, default 2: the hosting node evicts a node whose connections all closed once they stay closed that long;
+0 turns it off, leaving dead nodes to the keep-alive as torch does); torchrun's ``timeout`` is accepted and not
+read (torch's c10d backend does not read it either).
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ from ...errors import ConfigurationError
 from ...store.auth import resolve_auth_token
 from ...store.client import open_store_client
 from ..api import JoinObserver, RendezvousHandler, RendezvousParameters
-from ..dynamic import open_dynamic_rendezvous
+from ..dynamic import HandlerOptions, open_dynamic_rendezvous
 from ..settings import TIMING_KEYS, TORCHRUN_KEYS, TimingSettings, conf_bool, conf_float
 from ..state import NodeDesc, RendezvousSettings
 from .base import StateReader
+from .disconnects import DisconnectWatch
 from .hosting import local_address, serve_or_connect
 from .store import StoreBackend
 
@@ -40,7 +43,10 @@ __all__ = [
 ]
 
 C10D_DEFAULT_PORT: Final = 29400
-C10D_KEYS: Final = TIMING_KEYS | TORCHRUN_KEYS | {"is_host", "read_timeout", "auth_token"}
+C10D_KEYS: Final = TIMING_KEYS | TORCHRUN_KEYS | {"is_host", "read_timeout", "auth_token", "disconnect_grace"}
+DISCONNECT_GRACE: Final = 2.0
+"""Seconds the hosting node waits, after every connection from a node's address closed, for it to reconnect before
+it evicts the node (``--rdzv-conf disconnect_grace``; 0: never, only the keep-alive finds dead nodes, as torch)."""
 
 _local_ids = iter(range(1 << 62))  # distinguishes handlers of one process, like torch's _NodeDescGenerator
 
@@ -54,6 +60,13 @@ class C10dSettings:
     read_timeout: float
     heartbeat_timeout: float
     auth_token: str | None = field(default=None, repr=False)
+    disconnect_grace: float = DISCONNECT_GRACE
+
+    def __post_init__(self) -> None:
+        if self.disconnect_grace < 0:
+            raise ConfigurationError(
+                f"--rdzv-conf disconnect_grace={self.disconnect_grace!r}: must be >= 0 seconds (0: off)"
+            )
 
     @classmethod
     def from_parameters(cls, params: RendezvousParameters) -> C10dSettings:
@@ -66,6 +79,7 @@ class C10dSettings:
             read_timeout=conf_float(params, "read_timeout", 60.0),
             heartbeat_timeout=timing.heartbeat_timeout,
             auth_token=resolve_auth_token(None if (raw := params.config.get("auth_token")) is None else str(raw)),
+            disconnect_grace=conf_float(params, "disconnect_grace", DISCONNECT_GRACE, positive=False),
         )
 
 
@@ -88,17 +102,25 @@ async def open_c10d_rendezvous(
     is_host = settings.is_host if settings.is_host is not None else is_local_host(host)
     if port == 0 and not is_host:
         raise ConfigurationError(f"--rdzv-endpoint {params.endpoint!r}: port 0 only works on the hosting node")
+    # The hosting node hears of dead agents from its store server's closed connections (see backends/disconnects).
+    watch = DisconnectWatch(settings.disconnect_grace) if is_host and settings.disconnect_grace > 0 else None
     async with AsyncExitStack() as stack:
-        client, server = await serve_or_connect(stack, host, port, is_host, settings.read_timeout, settings.auth_token)
+        client, server = await serve_or_connect(
+            stack, host, port, is_host, settings.read_timeout, settings.auth_token,
+            on_connection=None if watch is None else watch.on_connection,
+        )  # fmt: skip
         addr = await local_address(client, params.local_addr)
-        backend = StoreBackend(client, params.run_id, location=f"the rendezvous store at {client.address}")
+        backend = StoreBackend(
+            client, params.run_id, location=f"the rendezvous store at {client.address}",
+            disconnects=watch if server is not None else None,  # another process serves it: no events here
+        )  # fmt: skip
         await backend.initialize()
         node = NodeDesc(addr, os.getpid(), next(_local_ids))
-        async with open_dynamic_rendezvous(
-            node, settings.rendezvous, backend, backend_name="c10d", bootstrap_host=addr,
-            heartbeat_timeout=settings.heartbeat_timeout, read_timeout=settings.read_timeout, observer=observer,
+        options = HandlerOptions(
+            "c10d", addr, settings.heartbeat_timeout, settings.read_timeout, observer=observer,
             servers=() if server is None else (server,),
-        ) as handler:  # fmt: skip
+        )  # fmt: skip
+        async with open_dynamic_rendezvous(node, settings.rendezvous, backend, options) as handler:
             yield handler
 
 

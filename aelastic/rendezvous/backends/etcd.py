@@ -60,7 +60,7 @@ from ...etcd.messages import (
 from ...etcd.store import EtcdStore
 from ..api import JoinObserver, RendezvousHandler, RendezvousParameters
 from ..codec import Digest
-from ..dynamic import open_dynamic_rendezvous
+from ..dynamic import HandlerOptions, open_dynamic_rendezvous
 from ..settings import TIMING_KEYS, TORCHRUN_KEYS, TimingSettings, conf_float
 from ..state import NodeDesc, RendezvousSettings
 from .base import RendezvousBackend, StateReader, Versioned
@@ -312,10 +312,10 @@ async def open_etcd_rendezvous(
         backend = EtcdBackend(client, settings.key_prefix, params.run_id, lease_ttl=max(1, math.ceil(grace)))
         stack.push_async_callback(backend.release)
         node = NodeDesc(addr, os.getpid(), next(_local_ids))
-        async with open_dynamic_rendezvous(
-            node, rendezvous, backend, backend_name=params.backend, bootstrap_host=addr,
-            heartbeat_timeout=timing.heartbeat_timeout, read_timeout=settings.read_timeout, observer=observer,
-        ) as handler:  # fmt: skip
+        options = HandlerOptions(
+            params.backend, addr, timing.heartbeat_timeout, settings.read_timeout, observer=observer
+        )
+        async with open_dynamic_rendezvous(node, rendezvous, backend, options) as handler:
             yield handler
 
 

@@ -7,6 +7,7 @@ serves it) it becomes a client instead, as torch does. Every node reaches the st
 from __future__ import annotations
 
 import errno
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 
 import anyio
@@ -20,9 +21,16 @@ __all__ = ["local_address", "serve_or_connect"]
 
 
 async def serve_or_connect(
-    stack: AsyncExitStack, host: str, port: int, is_host: bool, read_timeout: float, auth_token: str | None = None
+    stack: AsyncExitStack,
+    host: str,
+    port: int,
+    is_host: bool,
+    read_timeout: float,
+    auth_token: str | None = None,
+    on_connection: Callable[[str, bool], None] | None = None,
 ) -> tuple[StoreClient, StoreServer | None]:
     """A client of the store at ``host:port``, and the server when this node hosts it; both close with ``stack``.
+    ``on_connection``: the server's connection events (``ServerSettings.on_connection``), when it serves.
 
     Raises:
         RendezvousConnectionError: the port could not be bound (other than taken), or the store did not answer
@@ -31,7 +39,7 @@ async def serve_or_connect(
     server: StoreServer | None = None
     if is_host:
         try:
-            settings = ServerSettings(auth_token=auth_token, name="rendezvous")
+            settings = ServerSettings(auth_token=auth_token, name="rendezvous", on_connection=on_connection)
             server = await stack.enter_async_context(open_store_server(host, port, settings))
         except StoreBindError as exc:
             if port == 0 or exc.errno != errno.EADDRINUSE:

@@ -17,7 +17,7 @@ import anyio
 from ...store.api import Store
 from ..api import JoinObserver, RendezvousHandler, RendezvousParameters
 from ..codec import Digest
-from ..dynamic import open_dynamic_rendezvous
+from ..dynamic import HandlerOptions, open_dynamic_rendezvous
 from ..settings import TIMING_KEYS, TORCHRUN_KEYS, TimingSettings, conf_float
 from ..state import NodeDesc
 from .base import RendezvousBackend, Versioned
@@ -90,9 +90,8 @@ async def open_memory_rendezvous(
     params.warn_unknown(set(TIMING_KEYS | TORCHRUN_KEYS | {"read_timeout"}))
     timing = TimingSettings.from_parameters(params)
     node = NodeDesc(params.local_addr or "127.0.0.1", os.getpid(), next(shared.local_ids))
-    async with open_dynamic_rendezvous(
-        node, timing.rendezvous, MemoryBackend(shared, store), backend_name="memory", bootstrap_host=node.addr,
-        heartbeat_timeout=timing.heartbeat_timeout, read_timeout=conf_float(params, "read_timeout", 60.0),
-        observer=observer,
-    ) as handler:  # fmt: skip
+    options = HandlerOptions(
+        "memory", node.addr, timing.heartbeat_timeout, conf_float(params, "read_timeout", 60.0), observer=observer
+    )
+    async with open_dynamic_rendezvous(node, timing.rendezvous, MemoryBackend(shared, store), options) as handler:
         yield handler

@@ -28,6 +28,10 @@ Keys, under ``aelastic.rendezvous/<run_id>/``:
 ``alive/<node>``
     each node's heartbeat counter (ADD 1 per interval): O(1) bytes per beat, never a rewrite of the state.
     ``find_dead`` reads counters and remembers, on the observer's monotonic clock, when each last moved.
+
+On the node that serves the store, the driver also hears of the store server's connections closing
+(:class:`~.disconnects.DisconnectWatch`): ``wait_for_departures`` returns the addresses whose connections all
+closed and stayed closed for the grace, so a node whose agent died is evicted in seconds, not after the keep-alive.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from ...errors import RendezvousStateError
 from ...store.api import Store
 from ..codec import Digest, shard_of
 from .base import DigestRead, RendezvousBackend, Versioned
+from .disconnects import DisconnectWatch
 
 _SLOTS = 3  # position-shard slots, used in turn by successive versions
 _NO_VALUE = b"\0aelastic: no value\0"  # no rendezvous value starts with NUL
@@ -50,9 +55,19 @@ __all__ = ["StoreBackend"]
 class StoreBackend(RendezvousBackend):
     digests = True
 
-    def __init__(self, store: Store, run_id: str, name: str = "c10d", *, location: str | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        run_id: str,
+        name: str = "c10d",
+        *,
+        location: str | None = None,
+        disconnects: DisconnectWatch | None = None,
+    ) -> None:
         self.name = name
         self.store = store
+        self._disconnects = disconnects  # the store server's connection events, on the host that serves it
+        self.departures = disconnects is not None
         self.location = location or f"the rendezvous store {store!r}"
         self._keys = store.prefixed(f"aelastic.rendezvous/{run_id}")
         self._heartbeats: dict[str, tuple[bytes | None, float]] = {}
@@ -140,6 +155,11 @@ class StoreBackend(RendezvousBackend):
 
     async def wait_for_change(self, seen: Versioned) -> None:
         await self._keys.wait([f"changed/{seen.version + 1}"])
+
+    async def wait_for_departures(self) -> frozenset[str]:
+        if self._disconnects is None:
+            return await super().wait_for_departures()
+        return await self._disconnects.wait_gone()
 
     async def keep_alive(self, node_key: str) -> None:
         await self._keys.add(f"alive/{node_key}", 1)
