@@ -220,15 +220,16 @@ def test_the_requeue_recipe_resumes_from_its_checkpoint(slurm_cluster: SlurmClus
     wait_for("the checkpoint", lambda: "checkpoint saved at step" in read(out))
     saved = int(re.findall(r"checkpoint saved at step (\d+)", read(out))[0])
 
-    # Requeued: pending with a BeginTime some time ahead; ask for it now.
+    # Requeued: PENDING (after REQUEUED, while the first run's processes are stopped) with a BeginTime about 2
+    # minutes ahead; ask for it now (the generous deadline covers the hold should the update not take).
     def requeued() -> bool:
         record = slurm_cluster.job(job)
-        return record.get("Restarts") == "1" and record.get("JobState") in ("PENDING", "REQUEUED", "RUNNING")
+        return record.get("Restarts") == "1" and record.get("JobState") in ("PENDING", "RUNNING")
 
     start = time.monotonic()
     wait_for("the requeue", requeued)
     held = slurm_cluster.job(job)
-    if held.get("JobState") != "RUNNING":
+    if held.get("JobState") == "PENDING":
         slurm_cluster.scontrol("update", f"JobId={job}", "StartTime=now", check=False)
     record = slurm_cluster.wait_job(job, timeout=REQUEUE_DEADLINE)
     elapsed = time.monotonic() - start
