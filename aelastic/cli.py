@@ -20,7 +20,7 @@ import anyio
 from ._groups import leaves, single_error
 from ._net import format_address
 from .agent.errors import ChildFailedError
-from .config import DEFAULT_SIGNALS, LIST_LIMIT
+from .config import DEFAULT_FORWARDED, DEFAULT_SIGNALS, LIST_LIMIT
 from .config.command import RunCommand, resolve
 from .config.environ import export_run_environment
 from .config.limits import raise_open_file_limit
@@ -226,6 +226,11 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
               help="keep a standby interpreter per local rank that has imported torch (and --prewarm-modules), and "
               "start Python workers in it: restarts skip the interpreter start and the imports; --no-python "
               "workers start as usual (default: off)")  # fmt: skip
+    _add(own, "--signals-to-forward", dest="signals_to_forward", default=None,
+         help="signals forwarded to every worker's process group while the workers and the agent run on (a "
+         "scheduler's notice: Slurm's --signal); each worker sees each exactly once, also when the sender "
+         "signalled the workers too. '' forwards none (default: " + DEFAULT_FORWARDED + " less any signal of "
+         "--signals-to-handle)")  # fmt: skip
     _add(own, "--prewarm-modules", dest="prewarm_modules", default=[], type=_comma_list,
          help="comma list of modules the standbys import besides torch (default: none)")  # fmt: skip
     own.add_argument("--dry-run", dest="dry_run", action="store_true",
@@ -279,7 +284,10 @@ class _LiveLine:
 
 async def _run_job(command: RunCommand) -> int:
     received: list[int] = []
-    control = LaunchControl()  # the workers are stopped with the signal received (torchrun forwards it too)
+    # The workers are stopped with the signal received (torchrun forwards it too); the forwarded signals are
+    # relayed to them, exactly once each, while the agent supervises on.
+    forwarded = command.config.forwarded_signals
+    control = LaunchControl(relayed=forwarded)
     async with anyio.create_task_group() as tg:
         if sys.stderr.isatty():
             live = _LiveLine(sys.stderr)
@@ -287,8 +295,11 @@ async def _run_job(command: RunCommand) -> int:
             tg.start_soon(live.tick)
 
         async def on_signals() -> None:
-            with anyio.open_signal_receiver(*command.config.signals) as receiver:
+            with anyio.open_signal_receiver(*command.config.signals, *forwarded) as receiver:
                 async for signum in receiver:
+                    if signum in forwarded:
+                        tg.start_soon(control.relay, signum)  # it may wait for the witness: the next one need not
+                        continue
                     if received:  # a second signal: no more grace
                         logger.warning("received %s again: killing workers now", signal.Signals(signum).name)
                         os._exit(128 + received[0])  # the reaper and the parent-death signal kill every worker

@@ -10,8 +10,9 @@ the calling thread (Jupyter, IPython), it runs the launch on a thread of its own
 the result; a keyboard interrupt (the kernel's "interrupt") cancels the launch, which stops the workers.
 
 An application that embeds a launch and steers it from outside (the command line is one) passes a
-:class:`LaunchControl`: the signal a cancelled launch stops the workers with, and an observer of this node's
-rendezvous joins.
+:class:`LaunchControl`: the signal a cancelled launch stops the workers with, an observer of this node's
+rendezvous joins, and the signals it passes on to the running workers (a scheduler's notice: :meth:`LaunchControl.
+forward` and, exactly once per worker, :meth:`LaunchControl.relay`).
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -34,6 +36,7 @@ from . import events
 from ._groups import single_error
 from .agent.agent import ElasticAgent
 from .agent.errors import ChildFailedError
+from .agent.forward.parent import RunningWorkers, Witness, open_witness, sender_name
 from .agent.logs import LogSpec
 from .agent.processes import StopSignal
 from .agent.reaper.parent import Reaper, open_reaper
@@ -63,10 +66,48 @@ class LaunchControl:
             sets the signal it received, as torchrun forwards it).
         join_observer: called at each step of this node's rendezvous joins (the command line draws its live
             status line with it); ``None``: nobody observes.
+        relayed: the signals the application will :meth:`relay` (the command line's ``--signals-to-forward``);
+            for these the launch runs a witness process (:mod:`aelastic.agent.forward`). Read when the launch
+            starts.
+        running: the running workers' process groups, kept by the launch.
     """
 
     stop_signal: StopSignal = field(default_factory=StopSignal)
     join_observer: JoinObserver | None = None
+    relayed: tuple[signal.Signals, ...] = ()
+    running: RunningWorkers = field(default_factory=RunningWorkers, repr=False)
+    witness: Witness | None = field(default=None, init=False, repr=False)
+
+    def forward(self, signum: signal.Signals) -> int:
+        """Send ``signum`` to the process group of every running worker of this node now; the workers and the
+        agent run on. Returns how many groups were signalled (0 between attempts: nothing is queued)."""
+        return len(self.running.signal(signum))
+
+    async def relay(self, signum: signal.Signals) -> bool:
+        """Pass on ``signum``, which this process has just received, so that every worker sees it exactly once.
+
+        If whoever sent it signalled the workers directly too (every process of a Slurm job step, say), nothing is
+        forwarded; else it is, as :meth:`forward`. The witness of :mod:`aelastic.agent.forward` tells the two
+        apart (``signum`` must be in :attr:`relayed`; else it is always forwarded); forwarding waits up to
+        ``DIRECT_WINDOW`` (1 s) for its word. Logs one line either way. Returns whether it forwarded.
+        Cancellation: nothing is forwarded.
+        """
+        signum = signal.Signals(signum)
+        witness = self.witness
+        if witness is not None and signum in witness.signums:
+            receipt = await witness.wait_direct(signum)
+            if receipt is not None:
+                logger.warning(
+                    "received %s from pid %d (%s), which signalled the workers directly too: not forwarded again",
+                    signum.name, receipt.sender, sender_name(receipt.sender),
+                )  # fmt: skip
+                return False
+        groups = self.running.signal(signum)
+        if groups:
+            logger.warning("received %s: forwarded to the workers' process groups %s", signum.name, groups)
+        else:
+            logger.warning("received %s while no worker runs (between attempts): not forwarded", signum.name)
+        return bool(groups)
 
 
 def endpoint_ports(config: LaunchConfig) -> list[int]:
@@ -152,8 +193,9 @@ async def _run_agent(
 ) -> RunResult | None:
     """The agent's run and the rendezvous's closing; ``None`` if this node was in reserve when it closed."""
     async with (
-        open_reaper() as reaper,
+        _open_reaper(control.relayed) as reaper,
         _open_standbys(config, reaper) as standbys,
+        _open_witness(control),
         open_rendezvous(config.rendezvous_parameters(run_id), observer=control.join_observer) as handler,
     ):
         agent = ElasticAgent(
@@ -168,6 +210,7 @@ async def _run_agent(
             logs_specs=config.logs_specs,
             standbys=standbys,
             stop_signal=control.stop_signal,
+            running=control.running,
         )
         try:
             if ports:
@@ -184,6 +227,34 @@ async def _run_agent(
         with anyio.move_on_after(_SHUTDOWN_GRACE, shield=True):
             await agent.shutdown()
     return result
+
+
+@asynccontextmanager
+async def _open_reaper(spared: tuple[signal.Signals, ...]) -> AsyncIterator[Reaper]:
+    """The reaper sidecar, spawned with ``spared`` (the relayed signals) blocked: it inherits the mask through
+    exec, so a notice sent to every process of the job step (Slurm's step signal) does not kill it."""
+    async with AsyncExitStack() as stack:
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, spared) if spared else None
+        try:
+            reaper = await stack.enter_async_context(open_reaper())  # spawned before its first checkpoint
+        finally:
+            if previous is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        yield reaper
+
+
+@asynccontextmanager
+async def _open_witness(control: LaunchControl) -> AsyncIterator[None]:
+    """The witness of ``control.relayed`` (:mod:`aelastic.agent.forward`), for the launch's length; none if empty."""
+    if not control.relayed:
+        yield
+        return
+    async with open_witness(control.relayed) as witness:
+        control.witness = witness
+        try:
+            yield
+        finally:
+            control.witness = None
 
 
 @asynccontextmanager

@@ -77,7 +77,7 @@ def test_every_torchrun_flag_with_its_spellings_default_and_choices() -> None:
     # torch 2.14's template flag, and ours
     assert extra == [
         "async_backend", "dry_run", "log_line_prefix_template", "metrics_port", "prewarm", "prewarm_modules",
-        "watchdog_timeout",
+        "signals_to_forward", "watchdog_timeout",
     ], extra  # fmt: skip
 
 

@@ -47,6 +47,7 @@ from ..errors import AelasticError, RendezvousClosedError, StoreConnectionError
 from ..metrics import AgentMetrics
 from ..rendezvous.api import RendezvousHandler, RendezvousInfo
 from .errors import ChildFailedError, ProcessFailure
+from .forward.parent import RunningWorkers
 from .logs import LogSpec
 from .logs_specs import LogsSpecs, reify
 from .policy import Action, Budget, Decision, Outcome, decide
@@ -122,6 +123,7 @@ class ElasticAgent:
         logs_specs: LogsSpecs | None = None,
         standbys: Standbys | None = None,
         stop_signal: StopSignal | None = None,
+        running: RunningWorkers | None = None,
     ) -> None:
         self.spec = spec
         self.handler = handler
@@ -133,6 +135,7 @@ class ElasticAgent:
         self.logs_specs = logs_specs  # a custom torch LogsSpecs (--logs-specs): reify() routes each attempt's logs
         self.standbys = standbys
         self.stop_signal = stop_signal  # what a cancelled run stops the workers with (None: SIGTERM)
+        self.running = running  # where the running workers' groups are tracked, for forwarded signals
         # torch's rule: the timer server runs when its variable is exactly "1"; aelastic's watchdog needs it too.
         self.timer_file: Path | None = None
         if self.base_env.get(ENABLE_ENV) == "1" or watchdog_timeout is not None:
@@ -287,6 +290,7 @@ class ElasticAgent:
                 started=self.recorder.spawned,
                 standbys=self.standbys,
                 stop_signal=self.stop_signal,
+                running=self.running,
             )
             tg.cancel_scope.cancel()
         return (outcome, None) if reason is None else (None, reason)

@@ -59,6 +59,7 @@ import anyio.lowlevel
 
 from ..errors import ConfigurationError, ReaperError
 from .finish.parent import FinishLineServer
+from .forward.parent import RunningWorkers
 from .logs import LogSpec, Std, WorkerLog, pump
 from .reaper.parent import Reaper
 from .spawn.parent import (
@@ -216,6 +217,10 @@ class _Worker:
     def pid(self) -> int:
         return self.process.pid
 
+    def running(self) -> bool:
+        """Whether the leader is not reaped yet (its group id is still this worker's)."""
+        return self.exitcode is None
+
     def handle(self) -> WorkerProcess:
         return WorkerProcess(self.command.local_rank, self.command.global_rank, self.pid)
 
@@ -249,6 +254,7 @@ async def run_workers(
     started: Callable[[Sequence[WorkerProcess]], None] | None = None,
     standbys: Standbys | None = None,
     stop_signal: StopSignal | None = None,
+    running: RunningWorkers | None = None,
 ) -> GroupOutcome:
     """Run one node's workers until all exit 0, or the first fails; then stop the rest.
 
@@ -270,6 +276,8 @@ async def run_workers(
         standbys: pre-warmed interpreters (:mod:`aelastic.agent.prewarm`): each worker that has a fitting one is
             handed to it instead of spawned, and beside the running workers the next attempt's are started.
         stop_signal: what stops the workers when this call is cancelled; ``None`` is SIGTERM.
+        running: where the workers' process groups are tracked while they run, for signals forwarded to them
+            (:mod:`aelastic.agent.forward`): each is added once spawned, discarded once reaped.
 
     Returns:
         Every worker's exit, in command order. Workers stopped by the agent after the first failure are reported
@@ -299,7 +307,9 @@ async def run_workers(
                 except BaseException:
                     log.close()
                     raise
-                workers.append(_Worker(command, process, log))
+                workers.append(worker := _Worker(command, process, log))
+                if running is not None:
+                    running.add(process.pid, worker.running)
                 if reaper is not None:
                     await reaper.register(process.pid)
                 logger.debug("started worker local_rank %d (pid %d)", command.local_rank, process.pid)
@@ -319,6 +329,8 @@ async def run_workers(
         if finish is not None:
             finish.close()
         for worker in workers:
+            if running is not None:
+                running.discard(worker.pid)
             worker.log.close()
             worker.process.close()
 

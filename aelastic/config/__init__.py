@@ -20,9 +20,18 @@ Imports go one way: ``cli -> config.command -> config.sources -> config.slurm ->
 from __future__ import annotations
 
 from .launch_config import LaunchConfig
-from .values import DEFAULT_SIGNALS, LIST_LIMIT, new_run_id, parse_nnodes, parse_rdzv_conf, parse_signals
+from .values import (
+    DEFAULT_FORWARDED,
+    DEFAULT_SIGNALS,
+    LIST_LIMIT,
+    new_run_id,
+    parse_nnodes,
+    parse_rdzv_conf,
+    parse_signals,
+)
 
 __all__ = [
+    "DEFAULT_FORWARDED",
     "DEFAULT_SIGNALS",
     "LIST_LIMIT",
     "LaunchConfig",

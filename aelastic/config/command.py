@@ -37,6 +37,7 @@ from .values import (
     parse_rdzv_conf,
     parse_signals,
     parse_std,
+    resolve_forwarded,
 )
 
 __all__ = ["Resolved", "RunCommand", "config_from_args", "resolve", "run_script_path"]
@@ -196,6 +197,7 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> R
     nproc = parse_nproc(str(args.nproc_per_node), env)
     check_at_least(args.max_restarts, 0, f"--max-restarts {args.max_restarts}")  # LaunchConfig's rule, named
     parse_signals(args.signals_to_handle)  # as the user wrote it (LaunchConfig's errors name its fields)
+    forwarded = resolve_forwarded(args.signals_to_forward, args.signals_to_handle)
     if args.module and args.no_python:
         raise ConfigurationError("-m/--module and --no-python cannot be used together: -m runs python")
     rdzv = _rendezvous(args)
@@ -217,6 +219,7 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> R
         duplicate_stderr_filters=tuple(f for f in args.duplicate_stderr_filters if f),
         log_line_prefix_template=template,
         prewarm_modules=tuple(m for m in args.prewarm_modules if m),
+        signals_to_forward=",".join(s.name for s in forwarded),  # resolved: --dry-run shows what is forwarded
         **{name: getattr(args, name) for name in _AS_GIVEN},
     )
     config = _load_plugins(args, config)

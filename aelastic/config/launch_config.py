@@ -18,9 +18,19 @@ from ..agent.logs import Std, StdSpec
 from ..errors import ConfigurationError
 from ..rendezvous.api import RendezvousParameters
 from . import environ
-from .values import DEFAULT_SIGNALS, check_at_least, check_module_names, check_node_range, check_port, parse_signals
+from .values import (
+    DEFAULT_SIGNALS,
+    check_at_least,
+    check_module_names,
+    check_node_range,
+    check_port,
+    parse_signals,
+    resolve_forwarded,
+)
 
 __all__ = ["LaunchConfig"]
+
+_FORWARD_LABELS = ("LaunchConfig signals_to_forward", "LaunchConfig signals_to_handle")
 
 
 @dataclass(frozen=True)
@@ -62,6 +72,9 @@ class LaunchConfig:
     exit_barrier_timeout: float = 300.0
     shutdown_timeout: float | None = None  # None: $TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30 (shutdown_grace)
     signals_to_handle: str = DEFAULT_SIGNALS
+    # aelastic's: signals forwarded to the workers while they run on (None: SIGUSR1,SIGUSR2 less signals_to_handle);
+    # read by whoever catches signals (the command line), as signals_to_handle is.
+    signals_to_forward: str | None = None
     metrics_cfg: Mapping[str, str] = field(default_factory=dict)
     event_log_handler: str = "null"
     numa_options: Any = None  # torch's NumaOptions: accepted, no effect
@@ -93,6 +106,7 @@ class LaunchConfig:
         if self.watchdog_timeout is not None and self.watchdog_timeout <= 0:
             raise ConfigurationError(f"LaunchConfig watchdog_timeout={self.watchdog_timeout!r}: must be > 0")
         parse_signals(self.signals_to_handle, "LaunchConfig signals_to_handle")
+        resolve_forwarded(self.signals_to_forward, self.signals_to_handle, _FORWARD_LABELS)
         check_module_names(self.prewarm_modules, "LaunchConfig prewarm_modules")
         if self.metrics_port is not None:
             check_port(self.metrics_port, f"LaunchConfig metrics_port={self.metrics_port}")
@@ -105,6 +119,12 @@ class LaunchConfig:
     def signals(self) -> tuple[signal.Signals, ...]:
         """``signals_to_handle`` as signals: those that stop the workers and then the agent."""
         return parse_signals(self.signals_to_handle, "LaunchConfig signals_to_handle")
+
+    @property
+    def forwarded_signals(self) -> tuple[signal.Signals, ...]:
+        """``signals_to_forward`` as signals: those forwarded to every worker's process group while the workers and
+        the agent run on (the schedulers' notices)."""
+        return resolve_forwarded(self.signals_to_forward, self.signals_to_handle, _FORWARD_LABELS)
 
     @property
     def duplicate_filters(self) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -17,6 +17,7 @@ from ..agent.logs import Std
 from ..errors import ConfigurationError
 
 __all__ = [
+    "DEFAULT_FORWARDED",
     "DEFAULT_SIGNALS",
     "LIST_LIMIT",
     "check_at_least",
@@ -36,9 +37,16 @@ __all__ = [
     "parse_std",
     "pet_default",
     "pet_flag",
+    "resolve_forwarded",
 ]
 
 DEFAULT_SIGNALS: Final = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+
+DEFAULT_FORWARDED: Final = "SIGUSR1,SIGUSR2"
+"""What ``--signals-to-forward`` forwards unless given: the schedulers' notices (Slurm's ``--signal``, Lightning's
+USR1, submitit's USR2), less any signal ``--signals-to-handle`` names."""
+
+_UNCATCHABLE: Final = frozenset({signal.SIGKILL, signal.SIGSTOP})
 
 LIST_LIMIT: Final = 20
 """How many nodes of each list ``aelastic status`` prints unless asked for all (``--all``)."""
@@ -117,12 +125,37 @@ def parse_rdzv_conf(text: str) -> dict[str, str]:
 
 
 def parse_signals(text: str, label: str = "--signals-to-handle") -> tuple[signal.Signals, ...]:
-    """``SIGTERM,SIGINT,...`` into signals; unknown names are refused."""
+    """``SIGTERM,SIGINT,...`` into signals; unknown names, and signals no process can catch (SIGKILL, SIGSTOP), are
+    refused."""
     names = [part.strip() for part in text.split(",") if part.strip()]
     unknown = [name for name in names if name not in signal.Signals.__members__]
     if unknown:
         raise ConfigurationError(f"{label} {text!r}: {unknown[0]!r} is not a signal name")
-    return tuple(signal.Signals[name] for name in names)
+    signals = tuple(dict.fromkeys(signal.Signals[name] for name in names))
+    uncatchable = [s for s in signals if s in _UNCATCHABLE]
+    if uncatchable:
+        raise ConfigurationError(f"{label} {text!r}: {uncatchable[0].name} cannot be caught, so it cannot be handled "
+                                 "or forwarded")  # fmt: skip
+    return signals
+
+
+def resolve_forwarded(
+    forward: str | None, handle: str, labels: tuple[str, str] = ("--signals-to-forward", "--signals-to-handle")
+) -> tuple[signal.Signals, ...]:
+    """The signals forwarded to the workers: ``forward`` (``None``: :data:`DEFAULT_FORWARDED` less the signals
+    ``handle`` names, so that torchrun's ``--signals-to-handle ...,SIGUSR1`` keeps its meaning). A signal given in
+    both lists is refused: it either stops the workers or is forwarded to them."""
+    handled = parse_signals(handle, labels[1])
+    if forward is None:
+        return tuple(s for s in parse_signals(DEFAULT_FORWARDED, labels[0]) if s not in handled)
+    forwarded = parse_signals(forward, labels[0])
+    both = [s for s in forwarded if s in handled]
+    if both:
+        raise ConfigurationError(
+            f"{labels[0]} {forward!r}: {both[0].name} is also in {labels[1]} {handle!r}; a signal either stops the "
+            "workers or is forwarded to them: remove it from one list"
+        )
+    return forwarded
 
 
 def _gpu_count(environ: Mapping[str, str]) -> int:
