@@ -26,8 +26,8 @@ import aelastic.agent
 AGENT_DIR = Path(aelastic.agent.__file__).parent
 SOURCE_ROOT = AGENT_DIR.parent.parent  # the directory that holds the aelastic package
 
-# The features of issue 23; each must keep a child side (discovery below finds any other too).
-FEATURES = {"callables", "finish", "prewarm", "reaper", "spawn", "stacks", "timers"}
+# The cross-process features; each must keep a child side (discovery below finds any other too).
+FEATURES = {"callables", "finish", "forward", "prewarm", "reaper", "spawn", "stacks", "timers"}
 
 # (child-side module, module it may import besides the rule) -> why.
 EXCEPTIONS = {
@@ -42,7 +42,7 @@ EXCEPTIONS = {
 ANCESTORS = {"aelastic", "aelastic._lazy", "aelastic.errors", "aelastic.agent"}
 
 # The child sides the agent runs by path (``python -I -S <file>``): nothing of aelastic is importable there at all.
-BY_PATH = {"reaper", "spawn"}
+BY_PATH = {"forward", "reaper", "spawn"}
 
 PROBE = """
 import importlib, json, sys
