@@ -154,10 +154,10 @@ async def test_connections_beyond_the_cap_are_closed_at_once(caplog: pytest.LogC
         await wait_for_connections(server, 0)
 
 
+# Soft and hard limit both: `aelastic store` raises its soft limit to the hard one at start (tests/test_open_files.py).
 LIMITED_STORE = """
 import resource, sys
-_, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-resource.setrlimit(resource.RLIMIT_NOFILE, (128, hard))
+resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
 from aelastic.cli import main
 sys.exit(main(["store", "--host", "127.0.0.1", "--port", "0"]))
 """
