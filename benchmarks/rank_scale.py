@@ -198,7 +198,15 @@ def client_main() -> None:
     in."""
     kind, port, world, first, count = sys.argv[1], *map(int, sys.argv[2:6])
     raise_nofile()
-    out: dict[str, Any] = {"released": 0.0, "requests": 0, "retries": 0, "errors": [], "writers": [], "stores": [], "stage": {}}
+    out: dict[str, Any] = {
+        "released": 0.0,
+        "requests": 0,
+        "retries": 0,
+        "errors": [],
+        "writers": [],
+        "stores": [],
+        "stage": {},
+    }
     ranks = range(first, first + count)
     if kind == "torch":
         import torch.distributed as dist
