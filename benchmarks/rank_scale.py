@@ -38,7 +38,8 @@ What it needs, and how torch is treated fairly on this machine kind (``shared/re
   ``::ffff:127.0.0.1``); where that name is not in ``/etc/hosts`` the lookup goes to a DNS server that does not
   answer here, and a burst of 64 connections stalls the server 5 s (1,024 ranks took 100 s instead of 0.4 s).
   The benchmark checks that ``127.0.0.1`` and ``::ffff:127.0.0.1`` resolve locally and refuses to run (exit 2)
-  otherwise: add ``::ffff:127.0.0.1 localhost`` (and ``::1 localhost``) to ``/etc/hosts``.
+  otherwise: add e.g. ``::ffff:127.0.0.1 ip4-mapped-loopback`` and ``::1 ip6-loopback`` to ``/etc/hosts``
+  (not ``localhost``: that would change what ``localhost`` resolves to).
 """
 
 from __future__ import annotations
@@ -283,6 +284,14 @@ def serve(system: str, shim: Path | None) -> Iterator[tuple[int, int]]:
         cmd = [sys.executable, "-c", TORCH_SERVER]
     else:
         cmd = [sys.executable, "-m", "aelastic", "store", "--host", HOST, "--port", "0"]
+        profile = os.environ.get("RANK_SCALE_PROFILE")  # a directory: aelastic's servers run under cProfile
+        if profile:
+            out = Path(profile) / f"{system.replace(' ', '-')}-{time.monotonic_ns()}.prof"
+            code = (
+                "import cProfile, sys\nfrom aelastic.cli import main\np = cProfile.Profile()\np.enable()\n"
+                f"try:\n    main(sys.argv[1:])\nfinally:\n    p.disable()\n    p.dump_stats({str(out)!r})\n"
+            )
+            cmd[1:3] = ["-c", code]
         env["AELASTIC_ASYNC_BACKEND"] = system.split()[1]
     proc = subprocess.Popen(
         cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, preexec_fn=raise_nofile
@@ -399,7 +408,8 @@ def check_peer_lookup() -> str | None:
         except OSError:
             return (
                 f"{address} does not resolve to a name locally: torch's server would stall on each connection; "
-                f"add '{address} localhost' to /etc/hosts (hard-parts.md, 'Measuring torch fairly')"
+                f"add e.g. '{address} ip4-mapped-loopback' to /etc/hosts (any name but 'localhost', which would "
+                "change what localhost resolves to)"
             )
         took = time.monotonic() - began
         if took > 0.5:
