@@ -418,7 +418,13 @@ def check_peer_lookup() -> str | None:
 
 
 def measure(
-    sizes: list[int], clients: list[str], repeats: int, processes: int, shim: Path | None, torch_max: int
+    sizes: list[int],
+    clients: list[str],
+    systems: tuple[str, ...],
+    repeats: int,
+    processes: int,
+    shim: Path | None,
+    torch_max: int,
 ) -> list[dict[str, Any]]:
     limit = raise_nofile()
     samples: dict[tuple[str, str, int], list[float]] = {}
@@ -430,7 +436,7 @@ def measure(
             if client == "torch" and ranks > torch_max:
                 continue
             for repeat in range(repeats):
-                order = SYSTEMS[repeat % len(SYSTEMS) :] + SYSTEMS[: repeat % len(SYSTEMS)]
+                order = systems[repeat % len(systems) :] + systems[: repeat % len(systems)]
                 for system in order:
                     try:
                         figures = run_once(system, client, ranks, processes, shim)
@@ -486,6 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", default=None, help="client kinds, comma list of raw,torch (default both)")
     parser.add_argument("--torch-client-max", type=int, default=4096,
                         help="largest size run with torch's client, a thread per rank (default 4096)")  # fmt: skip
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"servers (default {','.join(SYSTEMS)})")
     parser.add_argument("--processes", type=int, default=4, help="client processes (default 4)")
     parser.add_argument("--no-backlog-shim", action="store_true", help="torch's listen(fd, -1) as this kernel has it")
     parser.add_argument("--json", type=Path, default=None, help="write the records here")
@@ -495,6 +502,9 @@ def main(argv: list[str] | None = None) -> int:
     clients = (args.clients or ("raw" if args.quick else "raw,torch")).split(",")
     if set(clients) - set(CLIENTS):
         parser.error(f"--clients {args.clients!r}: choose from {', '.join(CLIENTS)}")
+    systems = tuple(args.systems.split(","))
+    if set(systems) - set(SYSTEMS):
+        parser.error(f"--systems {args.systems!r}: choose from {', '.join(SYSTEMS)}")
     if repeats < 1 or args.processes < 1:
         parser.error(f"--repeats {repeats} / --processes {args.processes}: must be >= 1")
     problem = check_peer_lookup()
@@ -505,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
         shim = None if args.no_backlog_shim else build_shim(Path(tmp))
         if shim is None and not args.no_backlog_shim:
             print("rank_scale: no C compiler: torch's server runs with this kernel's backlog of 1", file=sys.stderr)
-        records = measure(sizes, clients, repeats, args.processes, shim, args.torch_client_max)
+        records = measure(sizes, clients, systems, repeats, args.processes, shim, args.torch_client_max)
     print_table(records)
     if args.json is not None:
         meta = {"load_average": os.getloadavg(), "backlog_shim": shim is not None, "processes": args.processes}
