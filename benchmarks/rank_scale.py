@@ -118,6 +118,12 @@ def _requests(rank: int, world: int) -> int:
     return 3 + (1 if rank == 0 else 2) + 3  # VALIDATE PING ADD | SET or WAIT GET | ADD ADD WAIT
 
 
+def _enter(out: dict[str, Any], rank: int, stage: str) -> None:
+    """``rank`` starts ``stage``; the last rank to start each stage is when that stage began for all."""
+    out["stage"][rank] = stage
+    out["phases"][stage] = time.monotonic()
+
+
 async def _raw_rank(rank: int, world: int, port: int, out: dict[str, Any]) -> None:
     from aelastic.store import wire
 
@@ -131,15 +137,14 @@ async def _raw_rank(rank: int, world: int, port: int, out: dict[str, Any]) -> No
         except OSError:
             out["retries"] += 1
             await asyncio.sleep(CONNECT_RETRY)
-    stage = out["stage"]
-    stage[rank] = "validate"
+    _enter(out, rank, "validate")
     writer.write(enc(wire.Validate()) + enc(wire.Ping(rank)))
     if int.from_bytes(await reader.readexactly(4), "little") != rank:
         raise RuntimeError("PING answered with the wrong nonce")
-    stage[rank] = "init"
+    _enter(out, rank, "init")
     writer.write(enc(wire.Add(b"init/", 1)))
     await reader.readexactly(8)
-    stage[rank] = "id"
+    _enter(out, rank, "id")
     if rank == 0:
         writer.write(enc(wire.Set(b"nccl_id", NCCL_ID)))
     else:
@@ -150,7 +155,7 @@ async def _raw_rank(rank: int, world: int, port: int, out: dict[str, Any]) -> No
         n = int.from_bytes(await reader.readexactly(8), "little")
         if await reader.readexactly(n) != NCCL_ID:
             raise RuntimeError("GET returned the wrong id")
-    stage[rank] = "barrier"
+    _enter(out, rank, "barrier")
     writer.write(enc(wire.Add(barrier, 1)))
     await reader.readexactly(8)
     writer.write(enc(wire.Add(barrier, 0)))
@@ -158,10 +163,10 @@ async def _raw_rank(rank: int, world: int, port: int, out: dict[str, Any]) -> No
     if count == world:
         writer.write(enc(wire.Set(last, b"1")))
         out["requests"] += 1
-    stage[rank] = "last_worker"
+    _enter(out, rank, "last_worker")
     writer.write(enc(wire.Wait((last,))))
     await reader.readexactly(1)
-    stage[rank] = "released"
+    _enter(out, rank, "released")
     out["released"] = max(out["released"], time.monotonic())
     out["requests"] += _requests(rank, world)
     out["writers"].append(writer)
@@ -207,6 +212,7 @@ def client_main() -> None:
         "writers": [],
         "stores": [],
         "stage": {},
+        "phases": {},
     }
     ranks = range(first, first + count)
     if kind == "torch":
@@ -248,13 +254,14 @@ def client_main() -> None:
 
         with asyncio.Runner(loop_factory=loop_factory) as runner:
             runner.run(all_ranks())
-            result = {k: out[k] for k in ("released", "requests", "retries")} | {"errors": out["errors"][:3]}
+            result = {k: out[k] for k in ("released", "requests", "retries", "phases")}
+            result["errors"] = out["errors"][:3]
             print(json.dumps(result), flush=True)
             sys.stdin.readline()  # "close": the connections stay open until the harness has read the server's RSS
             for writer in out["writers"]:
                 writer.close()
         return
-    result = {k: out[k] for k in ("released", "requests", "retries")} | {"errors": out["errors"][:3]}
+    result = {k: out[k] for k in ("released", "requests", "retries", "phases")} | {"errors": out["errors"][:3]}
     print(json.dumps(result), flush=True)
     sys.stdin.readline()
     out["stores"].clear()
@@ -377,6 +384,12 @@ def run_once(system: str, client: str, ranks: int, processes: int, shim: Path | 
     if errors:
         raise RuntimeError(f"{system}, {client} client, {ranks} ranks: {errors[:3]}")
     took = max(r["released"] for r in results) - go
+    phases: dict[str, float] = {}
+    for r in results:
+        for stage, at in r.get("phases", {}).items():
+            phases[stage] = max(phases.get(stage, 0.0), at - go)
+    if os.environ.get("RANK_SCALE_PHASES"):
+        print(f"    phases (the last rank to enter each): {phases}", file=sys.stderr)
     requests = sum(r["requests"] for r in results)
     return {
         "time": took,

@@ -237,7 +237,7 @@ class StoreTable:
             if not self._at_capacity:  # once per episode: a flood must not flood the log too
                 logger.warning(
                     "store server on port %d refuses connections (%s the first): %d are open, the limit "
-                    "(ServerSettings.max_connections; by default half the open-file limit, ulimit -n)",
+                    "(ServerSettings.max_connections; by default the open-file limit less 1,024, ulimit -n)",
                     self.port,
                     conn.peer,
                     limit,
