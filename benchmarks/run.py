@@ -205,7 +205,7 @@ def machine_state(run: dict[str, Any]) -> str:
 
 # The README shows one row per scenario: the largest N that torch and aelastic both ran.
 README_SCENARIOS = (
-    ("agent", "launch", "no-op launch, `--standalone`, 1 worker"),
+    ("agent", "launch", "no-op launch, `--standalone --nproc-per-node 2`"),
     ("agent", "c10d launch", "c10d launch"),
     ("agent", "scale-up", "scale-up (a node joins a running job)"),
     ("agent", "recovery", "recovery after a worker crash"),
