@@ -520,10 +520,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--systems {args.systems!r}: choose from {', '.join(SYSTEMS)}")
     if repeats < 1 or args.processes < 1:
         parser.error(f"--repeats {repeats} / --processes {args.processes}: must be >= 1")
-    problem = check_peer_lookup()
-    if problem:
+    problem = check_peer_lookup() if "torch libuv" in systems else None
+    if problem and not args.quick:
         print(f"rank_scale: {problem}", file=sys.stderr)
         return 2
+    if problem:  # the CI smoke run measures aelastic's servers alone rather than fail
+        print(f"rank_scale: {problem}; --quick: torch's server is left out", file=sys.stderr)
+        systems = tuple(s for s in systems if s != "torch libuv")
     with tempfile.TemporaryDirectory(prefix="rank_scale-") as tmp:
         shim = None if args.no_backlog_shim else build_shim(Path(tmp))
         if shim is None and not args.no_backlog_shim:
