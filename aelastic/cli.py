@@ -17,6 +17,7 @@ from typing import Any, NoReturn, TextIO
 
 import anyio
 
+from ._eventloop import run_options
 from ._groups import leaves, single_error
 from ._net import format_address
 from .agent.errors import ChildFailedError
@@ -466,7 +467,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         with single_error():
-            return int(anyio.run(entry, backend=args.async_backend))
+            return int(anyio.run(entry, backend=args.async_backend, backend_options=run_options(args.async_backend)))
     except KeyboardInterrupt:
         return 128 + signal.SIGINT
     except BaseException as exc:  # re-raised below unless every part is aelastic's own error

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from . import events
+from ._eventloop import run_options
 from ._groups import single_error
 from .agent.agent import ElasticAgent
 from .agent.errors import ChildFailedError
@@ -300,7 +301,7 @@ def run(
     """
     call = partial(launch, config, entrypoint, *args, control=control)
     if not _in_event_loop():
-        return anyio.run(call, backend=backend)
+        return anyio.run(call, backend=backend, backend_options=run_options(backend))
     from anyio.from_thread import start_blocking_portal  # only a caller inside a running loop (Jupyter) needs it
 
     with start_blocking_portal(backend) as portal:

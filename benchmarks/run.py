@@ -29,7 +29,9 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-MODULES = ("store_ops", "rendezvous", "agent")
+MODULES = ("store_ops", "rank_scale", "rendezvous", "agent")
+README = HERE.parent / "README.md"
+README_START, README_END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
 OUT = HERE / "out"
 GATE = ("agent", "launch")  # (benchmark, scenario) that --quick holds to "aelastic no slower than torchrun"
 
@@ -196,6 +198,74 @@ def plot(records: list[Record], directory: Path) -> list[Path]:
     return paths
 
 
+def machine_state(run: dict[str, Any]) -> str:
+    load = run.get("load")
+    return f"load average (1 min) {load[0]} at the start, {load[1]} at the end" if load else "load not recorded"
+
+
+# The README shows one row per scenario: the largest N that torch and aelastic both ran.
+README_SCENARIOS = (
+    ("agent", "launch", "no-op launch, `--standalone --nproc-per-node 2`"),
+    ("agent", "c10d launch", "c10d launch"),
+    ("agent", "scale-up", "scale-up (a node joins a running job)"),
+    ("agent", "recovery", "recovery after a worker crash"),
+    ("agent", "agent RSS", "agent RSS"),
+    ("rendezvous", "total: all N join at once, until the last is released", "rendezvous, all N nodes at once"),
+    ("rank_scale", "raw client: time", "workers' store, N simulated ranks (raw client)"),
+    ("rank_scale", "torch client: time", "workers' store, N simulated ranks (torch's C++ client)"),
+    ("store_ops", "set ops/s", "store SET ops/s (8 torch clients)"),
+    ("store_ops", "get ops/s", "store GET ops/s"),
+    ("store_ops", "add ops/s", "store ADD ops/s"),
+    ("store_ops", "WAIT wake-up p50", "store WAIT wake-up p50"),
+)
+
+
+def readme_table(records: list[Record], run: dict[str, Any]) -> list[str]:
+    lines = [
+        f"One run of `python -m benchmarks` on {run['started']} UTC ({run['took_s'] // 60} min), "
+        f"{run['machine']}; {machine_state(run)}. Medians; torch and aelastic alternate in the same run. "
+        "Full tables, every N, plots: [benchmarks/RESULTS.md](benchmarks/RESULTS.md).",
+        "",
+        "| scenario | N | torch | aelastic | aelastic / torch |",
+        "|---|---|---|---|---|",
+    ]
+    for bench, scenario, title in README_SCENARIOS:
+        rs = [r for r in records if (r["benchmark"], r["scenario"]) == (bench, scenario) and r["samples"]]
+        by_param: dict[Any, dict[str, Record]] = defaultdict(dict)
+        for r in rs:
+            by_param[r["param"]][r["system"]] = r
+        both = [
+            p for p, systems in by_param.items() if any(s.startswith("torch") for s in systems) and len(systems) > 1
+        ]
+        if not both:
+            continue
+        param = max(both, key=lambda p: (p is not None, p or 0))
+        systems = by_param[param]
+        torch = next(r for s, r in systems.items() if s.startswith("torch"))
+        for system, r in systems.items():
+            if r is torch:
+                continue
+            name = title if system == "aelastic" else f"{title}, {system.removeprefix('aelastic ')}"
+            lines.append(
+                f"| {name} | {'' if param is None else f'{param:,}'} | "
+                f"{fmt(statistics.median(torch['samples']), r['unit'])} | "
+                f"{fmt(statistics.median(r['samples']), r['unit'])} | "
+                f"{ratio(r['samples'], torch['samples'], r['better'])} |"
+            )
+    return lines
+
+
+def write_readme(records: list[Record], run: dict[str, Any]) -> None:
+    """Replace the README's benchmark table (between its two markers) with this run's figures."""
+    text = README.read_text()
+    start, end = text.find(README_START), text.find(README_END)
+    if start < 0 or end < start:
+        print(f"{README}: no {README_START} ... {README_END} markers; its table is left alone", file=sys.stderr)
+        return
+    table_text = "\n".join(readme_table(records, run))
+    README.write_text(text[: start + len(README_START)] + "\n" + table_text + "\n" + text[end:])
+
+
 def gate(records: list[Record]) -> str | None:
     """The CI smoke check: aelastic's standalone launch no slower than torchrun's (medians)."""
     rs = [r for r in records if (r["benchmark"], r["scenario"]) == GATE]
@@ -228,10 +298,12 @@ def main(argv: list[str] | None = None) -> int:
         records = [r for name in names for r in recorded(name)]
     else:
         started = datetime.datetime.now(datetime.timezone.utc)
+        load = [f"{os.getloadavg()[0]:.2f}"]
         records = [r for name in names for r in run_module(name, args.quick, args.repeats)]
         took = datetime.datetime.now(datetime.timezone.utc) - started
+        load.append(f"{os.getloadavg()[0]:.2f}")
         run = {"started": f"{started:%Y-%m-%d %H:%M}", "took_s": took.seconds, "quick": args.quick, "names": names,
-               "machine": machine()}  # fmt: skip
+               "machine": machine(), "load": load}  # fmt: skip
         (OUT / "run.json").write_text(json.dumps(run, indent=1))
     failed = [n for n in names if not any(r["benchmark"] == n for r in records)]
 
@@ -241,9 +313,10 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"Run {run['started']} UTC{' (quick)' if run['quick'] else ''}, took {run['took_s'] // 60} min "
         f"{run['took_s'] % 60} s: `python -m benchmarks{quick}`.",
-        f"Machine: {run['machine']}.",
+        f"Machine: {run['machine']}; {machine_state(run)}.",
         "",
-        "Medians of the repetitions; systems alternate within each repetition. Ratios are aelastic / torch.",
+        "Medians of the repetitions; systems alternate within each repetition. Ratios are aelastic / torch. Every "
+        "figure below is from this one run; earlier rounds and their figures are in [HISTORY.md](HISTORY.md).",
         "",
         *table(records),
         "",
@@ -264,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     args.results.write_text("\n".join(report) + "\n")
     print("\n".join(table(records)))
     print(f"wrote {args.results}")
+    if not run["quick"] and args.results == HERE / "RESULTS.md" and set(names) == set(MODULES):
+        write_readme(records, run)
+        print(f"wrote the benchmark table of {README}")
 
     if failed:
         print(f"benchmarks failed: {', '.join(failed)}", file=sys.stderr)

@@ -18,7 +18,7 @@ import asyncio
 import socket
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import anyio
 import anyio.abc
@@ -37,7 +37,9 @@ async def connect(host: str, port: int) -> anyio.abc.ByteStream:
         stream = await anyio.connect_tcp(host, port)
         stream.extra(anyio.abc.SocketAttribute.raw_socket).setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return stream
-    _, protocol = await loop.create_connection(_Protocol, host, port)  # asyncio sets TCP_NODELAY itself
+    transport, protocol = await loop.create_connection(_Protocol, host, port)  # asyncio sets TCP_NODELAY itself
+    if protocol.transport is None:  # not yet told (a loop may call connection_made soon after)
+        protocol.transport = transport
     return _ProtocolStream(protocol)
 
 
@@ -53,8 +55,8 @@ class _Protocol(asyncio.Protocol):
         self.writable: asyncio.Future[None] | None = None  # the sender's, while it waits for the buffer to drain
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A stream transport; uvloop's is not an asyncio.Transport subclass, so no isinstance check.
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         self.chunks.append(data)

@@ -76,6 +76,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _BACKLOG: Final = 16384  # torch's libuv DEFAULT_BACKLOG (the kernel caps it at somaxconn)
+_RESERVED_FILES: Final = 1024  # descriptors the default connection cap leaves to the rest of the process
 _BIND_ATTEMPTS: Final = 10  # port-0 binds of several addresses retry when the kernel's port is taken elsewhere
 
 
@@ -89,10 +90,12 @@ class ServerSettings:
             request, or replies and wake-ups not yet sent. A connection over it is closed. The default, 64 MiB,
             holds several maximal (8 MiB) values; a MULTI_SET larger than this is refused.
         max_connections: open connections beyond which a new one is closed at once. torch's server has no such
-            cap. The default (None) is half the process's open-file limit at the server's start, at most 65536:
-            a flood of connections is refused before it exhausts the process's file descriptors, which the
-            agent also needs for its workers' pipes and log files. A job of N nodes needs about 5 N connections
-            on its rendezvous store; raise the open-file limit (``ulimit -n``) for large jobs.
+            cap. The default (None) is the process's open-file limit at the server's start less a reserve of
+            1,024 descriptors (at least half the limit; at most 65536 connections): a flood of connections is
+            refused before it exhausts the process's file descriptors, which the agent also needs for its
+            workers' pipes and log files, while a raised limit (16,384 ranks need about 16,500) serves as many
+            connections as it allows. A job of N nodes needs about 5 N connections on its rendezvous store; raise
+            the open-file limit (``ulimit -n``) for large jobs.
         handshake_timeout: seconds a new connection has to send VALIDATE (and the auth token, if one is set)
             before it is closed. torch's client sends both at once; the default, 10 s, only ends connections
             that never will.
@@ -161,11 +164,11 @@ class ServerStatistics:
 
 
 def _default_max_connections() -> int:
-    """Half the process's open-file limit, at most 65536 (see ``ServerSettings.max_connections``)."""
+    """The open-file limit less a reserve, at least half of it, at most 65536 (``ServerSettings.max_connections``)."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return 65536
-    return max(1, min(65536, soft // 2))
+    return max(1, min(65536, max(soft // 2, soft - _RESERVED_FILES)))
 
 
 class StoreServer:

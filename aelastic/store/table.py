@@ -25,7 +25,7 @@ respect to each other and no lock guards the table. A request that wakes *anothe
 waits for, QUEUE_PUSH, the last BARRIER arrival) appends ``STOP_WAITING`` to that connection's outbox and calls
 its ``notify``; the transport decides how those bytes leave (:meth:`StoreTable.deliver`).
 
-The hot path, per request: :meth:`StoreTable.process` (parse, count, dispatch through ``_handlers`` by the
+The hot path, per request: :meth:`StoreTable.process` (parse, count, dispatch through ``_dispatch`` by the
 request's type), then the handler (``_set``, ``_get``, ``_add``, ... below), which packs its reply straight into
 ``conn.outbox``. What a transport does around it (copies of the received chunk, one write per chunk) is in the
 transport's module.
@@ -79,10 +79,10 @@ class Connection(abc.ABC):
     (``abort``) and how many bytes wait to be sent (``backlog``).
     """
 
-    __slots__ = ("awaited", "established", "outbox", "parser", "peer", "validated", "wait_keys")
+    __slots__ = ("_peer", "awaited", "established", "outbox", "parser", "validated", "wait_keys")
 
-    def __init__(self, limits: wire.Limits, peer: str) -> None:
-        self.peer = peer
+    def __init__(self, limits: wire.Limits, peer: str | None) -> None:
+        self._peer = peer  # None: looked up (peer_name) the first time a message names it
         self.parser = wire.RequestParser(limits)
         self.outbox = bytearray()
         self.validated = False  # VALIDATE received
@@ -92,6 +92,17 @@ class Connection(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<store connection {self.peer} awaited={self.awaited} outbox={len(self.outbox)}>"
+
+    @property
+    def peer(self) -> str:
+        """The peer's address, for messages."""
+        if self._peer is None:
+            self._peer = self.peer_name()
+        return self._peer
+
+    def peer_name(self) -> str:
+        """The peer's address, where the transport did not give it up front (a system call saved per connection)."""
+        return "<unknown peer>"
 
     def backlog(self) -> int:
         """Bytes queued for the peer and not yet handed to the kernel."""
@@ -152,11 +163,8 @@ class StoreTable:
         self._waiters: dict[bytes, dict[Connection, int]] = {}
         self.connections: set[Connection] = set()
         self._at_capacity = False
-        self.ops = 0
         self.bytes_received = 0
-        self.ops_by_kind: Counter[str] = Counter()
-        self.sent_by_kind: Counter[str] = Counter()
-        self._handlers: dict[type[Any], Callable[[Connection, Any], None]] = {
+        handlers: dict[type[Any], Callable[[Connection, Any], None]] = {
             wire.Validate: self._validate,
             wire.Set: self._set,
             wire.CompareSet: self._compare_set,
@@ -177,11 +185,40 @@ class StoreTable:
             wire.ListKeys: self._list_keys,
             wire.Barrier: self._barrier,
         }
+        # Per request kind: its handler and its slot in two lists of counters. Counting into a list by index is
+        # what the hot path can afford; the names (``ops_by_kind``) are made when statistics are read.
+        self._kinds = tuple(kind.__name__ for kind in handlers)
+        self._dispatch = {kind: (handler, index) for index, (kind, handler) in enumerate(handlers.items())}
+        self._op_counts = [0] * len(handlers)
+        self._sent_counts = [0] * len(handlers)
+        self._wait_index = self._kinds.index("Wait")
+        self._set_index = self._kinds.index("Set")
 
     def __repr__(self) -> str:
         return f"<StoreTable keys={len(self._table)} connections={len(self.connections)} ops={self.ops}>"
 
     # --- what statistics read -------------------------------------------------------------------------------
+
+    @property
+    def ops(self) -> int:
+        """Requests handled so far."""
+        return sum(self._op_counts)
+
+    @property
+    def ops_by_kind(self) -> Counter[str]:
+        """Requests handled per request kind (``"Get"``, ...), the kinds seen so far."""
+        return Counter({kind: n for kind, n in zip(self._kinds, self._op_counts, strict=True) if n})
+
+    @property
+    def sent_by_kind(self) -> Counter[str]:
+        """Reply bytes queued per request kind (the kinds seen so far); a WAIT's wake-up counts under ``"Wait"``."""
+        return Counter(
+            {
+                kind: sent
+                for kind, n, sent in zip(self._kinds, self._op_counts, self._sent_counts, strict=True)
+                if n or sent
+            }
+        )
 
     def key_count(self) -> int:
         return len(self._table)
@@ -203,7 +240,7 @@ class StoreTable:
             if not self._at_capacity:  # once per episode: a flood must not flood the log too
                 logger.warning(
                     "store server on port %d refuses connections (%s the first): %d are open, the limit "
-                    "(ServerSettings.max_connections; by default half the open-file limit, ulimit -n)",
+                    "(ServerSettings.max_connections; by default the open-file limit less 1,024, ulimit -n)",
                     self.port,
                     conn.peer,
                     limit,
@@ -242,21 +279,34 @@ class StoreTable:
             StoreProtocolError: the connection broke the protocol (:class:`Refused`: the handshake failed, and
                 the outbox holds the replies to send before closing).
         """
-        parser = conn.parser
-        handlers = self._handlers
+        next_request = conn.parser.next_request
+        dispatch = self._dispatch
+        op_counts = self._op_counts
+        sent_counts = self._sent_counts
         outbox = conn.outbox
-        while (request := parser.next_request()) is not wire.NEED_DATA:
-            self.ops += 1
-            kind = type(request).__name__
-            self.ops_by_kind[kind] += 1
+        need_data = wire.NEED_DATA
+        set_type, set_index, table = wire.Set, self._set_index, self._table
+        while (request := next_request()) is not need_data:
+            kind = type(request)
+            if kind is set_type and conn.established:  # the hottest request, inline: no reply, no handler call
+                op_counts[set_index] += 1
+                key, value = cast(wire.Set, request)
+                table[key] = value
+                if self._waiters:
+                    self._wake_all(key)
+                continue
+            handler, index = dispatch[kind]
+            op_counts[index] += 1
             queued = len(outbox)
             if conn.established:
-                handlers[type(request)](conn, request)
+                handler(conn, request)
             else:
                 self._handshake(conn, request)
-            self.sent_by_kind[kind] += len(outbox) - queued
-            if len(outbox) >= _FLUSH_AT:
-                return True
+            sent = len(outbox) - queued
+            if sent:
+                sent_counts[index] += sent
+                if len(outbox) >= _FLUSH_AT:
+                    return True
         return False
 
     def _handshake(self, conn: Connection, request: wire.Request) -> None:
@@ -283,7 +333,7 @@ class StoreTable:
     def deliver(self, conn: Connection, data: bytes) -> None:
         """Queue a reply caused by another request (possibly another connection's) and notify the transport."""
         conn.outbox += data
-        self.sent_by_kind["Wait"] += len(data)
+        self._sent_counts[self._wait_index] += len(data)
         if (backlog := conn.backlog()) > self._max_buffered:
             logger.warning(
                 "closing store connection from %s: %d bytes of replies unsent; the limit is %d "

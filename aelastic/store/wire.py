@@ -27,10 +27,48 @@ import enum
 import struct
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Final, NamedTuple
+from functools import partial
+from typing import Final, cast
 
 from ..errors import StoreProtocolError
+from ._messages import (  # the message types, defined apart to keep this module to the codec
+    NEED_DATA,
+    VALIDATION_MAGIC,
+    Add,
+    Append,
+    Barrier,
+    CancelWait,
+    Check,
+    CheckReply,
+    CheckResponse,
+    CompareSet,
+    DeleteKey,
+    Get,
+    GetNumKeys,
+    IntReply,
+    KeysReply,
+    Limits,
+    ListKeys,
+    MultiGet,
+    MultiSet,
+    NeedData,
+    Ping,
+    PingReply,
+    QueryType,
+    QueueLen,
+    QueuePop,
+    QueuePopReply,
+    QueuePush,
+    Reply,
+    Request,
+    Set,
+    Validate,
+    ValueReply,
+    ValuesReply,
+    Wait,
+    WaitReply,
+    WaitResponse,
+)
 
 __all__ = [
     "NEED_DATA",
@@ -75,216 +113,10 @@ __all__ = [
     "encode_request",
 ]
 
-VALIDATION_MAGIC: Final = 0x3C85F7CE
-
 _U8 = struct.Struct("<B")
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _I64 = struct.Struct("<q")
-
-
-class QueryType(enum.IntEnum):
-    """The query byte that opens every request (torch ``store/TCPStoreBackend.hpp``)."""
-
-    VALIDATE = 0
-    SET = 1
-    COMPARE_SET = 2
-    GET = 3
-    ADD = 4
-    CHECK = 5
-    WAIT = 6
-    GETNUMKEYS = 7
-    DELETE_KEY = 8
-    APPEND = 9
-    MULTI_GET = 10
-    MULTI_SET = 11
-    CANCEL_WAIT = 12
-    PING = 13
-    QUEUE_PUSH = 14
-    QUEUE_POP = 15
-    QUEUE_LEN = 16
-    LIST_KEYS = 17
-    BARRIER = 18
-
-
-class CheckResponse(enum.IntEnum):
-    READY = 0
-    NOT_READY = 1
-
-
-class WaitResponse(enum.IntEnum):
-    STOP_WAITING = 0
-    WAIT_CANCELED = 1
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """Per-request limits; the defaults are torch's libuv server's (``TCPStoreLibUvBackend.cpp``)."""
-
-    max_key_length: int = 8 * 1024
-    max_value_length: int = 8 * 1024 * 1024
-    max_keys_per_request: int = 128 * 1024
-
-    def __post_init__(self) -> None:
-        for name in ("max_key_length", "max_value_length", "max_keys_per_request"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"Limits.{name}={getattr(self, name)!r}: must be >= 1")
-
-
-# --- requests -------------------------------------------------------------------------------------------------
-# Messages are NamedTuples: immutable and cheap to build on the server's hot path (one request object per SET; a
-# frozen dataclass sets each field through object.__setattr__, as costly as parsing the request), and cheap to
-# define (28 dataclasses cost ~18 ms of every launch's import). Being tuples, two messages of different types with
-# equal fields compare equal: the code dispatches on type (match, isinstance), never on ==.
-
-
-class Validate(NamedTuple):
-    magic: int = VALIDATION_MAGIC
-
-
-class Set(NamedTuple):
-    key: bytes
-    value: bytes
-
-
-class CompareSet(NamedTuple):
-    key: bytes
-    expected: bytes
-    desired: bytes
-
-
-class Get(NamedTuple):
-    key: bytes
-
-
-class Add(NamedTuple):
-    key: bytes
-    delta: int
-
-
-class Check(NamedTuple):
-    keys: tuple[bytes, ...]
-
-
-class Wait(NamedTuple):
-    keys: tuple[bytes, ...]
-
-
-class GetNumKeys(NamedTuple):
-    pass
-
-
-class DeleteKey(NamedTuple):
-    key: bytes
-
-
-class Append(NamedTuple):
-    key: bytes
-    value: bytes
-
-
-class MultiGet(NamedTuple):
-    keys: tuple[bytes, ...]
-
-
-class MultiSet(NamedTuple):
-    items: tuple[tuple[bytes, bytes], ...]
-
-
-class CancelWait(NamedTuple):
-    pass
-
-
-class Ping(NamedTuple):
-    nonce: int
-
-
-class QueuePush(NamedTuple):
-    key: bytes
-    value: bytes
-
-
-class QueuePop(NamedTuple):
-    key: bytes
-
-
-class QueueLen(NamedTuple):
-    key: bytes
-
-
-class ListKeys(NamedTuple):
-    pass
-
-
-class Barrier(NamedTuple):
-    key: bytes
-    world_size: int
-
-
-Request = (
-    Validate | Set | CompareSet | Get | Add | Check | Wait | GetNumKeys | DeleteKey | Append | MultiGet | MultiSet
-    | CancelWait | Ping | QueuePush | QueuePop | QueueLen | ListKeys | Barrier
-)  # fmt: skip
-
-
-# --- replies --------------------------------------------------------------------------------------------------
-
-
-class ValueReply(NamedTuple):
-    """Reply to GET and COMPARE_SET."""
-
-    value: bytes
-
-
-class IntReply(NamedTuple):
-    """Reply to ADD, GETNUMKEYS, DELETE_KEY and QUEUE_LEN."""
-
-    value: int
-
-
-class CheckReply(NamedTuple):
-    response: CheckResponse
-
-
-class WaitReply(NamedTuple):
-    """Reply to WAIT, BARRIER and CANCEL_WAIT."""
-
-    response: WaitResponse
-
-
-class PingReply(NamedTuple):
-    nonce: int
-
-
-class ValuesReply(NamedTuple):
-    """Reply to MULTI_GET: one value per requested key, in order."""
-
-    values: tuple[bytes, ...]
-
-
-class QueuePopReply(NamedTuple):
-    """Reply to QUEUE_POP: the queue length before the pop, and the popped value if there was one."""
-
-    length: int
-    value: bytes | None
-
-
-class KeysReply(NamedTuple):
-    """Reply to LIST_KEYS: every raw key of the store."""
-
-    keys: tuple[bytes, ...]
-
-
-Reply = ValueReply | IntReply | CheckReply | WaitReply | PingReply | ValuesReply | QueuePopReply | KeysReply
-
-
-class NeedData(enum.Enum):
-    """The buffered bytes do not yet hold a whole message."""
-
-    NEED_DATA = enum.auto()
-
-
-NEED_DATA: Final = NeedData.NEED_DATA
 
 
 # --- encoding -------------------------------------------------------------------------------------------------
@@ -594,6 +426,15 @@ _REQUEST_PARSERS: Final[dict[QueryType, Callable[[Limits, _Bytes, int], tuple[Re
     QueryType.BARRIER: _parse_barrier,
 }
 _PARSER_BY_CODE: Final = tuple(_REQUEST_PARSERS[query] for query in sorted(QueryType))  # indexed by the byte
+_SET: Final = int(QueryType.SET)
+_GET: Final = int(QueryType.GET)
+_ADD: Final = int(QueryType.ADD)
+_U64_FROM: Final = _U64.unpack_from
+_I64_FROM: Final = _I64.unpack_from
+# tuple.__new__ bound to the class: builds the NamedTuple without running its Python-level __new__.
+_NEW_SET: Final = cast("Callable[[tuple[bytes, bytes]], Set]", partial(tuple.__new__, Set))
+_NEW_GET: Final = cast("Callable[[tuple[bytes]], Get]", partial(tuple.__new__, Get))
+_NEW_ADD: Final = cast("Callable[[tuple[bytes, int]], Add]", partial(tuple.__new__, Add))
 
 
 class RequestParser:
@@ -640,9 +481,34 @@ class RequestParser:
 
     def next_request(self) -> Request | NeedData:
         data, pos = self._data, self._pos
-        if pos >= len(data):
+        size = len(data)
+        if pos >= size:
             return NEED_DATA
         code = data[pos]
+        # SET, GET and ADD whole and within the limits, inline: a parse function, a field function and a
+        # NamedTuple's __new__ are three Python frames per request, as much as the rest of the request costs.
+        # Anything else (incomplete, over a limit, another kind) goes the general way below, which decides.
+        if code == _SET and pos + 9 <= size:
+            (n,) = _U64_FROM(data, pos + 1)
+            key_end = pos + 9 + n
+            if n <= self.limits.max_key_length and key_end + 8 <= size:
+                (m,) = _U64_FROM(data, key_end)
+                end = key_end + 8 + m
+                if m <= self.limits.max_value_length and end <= size:
+                    self._pos = end
+                    return _NEW_SET((bytes(data[pos + 9 : key_end]), bytes(data[key_end + 8 : end])))
+        elif code == _GET and pos + 9 <= size:
+            (n,) = _U64_FROM(data, pos + 1)
+            end = pos + 9 + n
+            if n <= self.limits.max_key_length and end <= size:
+                self._pos = end
+                return _NEW_GET((bytes(data[pos + 9 : end]),))
+        elif code == _ADD and pos + 9 <= size:
+            (n,) = _U64_FROM(data, pos + 1)
+            key_end = pos + 9 + n
+            if n <= self.limits.max_key_length and key_end + 8 <= size:
+                self._pos = key_end + 8
+                return _NEW_ADD((bytes(data[pos + 9 : key_end]), _I64_FROM(data, key_end)[0]))
         if code >= len(_PARSER_BY_CODE):
             raise StoreProtocolError(f"unknown query type {code}")
         try:
