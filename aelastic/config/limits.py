@@ -1,9 +1,10 @@
 """Process limits the launcher's services need: the open-file limit.
 
 Many hosts and Slurm jobs start with a soft ``RLIMIT_NOFILE`` of 1024 under a much higher hard limit. A store
-serves one connection per rank (and its cap is half the soft limit, ``aelastic.store.server``), so the agent and
-``aelastic store`` raise the soft limit to the hard limit at start, as servers commonly do. The workers inherit the
-raised limit (limits pass to children), unlike under torchrun, which leaves the soft limit as it found it.
+serves one connection per rank (its cap is the soft limit less 1,024, at least half of it, ``aelastic.store.server``),
+so the agent and ``aelastic store`` raise the soft limit to the hard limit at start, as servers commonly do. The
+workers inherit the raised limit (limits pass to children), unlike under torchrun, which leaves the soft limit as
+it found it.
 """
 
 from __future__ import annotations
