@@ -157,3 +157,20 @@ async def test_two_handlers_of_one_process_count_apart() -> None:
                 assert b.statistics().join_requests == 0
                 await b.next_rendezvous()
                 assert (a.statistics().join_requests, b.statistics().join_requests) == (1, 1)
+
+
+@pytest.mark.anyio
+async def test_a_stopped_workers_store_leaves_the_handlers_statistics() -> None:
+    """The agent's /metrics shows the stores a handler runs now: the previous round's workers' store, stopped when
+    the next round completes, is no longer listed (what the metrics test checked of a process-global server set)."""
+    with anyio.fail_after(60):
+        async with open_rendezvous(RendezvousParameters("c10d", "localhost:0", "rounds", 1, 1)) as a:
+            first = await a.next_rendezvous()
+            ports = [store.port for store in a.statistics().stores]
+            assert first.bootstrap_store_info.master_port in ports
+            second = await a.next_rendezvous()
+            ports = [store.port for store in a.statistics().stores]
+    assert second.bootstrap_store_info.master_port != first.bootstrap_store_info.master_port
+    assert second.bootstrap_store_info.master_port in ports
+    assert first.bootstrap_store_info.master_port not in ports
+    assert len(ports) == 2  # the rendezvous store it hosts, and the round's workers' store
