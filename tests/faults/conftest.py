@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from helpers import results
 from helpers.procs import poll_until
 
 T = TypeVar("T")
@@ -48,7 +49,6 @@ T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
 TRAINER = Path(__file__).resolve().parent / "trainer.py"
 PROBE = Path(__file__).resolve().parent / "probe.py"
-RESULTS = ROOT / "benchmarks" / "out" / "faults.json"
 DEADLINE = 120.0  # generous: several agents and torch workers on a small, shared machine
 C10D_PORT = 29400
 STEP_PAUSE = 0.05  # the trainer's pause after each all-reduce step
@@ -69,26 +69,8 @@ def _ip(*args: str) -> None:
 def report_time(
     scenario: str, seconds: float | None, what: str, *, system: str = "aelastic", outcome: str | None = None
 ) -> None:
-    """Print a scenario's measured time and append it to ``benchmarks/out/faults.json`` (benchmark format).
-
-    ``seconds`` None: nothing recovered to time; ``outcome`` says what happened instead (kept, latest first).
-    """
-    print(f"[faults] {system}: {scenario}: {what} in {seconds:.2f} s" if seconds is not None else
-          f"[faults] {system}: {scenario}: {outcome}")  # fmt: skip
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    data: dict[str, Any] = {"benchmark": "faults", "records": []}
-    with suppress(FileNotFoundError, ValueError):
-        data = json.loads(RESULTS.read_text())
-    record = next((r for r in data["records"] if (r["scenario"], r["system"]) == (scenario, system)), None)
-    if record is None:
-        record = {"scenario": scenario, "system": system, "param": None, "unit": "s", "samples": [],
-                  "better": "lower", "what": what}  # fmt: skip
-        data["records"].append(record)
-    if seconds is not None:
-        record["samples"].append(round(seconds, 3))
-    if outcome is not None:
-        record["outcome"] = outcome
-    RESULTS.write_text(json.dumps(data, indent=1))
+    """A fault scenario's time (or outcome) for RESULTS.md: see :func:`helpers.results.report_time`."""
+    results.report_time("faults", scenario, seconds, what, system=system, outcome=outcome)
 
 
 @dataclass(frozen=True)

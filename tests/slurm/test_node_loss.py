@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.results import report_time
 
 from .cluster import SlurmCluster
 
@@ -101,6 +102,10 @@ def test_a_killed_node_leaves_a_world_of_2_within_10s_and_a_spare_joins(
 ) -> None:
     found = _run(slurm_cluster, tmp_path, silent=False)
     print(f"[slurm] aelastic, node3 killed: {found}")
+    report_time("slurm", "node killed (3 nodes, 2:3): survivors training", found["world_of_2_after"],
+                "both survivors all-reduce in a world of 2, from the kill")  # fmt: skip
+    report_time("slurm", "spare node started: world of 3 training", found["spare_joined_after"],
+                "the spare and the survivors all-reduce in a world of 3, from its start")  # fmt: skip
     assert found["world_of_2_after"] < 10, found
     assert found["exit_codes"] == {"node1": 0, "node2": 0, "node4": 0}, found
     assert found["job"] == "COMPLETED", found
@@ -114,6 +119,8 @@ def test_a_partitioned_node_is_survived_within_the_keep_alive_timeout(
     first all-reduce in the world of 2 follows after torch's import and gloo's setup (printed)."""
     found = _run(slurm_cluster, tmp_path, silent=True)
     print(f"[slurm] aelastic, node3 partitioned: {found}")
+    report_time("slurm", "node partitioned (3 nodes, 2:3): survivors training", found["world_of_2_after"],
+                "both survivors all-reduce in a world of 2, from the partition")  # fmt: skip
     assert found["workers_started_after"] < KEEP_ALIVE + 5, found
     assert found["exit_codes"] == {"node1": 0, "node2": 0}, found
 
@@ -128,3 +135,13 @@ def test_torchrun_beside_it(slurm_cluster: SlurmCluster, tmp_path: Path) -> None
     except AssertionError as exc:
         found = {"failed": str(exc)[:500]}
     print(f"[slurm] torchrun, node3 killed: {found}")
+    if "world_of_2_after" in found:
+        report_time("slurm", "node killed (3 nodes, 2:3): survivors training", found["world_of_2_after"],
+                    "both survivors all-reduce in a world of 2, from the kill", system="torchrun")  # fmt: skip
+    if "spare_joined_after" in found:
+        report_time("slurm", "spare node started: world of 3 training", found["spare_joined_after"],
+                    "the spare and the survivors all-reduce in a world of 3, from its start",
+                    system="torchrun")  # fmt: skip
+    elif "world_of_2_after" in found or "failed" in found:
+        report_time("slurm", "spare node started: world of 3 training", None, "", system="torchrun",
+                    outcome=f"did not complete: {found.get('failed', '')[:200]}")
