@@ -29,6 +29,7 @@ from contextlib import suppress
 from pathlib import Path
 
 import pytest
+from helpers.signals import WORKER
 
 from .cluster import SlurmCluster
 
@@ -42,19 +43,6 @@ ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent  # the venv's aelastic and torchrun
 PATH_ENV = {"PATH": f"{BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
 
-# A worker: counts SIGUSR1/SIGUSR2 from the moment its handlers are installed (then writes ready.RANK), and at the
-# file "done" writes what it got to got.RANK and exits 0.
-WORKER = """\
-import os, pathlib, signal, sys, time
-folder, rank = pathlib.Path(sys.argv[1]), os.environ["RANK"]
-got = []
-for signum in (signal.SIGUSR1, signal.SIGUSR2):
-    signal.signal(signum, lambda s, frame: got.append(signal.Signals(s).name))
-(folder / f"ready.{rank}").write_text(str(os.getpid()))
-while not (folder / "done").exists():
-    time.sleep(0.02)
-(folder / f"got.{rank}").write_text(",".join(got))
-"""
 
 # The batch shell of the README's recipe: srun in the background, USR1 passed on to it (srun signals the step).
 RELAYING_BATCH = """#!/bin/bash
