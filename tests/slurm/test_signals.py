@@ -216,6 +216,10 @@ def test_the_requeue_recipe_resumes_from_its_checkpoint(slurm_cluster: SlurmClus
 
     start = time.monotonic()
     wait_for("the requeue", requeued)
+    # The second run derives the same rendezvous endpoint (job id): release it only once every step of the first
+    # run is gone, as Slurm's own hold of about 2 minutes would, or its node1 agent meets the old one's store.
+    wait_for("the first run's steps to end",
+             lambda: slurm_cluster.run("squeue", "-h", "-s", "-j", job, check=False).stdout.strip() == "")  # fmt: skip
     held = slurm_cluster.job(job)
     if held.get("JobState") == "PENDING":
         slurm_cluster.scontrol("update", f"JobId={job}", "StartTime=now", check=False)
