@@ -41,6 +41,7 @@ from typing import Any, TypeVar
 import anyio
 import httpx
 import pytest
+from helpers.procs import poll_until
 
 from aelastic.agent.control import ready, serve_control
 from aelastic.metrics import AgentMetrics
@@ -509,14 +510,7 @@ def probe(addr: str, port: int, path: str) -> tuple[int, dict[str, Any]] | None:
 
 def wait_for(what: str, check: Callable[[], T | None], cluster: Cluster) -> T:
     """Poll ``check`` (a probe is a poll by nature) until it returns something; on timeout fail with the logs."""
-    deadline = time.monotonic() + DEADLINE
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no {what} within {DEADLINE:g} s\n{cluster.logs()}")
-        time.sleep(0.05)
+    return poll_until(what, check, DEADLINE, 0.05, cluster.logs)
 
 
 @pytest.fixture
