@@ -259,6 +259,56 @@ def test_any_request_sequence_round_trips(reqs: list[wire.Request], chunk: int) 
     assert typed(parse_requests(data, chunk)) == typed(reqs)
 
 
+@given(st.lists(st.one_of(requests, st.builds(wire.Set, keys, values)), max_size=16), st.integers(1, 64))
+def test_runs_of_sets_stored_straight_into_a_table_as_parsed(reqs: list[wire.Request], chunk: int) -> None:
+    """``store_sets`` (the server's SET-flood path) takes exactly the SETs that ``next_request`` would have
+    returned next, in order, and leaves everything else to it, for any chunking."""
+    data = b"".join(map(wire.encode_request, reqs))
+    parser = wire.RequestParser()
+    table: dict[bytes, bytes] = {}
+    others: list[wire.Request] = []  # what next_request returned besides SETs
+    for i in range(0, len(data), chunk):
+        parser.receive_data(data[i : i + chunk])
+        while True:
+            parser.store_sets(table)
+            request = parser.next_request()
+            if request is wire.NEED_DATA:
+                break
+            if isinstance(request, wire.Set):
+                table[request.key] = request.value
+            else:
+                others.append(request)
+    expected = {r.key: r.value for r in reqs if isinstance(r, wire.Set)}
+    assert table == expected
+    assert typed(others) == typed([r for r in reqs if not isinstance(r, wire.Set)])
+    assert parser.buffered == 0
+
+
+def test_a_set_over_the_value_limit_is_left_to_next_request() -> None:
+    limits = wire.Limits(max_value_length=4)
+    parser = wire.RequestParser(limits)
+    parser.receive_data(b"".join(map(wire.encode_request, [wire.Set(b"/a", b"1"), wire.Set(b"/b", b"too long")])))
+    table: dict[bytes, bytes] = {}
+    assert parser.store_sets(table) == 1
+    assert table == {b"/a": b"1"}
+    with pytest.raises(StoreProtocolError, match="value"):
+        parser.next_request()
+
+
+def test_a_set_not_yet_whole_waits_for_its_bytes() -> None:
+    frames = [wire.encode_request(wire.Set(b"/k%d" % i, b"v" * i)) for i in range(3)]
+    data = b"".join(frames)
+    parser = wire.RequestParser()
+    parser.receive_data(data[:-1])
+    table: dict[bytes, bytes] = {}
+    assert parser.store_sets(table) == 2
+    assert parser.buffered == len(frames[2]) - 1
+    parser.receive_data(data[-1:])
+    assert parser.store_sets(table) == 1
+    assert table == {b"/k0": b"", b"/k1": b"v", b"/k2": b"vv"}
+    assert parser.buffered == 0
+
+
 @settings(max_examples=300)
 @given(st.binary(max_size=300), st.integers(1, 32))
 def test_random_bytes_never_crash_the_parser(data: bytes, chunk: int) -> None:

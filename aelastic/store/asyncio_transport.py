@@ -1,12 +1,13 @@
-"""The store server's transport on asyncio (the fast path): the loop's own server, a buffered protocol per connection.
+"""The store server's transport on asyncio (the fast path): the loop's own server, a protocol per connection.
 
 Theory of operation
 -------------------
 No task and no checkpoint per request, which is what keeps the server within reach of torch's libuv server (about
-three times fewer loop iterations per request than a stream task). Per chunk the kernel hands over, asyncio calls
-``buffer_updated`` on the connection's :class:`_ProtocolConnection`, which feeds the chunk to the
+three times fewer loop iterations per request than a stream task). Per chunk the kernel hands over, the loop calls
+the connection's protocol (``buffer_updated`` of :class:`_BufferedConnection` on asyncio's own loop,
+``data_received`` of :class:`_PlainConnection` on uvloop), which feeds the chunk to the
 :class:`~aelastic.store.table.StoreTable` and writes every reply of the chunk with one ``transport.write``. The
-hot path is ``buffer_updated`` → ``_run`` (the loop over ``table.process``) → ``_write``.
+hot path is ``_received`` → ``table.process`` → ``_write``.
 
 * **Backpressure**: when the transport's buffer passes its high-water mark (a peer that does not read its
   replies), asyncio calls ``pause_writing``; reading pauses and buffered requests wait in the parser until
@@ -85,16 +86,10 @@ class _Serving:
         self.deadlines.clear()
 
 
-class _ProtocolConnection(Connection, asyncio.BufferedProtocol):
+class _ProtocolConnection(Connection):
     """A connection served by asyncio's protocol callbacks: no task, no checkpoint per request.
 
-    A buffered protocol because of glibc's heap: a plain protocol gets each read as a new 256 KiB bytes object
-    shrunk to what arrived, and once glibc's adaptive mmap threshold has risen past that size those come from the
-    heap and fragment it. The 10,000-node soak's store grew from 60 to 280 MiB in 5 minutes that way, with its
-    Python objects and allocations flat (tracemalloc) and flat RSS with ``MALLOC_MMAP_THRESHOLD_`` fixed. Every
-    connection reads into the server's one scratch buffer (reads are handled one at a time, each in full before
-    the next) and keeps a bytes object of exactly what arrived.
-
+    How a read arrives depends on the loop (the two subclasses below); what is done with it is :meth:`_received`.
     ``TCP_NODELAY``: both asyncio's own loop and uvloop set it on every TCP transport they create.
     """
 
@@ -105,7 +100,7 @@ class _ProtocolConnection(Connection, asyncio.BufferedProtocol):
         self.serving = serving
         self.table = serving.table
         self.transport: asyncio.Transport | None = None  # None again once the connection is lost
-        self.busy = False  # inside buffer_updated: wake-ups join the outbox in order
+        self.busy = False  # handling a read: wake-ups join the outbox in order
         self.writing_paused = False
 
     def peer_name(self) -> str:
@@ -120,23 +115,21 @@ class _ProtocolConnection(Connection, asyncio.BufferedProtocol):
         self.serving.expect_handshake(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if exc is not None:
+        if exc is not None and logger.isEnabledFor(logging.DEBUG):  # the peer's name costs a call: only if logged
             logger.debug("store connection from %s broke: %r", self.peer, exc)
         self.table.drop(self)
         self.transport = None
 
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self.serving.scratch
-
-    def buffer_updated(self, nbytes: int) -> None:
+    def _received(self, data: bytes) -> None:
         table = self.table
-        table.receive(self, self.serving.scratch[:nbytes].tobytes())
+        table.receive(self, data)
         self.busy = True
         try:
             # The common case inline (every request of the chunk handled, one write): a call less per chunk.
             if not table.process(self):
                 self._write()
-                table.check_buffered(self)
+                if self.parser.buffered:
+                    table.check_buffered(self)
                 return
         except Refused as exc:
             self._refuse(exc)
@@ -194,7 +187,8 @@ class _ProtocolConnection(Connection, asyncio.BufferedProtocol):
             self._run()
 
     def eof_received(self) -> bool:
-        logger.debug("store connection from %s closed by the peer", self.peer)
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("store connection from %s closed by the peer", self.peer)
         return False
 
     def backlog(self) -> int:
@@ -209,6 +203,35 @@ class _ProtocolConnection(Connection, asyncio.BufferedProtocol):
         self.outbox.clear()
         if self.transport is not None:
             self.transport.abort()
+
+
+class _BufferedConnection(_ProtocolConnection, asyncio.BufferedProtocol):
+    """On asyncio's own loop: reads into the server's one scratch buffer, keeping a bytes object of what arrived.
+
+    A buffered protocol because of glibc's heap: asyncio's loop hands a plain protocol each read as a new 256 KiB
+    bytes object shrunk to what arrived, and once glibc's adaptive mmap threshold has risen past that size those
+    come from the heap and fragment it. The 10,000-node soak's store grew from 60 to 280 MiB in 5 minutes that way,
+    with its Python objects and allocations flat (tracemalloc) and flat RSS with ``MALLOC_MMAP_THRESHOLD_`` fixed.
+    Reads are handled one at a time, each in full before the next, so one scratch buffer serves every connection.
+    """
+
+    __slots__ = ()
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.serving.scratch
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._received(self.serving.scratch[:nbytes].tobytes())
+
+
+class _PlainConnection(_ProtocolConnection, asyncio.Protocol):
+    """On uvloop: a plain protocol. uvloop reads into its own buffer and hands over a bytes object of exactly what
+    arrived (no oversized allocation to fragment the heap), in one call per read instead of a buffered protocol's
+    two and a copy out of a memoryview."""
+
+    __slots__ = ()
+
+    data_received = _ProtocolConnection._received
 
 
 async def serve_protocols(
@@ -226,13 +249,11 @@ async def serve_protocols(
     """
     loop = asyncio.get_running_loop()
     serving = _Serving(table, handshake_timeout, loop)
+    connection = _PlainConnection if type(loop).__module__.startswith("uvloop") else _BufferedConnection
     servers: list[asyncio.Server] = []
     try:
         servers.extend(
-            [
-                await loop.create_server(lambda: _ProtocolConnection(serving), sock=sock, backlog=backlog)
-                for sock in sockets
-            ]
+            [await loop.create_server(lambda: connection(serving), sock=sock, backlog=backlog) for sock in sockets]
         )
         task_status.started()
         await anyio.sleep_forever()

@@ -289,11 +289,13 @@ class StoreTable:
         while (request := next_request()) is not need_data:
             kind = type(request)
             if kind is set_type and conn.established:  # the hottest request, inline: no reply, no handler call
-                op_counts[set_index] += 1
                 key, value = cast(wire.Set, request)
                 table[key] = value
                 if self._waiters:
+                    op_counts[set_index] += 1
                     self._wake_all(key)
+                else:  # nobody to wake: the SETs right behind it go straight into the table
+                    op_counts[set_index] += 1 + conn.parser.store_sets(table)
                 continue
             handler, index = dispatch[kind]
             op_counts[index] += 1

@@ -479,6 +479,38 @@ class RequestParser:
             self._data = grown
         self._pos = 0
 
+    def store_sets(self, table: dict[bytes, bytes]) -> int:
+        """Store the whole SET requests at the head of the buffer straight into ``table``; how many it stored.
+
+        A run of SETs (no reply each) is where parsing is all a server does: here without a request object, a
+        call or a dispatch per SET (``benchmarks/store_ops.py``, SETs of 8 torch clients: 0.68× torch's ops/s
+        with a request object per SET, 1.00× with this). It stops at anything else (another kind, a SET not yet
+        whole or over a limit, a buffer that is a bytearray), which :meth:`next_request` then handles or rejects.
+        """
+        data, pos = self._data, self._pos
+        if type(data) is not bytes:  # slices of a bytearray are not keys; only large requests in pieces get here
+            return 0
+        size = len(data)
+        max_key, max_value = self.limits.max_key_length, self.limits.max_value_length
+        unpack, code = _U64_FROM, _SET
+        start = pos
+        count = 0
+        while pos + 9 <= size and data[pos] == code:
+            (n,) = unpack(data, pos + 1)
+            key_end = pos + 9 + n
+            if n > max_key or key_end + 8 > size:
+                break
+            (m,) = unpack(data, key_end)
+            end = key_end + 8 + m
+            if m > max_value or end > size:
+                break
+            table[data[pos + 9 : key_end]] = data[key_end + 8 : end]
+            pos = end
+            count += 1
+        if pos != start:
+            self._pos = pos
+        return count
+
     def next_request(self) -> Request | NeedData:
         data, pos = self._data, self._pos
         size = len(data)
