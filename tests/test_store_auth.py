@@ -13,7 +13,11 @@ from datetime import timedelta
 import anyio
 import pytest
 import torch.distributed as dist
-from helpers.store import GLOO_WORKER, wait_for_connections
+from helpers.store import (
+    GLOO_WORKER,
+    anyio_backend,  # noqa: F401 (the fixture: these tests run on uvloop too)
+    wait_for_connections,
+)
 from helpers.torch_store_peer import PeerError, TorchPeer
 
 from aelastic.errors import ConfigurationError, RendezvousConnectionError, StoreAuthError

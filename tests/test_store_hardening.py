@@ -11,7 +11,11 @@ from collections.abc import AsyncIterator
 import anyio
 import anyio.abc
 import pytest
-from helpers.store import closed_by_server, wait_for_connections
+from helpers.store import (
+    anyio_backend,  # noqa: F401 (the fixture: these tests run on uvloop too)
+    closed_by_server,
+    wait_for_connections,
+)
 from helpers.torch_store_peer import TorchPeer
 
 from aelastic.rendezvous.api import RendezvousParameters

@@ -12,7 +12,10 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import anyio
 import anyio.abc
 import pytest
-from helpers.store import GLOO_WORKER
+from helpers.store import (
+    GLOO_WORKER,
+    anyio_backend,  # noqa: F401 (the fixture: these tests run on uvloop too)
+)
 from helpers.torch_store_peer import PeerError, TorchPeer
 
 from aelastic.store import wire

@@ -1,11 +1,30 @@
-"""Checks the store tests share: a server's connection count, whether it closed a stream, and a gloo worker."""
+"""What the store tests share: the backends a server runs on, its connection count, whether it closed a stream,
+and a gloo worker."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import anyio.abc
+import pytest
 
 from aelastic.store.server import StoreServer
+
+# Where the store server's tests run: each transport, and asyncio's on both loops it meets (its own; uvloop, the
+# ``fast`` extra, where a connection is a plain protocol instead of a buffered one).
+SERVER_BACKENDS = [
+    pytest.param("asyncio", id="asyncio"),
+    pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
+    pytest.param("trio", id="trio"),
+]
+
+
+@pytest.fixture(params=SERVER_BACKENDS)
+def anyio_backend(request: pytest.FixtureRequest) -> Any:
+    """The store modules' backends (import it into a test module to override conftest's)."""
+    return request.param
+
 
 # A torch worker that joins the group through env:// (MASTER_ADDR/PORT, RANK, WORLD_SIZE) and all-reduces.
 GLOO_WORKER = """
