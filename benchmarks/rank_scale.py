@@ -19,10 +19,13 @@ Two kinds of client, the same for every server:
 
 The servers, each in a process of its own, alternate within a repetition (the order rotates between repetitions):
 ``torch libuv`` (``TCPStore(is_master=True)``, torch's default libuv server), ``aelastic asyncio`` (``aelastic
-store``) and ``aelastic trio`` (``AELASTIC_ASYNC_BACKEND=trio aelastic store``). Per run: the time, the server's
-requests per second (client requests / time), its CPU seconds over the run (``/proc/PID/stat``), its peak RSS
-(``VmHWM``, which for torch includes ``import torch``) and its memory per connection (RSS with every rank connected
-and released, minus RSS before "go", over N).
+store`` on asyncio's own loop, the default install), ``aelastic uvloop`` (the same on uvloop, the ``fast`` extra;
+left out where uvloop is not installed) and ``aelastic trio`` (``AELASTIC_ASYNC_BACKEND=trio aelastic store``).
+Per run: the time, the server's requests per second (client requests / time), its CPU seconds over the run and
+the user-mode part of them (``/proc/PID/stat``), the client processes' CPU seconds (the machine's CPU is shared:
+with the cores saturated, what the server spends the clients lack), its peak RSS (``VmHWM``, which for torch
+includes ``import torch``) and its memory per connection (RSS with every rank connected and released, minus RSS
+before "go", over N).
 
 What it needs, and how torch is treated fairly on this machine kind (``shared/reference/hard-parts.md``):
 
@@ -46,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import resource
@@ -63,7 +67,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-SYSTEMS = ("torch libuv", "aelastic asyncio", "aelastic trio")
+SYSTEMS = ("torch libuv", "aelastic asyncio", "aelastic uvloop", "aelastic trio")
 CLIENTS = ("raw", "torch")
 HOST = "127.0.0.1"
 NCCL_ID = b"\x01" * 128  # ncclUniqueId is 128 bytes
@@ -299,7 +303,8 @@ def serve(system: str, shim: Path | None) -> Iterator[tuple[int, int]]:
                 f"try:\n    main(sys.argv[1:])\nfinally:\n    p.disable()\n    p.dump_stats({str(out)!r})\n"
             )
             cmd[1:3] = ["-c", code]
-        env["AELASTIC_ASYNC_BACKEND"] = system.split()[1]
+        env["AELASTIC_ASYNC_BACKEND"] = "trio" if system == "aelastic trio" else "asyncio"
+        env["AELASTIC_UVLOOP"] = "1" if system == "aelastic uvloop" else "0"  # asyncio's own loop, or uvloop
     proc = subprocess.Popen(
         cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, preexec_fn=raise_nofile
     )
@@ -314,9 +319,11 @@ def serve(system: str, shim: Path | None) -> Iterator[tuple[int, int]]:
         proc.wait(30)
 
 
-def cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds of process ``pid`` so far (all its threads)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def memory_kib(pid: int, field: str) -> int:
@@ -354,6 +361,7 @@ def run_once(system: str, client: str, ranks: int, processes: int, shim: Path | 
             time.sleep(0.2)  # let the server settle after the clients' start-up
             rss_before = memory_kib(pid, "VmRSS")
             cpu_before = cpu_seconds(pid)
+            clients_before = sum(sum(cpu_seconds(p.pid)) for p in procs)
             go = time.monotonic()
             for p in procs:
                 assert p.stdin is not None
@@ -366,7 +374,8 @@ def run_once(system: str, client: str, ranks: int, processes: int, shim: Path | 
                 if not line:
                     raise RuntimeError(f"a {client} client process exited with {p.wait()} during the run")
                 results.append(json.loads(line))
-            cpu = cpu_seconds(pid) - cpu_before
+            user, system_cpu = (after - before for after, before in zip(cpu_seconds(pid), cpu_before, strict=True))
+            clients_cpu = sum(sum(cpu_seconds(p.pid)) for p in procs) - clients_before
             rss_connected = memory_kib(pid, "VmRSS")
             peak = memory_kib(pid, "VmHWM")
             for p in procs:
@@ -394,7 +403,9 @@ def run_once(system: str, client: str, ranks: int, processes: int, shim: Path | 
     return {
         "time": took,
         "requests/s": requests / took,
-        "server CPU": cpu,
+        "server CPU": user + system_cpu,
+        "server CPU, user": user,
+        "clients' CPU": clients_cpu,
         "peak RSS": peak / 1024,
         "memory per connection": max(0, rss_connected - rss_before) * 1024 / ranks,
         "connect retries": sum(r["retries"] for r in results),
@@ -405,6 +416,8 @@ UNITS = {
     "time": ("s", "lower"),
     "requests/s": ("req/s", "higher"),
     "server CPU": ("s", "lower"),
+    "server CPU, user": ("s", "lower"),
+    "clients' CPU": ("s", "lower"),
     "peak RSS": ("MiB", "lower"),
     "memory per connection": ("B", "lower"),
 }
@@ -520,6 +533,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--systems {args.systems!r}: choose from {', '.join(SYSTEMS)}")
     if repeats < 1 or args.processes < 1:
         parser.error(f"--repeats {repeats} / --processes {args.processes}: must be >= 1")
+    if "aelastic uvloop" in systems and importlib.util.find_spec("uvloop") is None:
+        print("rank_scale: uvloop is not installed (pip install 'aelastic[fast]'): 'aelastic uvloop' left out",
+              file=sys.stderr)  # fmt: skip
+        systems = tuple(s for s in systems if s != "aelastic uvloop")
     problem = check_peer_lookup() if "torch libuv" in systems else None
     if problem and not args.quick:
         print(f"rank_scale: {problem}", file=sys.stderr)
