@@ -19,16 +19,16 @@ connection: a task per connection, each waiting on its own socket, made the 4,09
 take up to 1.8 times asyncio's time. A poll returns at most ``_MAX_EVENTS`` connections; when it returns that many
 (a burst), the poller lets the loop's other tasks run before the next poll.
 
-Elsewhere (no ``select.epoll``) each connection gets a task of its own that waits until its socket is readable and
-then does exactly the same synchronous handling; everything below applies to both.
+Where ``select.epoll`` is missing (macOS, the BSDs, Windows) each connection gets a task of its own that waits until
+its socket is readable and then does exactly the same synchronous handling; everything below applies to both.
 
 Sending never waits in the common case: a ``send`` on a non-blocking socket takes what the kernel accepts, and a
 store's replies are small. Wake-ups caused by another connection (``notify``) are sent the same way, by the waker,
-synchronously, so bytes leave in the order the events happened. Only when the kernel's buffer is full (a peer that
-does not read its replies) is a *drain* task started for that connection: meanwhile the connection is not read
-(it leaves the epoll set: backpressure) and everything queued joins the outbox behind the unsent
-bytes; the drain task waits until the socket is writable and sends the rest, then handles the requests that waited
-in the parser and reads the connection again.
+synchronously, so bytes leave in the order the events happened (a connection woken while it is itself being handled
+sends them with its own replies). Only when the kernel's buffer is full (a peer that does not read its replies) is
+a *drain* task started for that connection: meanwhile the connection is not read (it leaves the epoll set:
+backpressure) and everything queued joins the outbox behind the unsent bytes; the drain task waits until the socket
+is writable and sends the rest, then handles the requests that waited in the parser and reads the connection again.
 
 Handshake deadline: one queue of deadlines (:class:`~aelastic.store._handshake.HandshakeDeadlines`) and one task
 whose cancel scope's deadline is the earliest, instead of a cancel scope per connection.
@@ -176,8 +176,9 @@ class _Serving:
 
     def close(self, conn: _SocketConnection) -> None:
         """Forget ``conn`` and close its socket (once; ``conn.closed`` is already set)."""
-        if self.by_fd.pop(conn.fd, None) is None:
+        if self.by_fd.get(conn.fd) is not conn:  # closed before (and its descriptor's number may be reused)
             return
+        del self.by_fd[conn.fd]
         self.table.drop(conn)
         if conn.reading and self.poller is not None:
             self.poller.unregister(conn.fd)  # before closing: a forked child may hold the socket a moment longer
@@ -251,9 +252,10 @@ class _SocketConnection(Connection):
 
     def abort(self) -> None:
         self.outbox.clear()
-        self.closed = True
-        if not self.busy:
-            self.serving.close(self)
+        if not self.closed:
+            self.closed = True
+            if not self.busy:  # else run() closes it once the handling returns
+                self.serving.close(self)
 
 
 async def serve_streams(
