@@ -2,8 +2,9 @@
 while another wakes it, a connection closed from another connection's request or from its own, handshake deadlines
 expiring in order, and a burst of ready connections larger than one poll takes.
 
-On trio each test also runs with the stream transport's fallback, a task per connection (what it uses where there is
-no ``select.epoll``); asyncio has a transport of its own, so there the fallback has nothing to run.
+They run on each loop the store's tests meet (asyncio's own, uvloop, trio). On trio each test also runs with the
+stream transport's fallback, a task per connection (what it uses where there is no ``select.epoll``); asyncio has a
+transport of its own, so there the fallback has nothing to run.
 """
 
 from __future__ import annotations
@@ -16,7 +17,11 @@ from collections.abc import AsyncIterator
 import anyio
 import anyio.abc
 import pytest
-from helpers.store import closed_by_server, wait_for_connections
+from helpers.store import (
+    anyio_backend,  # noqa: F401 (the fixture: these tests run on uvloop too)
+    closed_by_server,
+    wait_for_connections,
+)
 
 from aelastic.store import stream_transport, wire
 from aelastic.store.server import ServerSettings, StoreServer, open_store_server
@@ -28,10 +33,10 @@ STOP = bytes((wire.WaitResponse.STOP_WAITING,))
 
 
 @pytest.fixture(params=["nested epoll", "task per connection"])
-def transport(request: pytest.FixtureRequest, anyio_backend: str, monkeypatch: pytest.MonkeyPatch) -> str:
+def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     if request.param == "task per connection":
-        if anyio_backend != "trio":
-            pytest.skip("the stream transport serves trio; asyncio has a transport of its own")
+        if request.getfixturevalue("anyio_backend") != "trio":
+            pytest.skip("the stream transport serves trio; asyncio (its own loop or uvloop) has a transport of its own")
         monkeypatch.setattr(stream_transport, "_epoll", None)
     return str(request.param)
 
