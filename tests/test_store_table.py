@@ -10,6 +10,7 @@ import pytest
 
 from aelastic.errors import StoreProtocolError
 from aelastic.store import wire
+from aelastic.store._handshake import HandshakeDeadlines
 from aelastic.store.table import Connection, StoreTable
 
 
@@ -103,10 +104,34 @@ def test_unsent_wake_ups_beyond_the_limit_abort_the_woken_connection() -> None:
     assert (peer.aborted, peer.notified) == (True, 0)
 
 
-def test_the_core_imports_no_event_loop_and_no_socket() -> None:
-    code = (
-        "import sys, aelastic.store.table\n"
-        "print(sorted(m for m in ('anyio', 'asyncio', 'trio', 'socket') if m in sys.modules))"
-    )
+def test_handshake_deadlines_close_the_late_in_order_and_arm_one_timer(caplog: pytest.LogCaptureFixture) -> None:
+    table = new_table(max_connections=8)
+    deadlines = HandshakeDeadlines(table, timeout=1.0)
+
+    def arrive() -> Peer:
+        peer = Peer(table)
+        assert table.admit(peer)
+        return peer
+
+    early, done, gone, late = (arrive() for _ in range(4))
+    assert deadlines.add(early, now=0.0) == 1.0  # the first pending deadline: the transport arms its timer for it
+    assert deadlines.add(done, now=0.1) is None  # behind it: the timer is armed already
+    assert deadlines.add(gone, now=0.2) is None
+    assert deadlines.add(late, now=0.5) is None
+    done.establish()
+    table.drop(gone)  # closed by its peer meanwhile
+    assert deadlines.expire(now=0.9) == 1.0  # a timer that fires early closes nothing
+    assert not early.aborted
+    assert deadlines.expire(now=1.3) == 1.5
+    assert [c.aborted for c in (early, done, gone, late)] == [True, False, False, False]
+    assert caplog.text.count("no VALIDATE within 1s") == 1
+    assert deadlines.expire(now=1.5) is None
+    assert late.aborted
+    assert deadlines.add(arrive(), now=2.0) == 3.0  # nothing pending: arm again
+
+
+@pytest.mark.parametrize("module", ["aelastic.store.table", "aelastic.store._handshake"])
+def test_the_core_imports_no_event_loop_and_no_socket(module: str) -> None:
+    code = f"import sys, {module}\nprint(sorted(m for m in ('anyio', 'asyncio', 'trio', 'socket') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stdout

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections import deque
 from typing import Final, cast
 
 import anyio
@@ -34,7 +33,8 @@ import anyio.lowlevel
 
 from .._net import format_address
 from ..errors import StoreProtocolError
-from .table import Connection, Refused, StoreTable, log_handshake_timeout
+from ._handshake import HandshakeDeadlines
+from .table import Connection, Refused, StoreTable
 
 __all__ = ["serve_protocols"]
 
@@ -44,40 +44,25 @@ _SCRATCH_SIZE: Final = 256 * 1024  # the most an asyncio connection reads at onc
 
 
 class _Serving:
-    """What the connections of one server share: the table, the scratch buffer and the handshake deadlines.
+    """What the connections of one server share: the table, the scratch buffer and the handshake deadlines (one
+    queue, :class:`~aelastic.store._handshake.HandshakeDeadlines`, and one loop timer for the earliest)."""
 
-    Handshake deadlines are one queue in arrival order (every connection has the same timeout, so it is also
-    deadline order) and one loop timer for the earliest, instead of a timer per connection: a burst of 16,384
-    connections made 16,384 timers, each created and cancelled within milliseconds.
-    """
-
-    __slots__ = ("deadlines", "handshake_timeout", "loop", "scratch", "table", "timer")
+    __slots__ = ("deadlines", "loop", "scratch", "table", "timer")
 
     def __init__(self, table: StoreTable, handshake_timeout: float, loop: asyncio.AbstractEventLoop) -> None:
         self.table = table
-        self.handshake_timeout = handshake_timeout
         self.loop = loop
         self.scratch = memoryview(bytearray(_SCRATCH_SIZE))  # every connection reads into it (one at a time)
-        self.deadlines: deque[tuple[float, _ProtocolConnection]] = deque()
+        self.deadlines = HandshakeDeadlines(table, handshake_timeout)
         self.timer: asyncio.TimerHandle | None = None
 
     def expect_handshake(self, conn: _ProtocolConnection) -> None:
-        deadline = self.loop.time() + self.handshake_timeout
-        self.deadlines.append((deadline, conn))
-        if self.timer is None:
+        if (deadline := self.deadlines.add(conn, self.loop.time())) is not None:
             self.timer = self.loop.call_at(deadline, self._expire)
 
     def _expire(self) -> None:
-        self.timer = None
-        deadlines = self.deadlines
-        now = self.loop.time()
-        while deadlines and deadlines[0][0] <= now:
-            _, conn = deadlines.popleft()
-            if not conn.established and conn.transport is not None:
-                log_handshake_timeout(conn, self.handshake_timeout)
-                conn.abort()
-        if deadlines:
-            self.timer = self.loop.call_at(deadlines[0][0], self._expire)
+        deadline = self.deadlines.expire(self.loop.time())
+        self.timer = None if deadline is None else self.loop.call_at(deadline, self._expire)
 
     def close(self) -> None:
         if self.timer is not None:

@@ -1,25 +1,42 @@
-"""The store server's transport on any anyio backend (trio): non-blocking sockets and one task per connection.
+"""The store server's transport on any anyio backend (trio): sockets in a nested epoll, no task per request.
 
 Theory of operation
 -------------------
 A task per listener waits until it is readable and then accepts every connection queued in the backlog (a burst
-of thousands is accepted in a few loop iterations, not one wait per connection). Each connection is served by one
-task, the *reader*, in a cancel scope of its own whose deadline is the handshake timeout until the handshake is
-done. The reader waits until its socket is readable (``anyio.wait_readable``), receives what arrived into the
-server's one scratch buffer (as the asyncio transport does: no 64 KiB bytes object per read for glibc's heap to
-fragment), feeds it to the :class:`~aelastic.store.table.StoreTable`, handles every whole request in it and sends
-the outbox with one non-blocking ``send``. The hot path is ``_read_loop`` → ``table.process`` → ``flush``.
+of thousands is accepted in a few loop iterations, not one wait per connection).
+
+On Linux the server owns an epoll object of its own, *nested* in the event loop's: an epoll descriptor is itself
+pollable, readable while any socket registered in it is. Every admitted connection is registered in it once
+(level-triggered ``EPOLLIN``). One task, the *poller*, waits until the epoll descriptor is readable (trio's own
+``wait_readable`` on trio: anyio's looks the running library up on every call), takes the ready connections with a
+non-blocking ``poll`` and handles each one synchronously, as the asyncio transport's protocol callbacks do: it
+receives what arrived into the server's one scratch buffer (no 64 KiB bytes object per read for glibc's heap to
+fragment), feeds it to the :class:`~aelastic.store.table.StoreTable`, handles every whole request and sends the
+replies with one non-blocking ``send``. The hot path is ``_poll_loop`` → ``_Serving.receive`` → ``table.process``
+→ ``flush``. So the event loop does one wait per batch of ready connections instead of one per request of each
+connection: a task per connection, each waiting on its own socket, made the 4,096 simulated ranks of
+``benchmarks/rank_scale.py`` do 65,000 waits (each an ``epoll_ctl``, a reschedule and a task step on trio) and
+take up to 1.8 times asyncio's time. A poll returns at most ``_MAX_EVENTS`` connections; when it returns that many
+(a burst), the poller lets the loop's other tasks run before the next poll.
+
+Where ``select.epoll`` is missing (macOS, the BSDs, Windows) each connection gets a task of its own that waits until
+its socket is readable and then does exactly the same synchronous handling; everything below applies to both.
 
 Sending never waits in the common case: a ``send`` on a non-blocking socket takes what the kernel accepts, and a
 store's replies are small. Wake-ups caused by another connection (``notify``) are sent the same way, by the waker,
-synchronously, so bytes leave in the order the events happened. Only when the kernel's buffer is full (a peer that
-does not read its replies) is a *drain* task started for that connection: it waits until the socket is writable
-and sends the rest; meanwhile the reader reads nothing more (backpressure) and everything queued joins the outbox
-behind the unsent bytes. One task per connection instead of a reader, a writer and a task group each: the 4,096
-simulated ranks of ``benchmarks/rank_scale.py`` took 2.3 times asyncio's time with those.
+synchronously, so bytes leave in the order the events happened (a connection woken while it is itself being handled
+sends them with its own replies). Only when the kernel's buffer is full (a peer that does not read its replies) is
+a *drain* task started for that connection: meanwhile the connection is not read (it leaves the epoll set:
+backpressure) and everything queued joins the outbox behind the unsent bytes; the drain task waits until the socket
+is writable and sends the rest, then handles the requests that waited in the parser and reads the connection again.
 
-A protocol violation ends the reader, which closes the connection; a peer that goes away ends it quietly (logged at
-debug level). Cancelling :func:`serve_streams` closes the listeners and every connection.
+Handshake deadline: one queue of deadlines (:class:`~aelastic.store._handshake.HandshakeDeadlines`) and one task
+whose cancel scope's deadline is the earliest, instead of a cancel scope per connection.
+
+A protocol violation closes the connection (logged); a peer that goes away closes it quietly (logged at debug
+level). ``abort`` closes a connection at once, except the one being handled: that one is closed when its handling
+returns, so the handlers never see a connection disappear under them. Cancelling :func:`serve_streams` closes the
+listeners, every connection and the epoll object.
 """
 
 from __future__ import annotations
@@ -27,6 +44,7 @@ from __future__ import annotations
 import errno
 import logging
 import math
+import select
 import socket
 import sys
 from collections.abc import Awaitable, Callable
@@ -34,40 +52,152 @@ from typing import Any, Final, cast
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 
 from .._net import format_address
 from ..errors import StoreProtocolError
-from .table import Connection, Refused, StoreTable, log_handshake_timeout
+from ._handshake import HandshakeDeadlines
+from .table import Connection, Refused, StoreTable
 
 __all__ = ["serve_streams"]
 
 logger = logging.getLogger(__name__)
 
 _RECEIVE_SIZE: Final = 65536
+_MAX_EVENTS: Final = 256  # connections handled per poll before the loop's other tasks get a turn
 _ACCEPT_BACKOFF: Final = 0.1  # after EMFILE & co., before accepting again
 # accept() errors that concern the one connection (it went away while queued), not the listener or the process.
 _ACCEPT_TRANSIENT: Final = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EPERM})
 
-# Peer-side failures that end one connection quietly (logged at debug level).
-_CONNECTION_ERRORS: Final = (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError)
+# The nested poller where the platform has one (Linux); tests set it to None to exercise the task per connection.
+_epoll: Callable[[], select.epoll] | None = getattr(select, "epoll", None)
 
 
 class _Serving:
-    """What the connections of one server share: the table, the task group for drains and the scratch buffer."""
+    """What the connections of one server share: the table, the nested epoll, the scratch buffer, the task group
+    for drains and the handshake deadlines; and the synchronous handling of a connection's reads."""
 
-    __slots__ = ("handshake_timeout", "scratch", "table", "tg", "wait_readable")
+    __slots__ = ("by_fd", "deadlines", "poller", "scratch", "table", "tg", "timer", "wait_readable")
 
     def __init__(self, table: StoreTable, handshake_timeout: float, tg: anyio.abc.TaskGroup) -> None:
         self.table = table
-        self.handshake_timeout = handshake_timeout
         self.tg = tg
-        self.scratch = memoryview(bytearray(_RECEIVE_SIZE))  # every reader receives into it (one at a time)
+        self.scratch = memoryview(bytearray(_RECEIVE_SIZE))  # every read lands in it (one at a time)
         self.wait_readable = _wait_readable_function()
+        self.poller = None if _epoll is None else _epoll()
+        self.by_fd: dict[int, _SocketConnection] = {}  # the open connections
+        self.deadlines = HandshakeDeadlines(table, handshake_timeout)
+        self.timer = anyio.CancelScope()  # its deadline is the earliest handshake deadline
+
+    def open(self, conn: _SocketConnection) -> None:
+        """Serve the admitted ``conn``."""
+        self.by_fd[conn.fd] = conn
+        if (deadline := self.deadlines.add(conn, anyio.current_time())) is not None:
+            self.timer.deadline = deadline
+        self.start_reading(conn)
+        if self.poller is None:
+            self.tg.start_soon(_read_each, self, conn)
+
+    def receive(self, conn: _SocketConnection) -> None:
+        """``conn`` is readable: receive, and handle every whole request (never waits, never raises)."""
+        try:
+            received = conn.sock.recv_into(self.scratch)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            logger.debug("store connection from %s broke: %r", conn.peer, exc)
+            conn.abort()
+            return
+        if not received:
+            if logger.isEnabledFor(logging.DEBUG):  # the peer's name costs a call: only if logged
+                logger.debug("store connection from %s closed by the peer", conn.peer)
+            conn.abort()
+            return
+        self.table.receive(conn, self.scratch[:received].tobytes())
+        self.run(conn)
+
+    def run(self, conn: _SocketConnection) -> None:
+        """Handle the requests buffered in ``conn``'s parser and send the replies, until a drain must wait."""
+        table = self.table
+        conn.busy = True
+        try:
+            while table.process(conn):
+                conn.flush()
+                if conn.draining or conn.closed:
+                    return  # the drain task handles the rest once the replies so far are sent
+            conn.flush()
+            table.check_buffered(conn)
+        except Refused as exc:
+            logger.warning("refusing store connection from %s: %s", conn.peer, exc)
+            conn.lingering = True  # the auth CHECK's NOT_READY first, so that an aelastic client can say why
+            conn.flush()
+            if not conn.draining:
+                conn.abort()
+        except StoreProtocolError as exc:
+            logger.warning("closing store connection from %s: %s", conn.peer, exc)
+            conn.abort()
+        finally:
+            conn.busy = False
+            if conn.closed:
+                self.close(conn)
+
+    def pause(self, conn: _SocketConnection) -> None:
+        """Send what ``conn``'s outbox holds in a drain task, and read nothing from it meanwhile."""
+        conn.draining = True
+        self.stop_reading(conn)
+        self.tg.start_soon(_drain, self, conn)
+
+    def resume(self, conn: _SocketConnection) -> None:
+        """The drain sent everything: handle the requests that waited, then read ``conn`` again."""
+        conn.draining = False
+        if conn.lingering:
+            conn.abort()
+            return
+        self.run(conn)
+        if not (conn.closed or conn.draining):
+            self.start_reading(conn)
+
+    def start_reading(self, conn: _SocketConnection) -> None:
+        conn.reading = True
+        if self.poller is not None:
+            self.poller.register(conn.fd, select.EPOLLIN)
+        elif conn.resumed is not None:
+            conn.resumed.set()
+            conn.resumed = None
+
+    def stop_reading(self, conn: _SocketConnection) -> None:
+        # Out of the epoll set, not registered for no events: a peer's reset (EPOLLHUP, EPOLLERR) is reported
+        # whatever events are asked for, and would wake the poller again and again until the drain task saw it.
+        conn.reading = False
+        if self.poller is not None:
+            self.poller.unregister(conn.fd)
+        else:
+            conn.resumed = anyio.Event()
+
+    def close(self, conn: _SocketConnection) -> None:
+        """Forget ``conn`` and close its socket (once; ``conn.closed`` is already set)."""
+        if self.by_fd.get(conn.fd) is not conn:  # closed before (and its descriptor's number may be reused)
+            return
+        del self.by_fd[conn.fd]
+        self.table.drop(conn)
+        if conn.reading and self.poller is not None:
+            self.poller.unregister(conn.fd)  # before closing: a forked child may hold the socket a moment longer
+        if conn.draining or self.poller is None:
+            anyio.notify_closing(conn.sock)  # the task waiting on it gives up
+        if conn.resumed is not None:
+            conn.resumed.set()
+        conn.sock.close()
+
+    def close_all(self) -> None:
+        self.deadlines.clear()
+        for conn in list(self.by_fd.values()):
+            conn.abort()
+        if self.poller is not None:
+            self.poller.close()
 
 
-def _wait_readable_function() -> Callable[[socket.socket], Awaitable[None]]:
-    """trio's own ``wait_readable`` when running on trio: anyio's looks the running library up on every call, a
-    third of the wait's cost, once per request."""
+def _wait_readable_function() -> Callable[[Any], Awaitable[None]]:
+    """trio's own ``wait_readable`` when running on trio: anyio's looks the running library up on every call."""
     trio = sys.modules.get("trio")
     if trio is not None:
         try:
@@ -75,32 +205,31 @@ def _wait_readable_function() -> Callable[[socket.socket], Awaitable[None]]:
         except RuntimeError:  # trio is imported but not running this thread
             pass
         else:
-            return cast("Callable[[socket.socket], Awaitable[None]]", trio.lowlevel.wait_readable)
+            return cast("Callable[[Any], Awaitable[None]]", trio.lowlevel.wait_readable)
     return anyio.wait_readable
 
 
 class _SocketConnection(Connection):
-    """A connection served by one reader task over a non-blocking socket (and a drain task while backpressured)."""
+    """A connection over a non-blocking socket, handled synchronously when readable (see the module docstring)."""
 
-    __slots__ = ("address", "closed", "drained", "draining", "scope", "serving", "sock")
+    __slots__ = ("address", "busy", "closed", "draining", "fd", "lingering", "reading", "resumed", "serving", "sock")
 
     def __init__(self, sock: socket.socket, address: Any, serving: _Serving) -> None:
         super().__init__(serving.table.limits, None)
         self.sock = sock
+        self.fd = sock.fileno()  # the key of the open connections (a closed socket's fileno() is -1)
         self.address = address
         self.serving = serving
-        self.scope = anyio.CancelScope(deadline=anyio.current_time() + serving.handshake_timeout)
-        self.closed = False
-        self.draining = False  # a drain task owns the sending until the outbox is empty
-        self.drained: anyio.Event | None = None
+        self.busy = False  # being handled: wake-ups join the outbox in order, and closing waits for the end
+        self.closed = False  # aborted: nothing more is read or sent
+        self.draining = False  # a drain task owns the sending until the outbox is empty; nothing is read
+        self.lingering = False  # refused: closed once the replies queued so far are sent
+        self.reading = False  # in the epoll set (or, without epoll, its task may read)
+        self.resumed: anyio.Event | None = None  # without epoll: set when reading may go on after a drain
 
     def peer_name(self) -> str:
         address = self.address
         return format_address(str(address[0]), int(address[1])) if isinstance(address, tuple) else str(address)
-
-    def establish(self) -> None:
-        super().establish()
-        self.scope.deadline = math.inf
 
     def flush(self) -> None:
         """Send what the kernel takes now; start a drain task for the rest. Never waits, never raises."""
@@ -112,22 +241,21 @@ class _SocketConnection(Connection):
                 sent = self.sock.send(outbox)
                 del outbox[:sent]
         except BlockingIOError:
-            self.draining = True
-            self.drained = anyio.Event()
-            self.serving.tg.start_soon(_drain, self)
+            self.serving.pause(self)
         except OSError as exc:
             logger.debug("store connection from %s broke while sending: %r", self.peer, exc)
             self.abort()
 
     def notify(self) -> None:
-        self.flush()
-
-    def backlog(self) -> int:
-        return len(self.outbox)
+        if not self.busy:  # else its own handling flushes it, after the replies before it
+            self.flush()
 
     def abort(self) -> None:
         self.outbox.clear()
-        self.scope.cancel()
+        if not self.closed:
+            self.closed = True
+            if not self.busy:  # else run() closes it once the handling returns
+                self.serving.close(self)
 
 
 async def serve_streams(
@@ -139,12 +267,16 @@ async def serve_streams(
 ) -> None:
     """Serve ``table`` on the listening ``sockets`` until cancelled.
 
-    Reports ``task_status.started()`` once every socket accepts. Cancellation closes the listeners and every
-    connection.
+    Reports ``task_status.started()`` once every socket accepts. Cancellation closes the listeners, every
+    connection and the epoll object.
     """
+    serving: _Serving | None = None
     try:
         async with anyio.create_task_group() as tg:
             serving = _Serving(table, handshake_timeout, tg)
+            tg.start_soon(_expire_handshakes, serving)
+            if serving.poller is not None:
+                tg.start_soon(_poll_loop, serving, serving.poller)
             for sock in sockets:
                 sock.setblocking(False)
                 tg.start_soon(_accept_loop, serving, sock)
@@ -152,6 +284,8 @@ async def serve_streams(
     finally:
         for sock in sockets:
             sock.close()
+        if serving is not None:
+            serving.close_all()
 
 
 async def _accept_loop(serving: _Serving, listener: socket.socket) -> None:
@@ -180,68 +314,48 @@ async def _accept_loop(serving: _Serving, listener: socket.socket) -> None:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # load-bearing: one reply per request
             conn = _SocketConnection(sock, address, serving)
             if table.admit(conn):
-                serving.tg.start_soon(_serve_connection, conn)
+                serving.open(conn)
             else:
                 sock.close()
 
 
-async def _serve_connection(conn: _SocketConnection) -> None:
-    table = conn.serving.table
-    try:
-        with conn.scope:
-            await _read_loop(table, conn)
-        if conn.scope.cancelled_caught and not conn.established:
-            log_handshake_timeout(conn, conn.serving.handshake_timeout)
-    finally:
-        table.drop(conn)
-        conn.closed = True
-        if conn.draining:
-            anyio.notify_closing(conn.sock)  # the drain task, waiting until the socket is writable, gives up
-        conn.sock.close()
-
-
-async def _read_loop(table: StoreTable, conn: _SocketConnection) -> None:
-    sock = conn.sock
-    scratch = conn.serving.scratch
-    wait_readable = conn.serving.wait_readable
-    try:
+async def _poll_loop(serving: _Serving, poller: select.epoll) -> None:
+    """Handle the ready connections, a batch per wait of the event loop (see the module docstring)."""
+    wait_readable = serving.wait_readable
+    poll = poller.poll
+    by_fd = serving.by_fd
+    receive = serving.receive
+    while True:
+        await wait_readable(poller.fileno())
         while True:
-            if conn.draining and conn.drained is not None:  # backpressure: no reads while replies wait
-                await conn.drained.wait()
-            await wait_readable(sock)
-            try:
-                received = sock.recv_into(scratch)
-            except BlockingIOError:
-                continue
-            if not received:
-                logger.debug("store connection from %s closed by the peer", conn.peer)
-                return
-            table.receive(conn, scratch[:received].tobytes())
-            while table.process(conn):
-                conn.flush()
-                if conn.draining and conn.drained is not None:
-                    await conn.drained.wait()
-            conn.flush()
-            table.check_buffered(conn)
-    except Refused as exc:
-        logger.warning("refusing store connection from %s: %s", conn.peer, exc)
-        await _send_rest(conn)  # the auth CHECK's NOT_READY, so that an aelastic client can say why
-    except StoreProtocolError as exc:
-        logger.warning("closing store connection from %s: %s", conn.peer, exc)
-    except _CONNECTION_ERRORS as exc:
-        logger.debug("store connection from %s broke: %r", conn.peer, exc)
+            events = poll(0, _MAX_EVENTS)
+            for fd, _ in events:
+                conn = by_fd.get(fd)
+                if conn is not None and conn.reading:  # closed or paused by an earlier one of the batch
+                    receive(conn)
+            if len(events) < _MAX_EVENTS:
+                break
+            await anyio.lowlevel.checkpoint()  # a burst: let the loop's other tasks run before the rest
 
 
-async def _send_rest(conn: _SocketConnection) -> None:
-    conn.flush()
-    if conn.draining and conn.drained is not None:
-        await conn.drained.wait()
-
-
-async def _drain(conn: _SocketConnection) -> None:
-    """Send the outbox as the peer makes room; the reader waits meanwhile (see the module docstring)."""
+async def _read_each(serving: _Serving, conn: _SocketConnection) -> None:
+    """Without epoll: wait until ``conn``'s socket is readable, handle it, and again, until it is closed."""
     try:
-        outbox = conn.outbox
+        while not conn.closed:
+            if conn.resumed is not None:  # backpressure: no reads while replies wait
+                await conn.resumed.wait()
+                continue
+            await anyio.wait_readable(conn.sock)
+            if conn.reading and not conn.closed:
+                serving.receive(conn)
+    except anyio.ClosedResourceError:
+        pass  # closed by another task while waiting
+
+
+async def _drain(serving: _Serving, conn: _SocketConnection) -> None:
+    """Send the outbox as the peer makes room; ``conn`` is not read meanwhile (see the module docstring)."""
+    outbox = conn.outbox
+    try:
         while outbox and not conn.closed:
             await anyio.wait_writable(conn.sock)
             try:
@@ -250,11 +364,20 @@ async def _drain(conn: _SocketConnection) -> None:
                     del outbox[:sent]
             except BlockingIOError:
                 continue
-    except _CONNECTION_ERRORS as exc:
-        if not conn.closed:
-            logger.debug("store connection from %s broke while sending: %r", conn.peer, exc)
-            conn.abort()
-    finally:
-        conn.draining = False
-        if conn.drained is not None:
-            conn.drained.set()
+    except anyio.ClosedResourceError:
+        return  # closed by another task while waiting
+    except OSError as exc:
+        logger.debug("store connection from %s broke while sending: %r", conn.peer, exc)
+        conn.abort()
+        return
+    if not conn.closed:
+        serving.resume(conn)
+
+
+async def _expire_handshakes(serving: _Serving) -> None:
+    """Close the connections that did not finish their handshake in time: one timer for the earliest deadline."""
+    while True:
+        with serving.timer:
+            await anyio.sleep_forever()
+        next_deadline = serving.deadlines.expire(anyio.current_time())
+        serving.timer = anyio.CancelScope(deadline=math.inf if next_deadline is None else next_deadline)
