@@ -13,8 +13,9 @@ import pytest
 
 # The suite runs the default install: asyncio on its own loop, also where the test extra installed uvloop (the
 # ``fast`` extra), which aelastic would otherwise pick up in every launcher the tests start. The store's tests and
-# a launch of their own run on uvloop too (``SERVER_BACKENDS``, tests/test_eventloop.py).
-os.environ["AELASTIC_UVLOOP"] = "0"
+# a launch of their own run on uvloop too (``SERVER_BACKENDS``, tests/test_eventloop.py); ``AELASTIC_UVLOOP=1
+# pytest`` runs every launcher on it.
+os.environ.setdefault("AELASTIC_UVLOOP", "0")
 
 
 @pytest.fixture(params=["asyncio", "trio"])
