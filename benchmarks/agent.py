@@ -130,6 +130,7 @@ def launcher(system: str, *args: str | os.PathLike[str]) -> list[str]:
 
 def environment(system: str) -> dict[str, str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env.setdefault("AELASTIC_UVLOOP", "0")  # the default install's loop, also where the fast extra is installed
     if system == "torch":
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     return env
