@@ -15,7 +15,7 @@ Every test that does not pass is in ``CLASSIFIED`` below, the one place that say
 
 Entries with a regex are expected failures: the failure must match it (reported as XFAIL with the reason); a
 failure that does not match fails, and so does a pass (XPASS(strict): the entry is stale). Entries without a regex
-(kind a only) are skipped. A failure not listed here fails the run. ``test_classification.py`` fails on an entry
+(kind a only) are skipped. A failure not listed here fails the run. ``test_store_classification.py`` fails on an entry
 naming a test that upstream does not have.
 
 The file of ``upstream/`` is PyTorch's and is not committed: ``upstream/README.md`` says how to fetch it. Without
