@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
 import sys
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from helpers import classification
 
 HERE = Path(__file__).parent
 UPSTREAM = HERE / "upstream"
@@ -93,7 +93,6 @@ for _case in ("TCPStoreTest", "LibUvTCPStoreTest"):
             WAIT_FOR_WORKERS_MATCH,
         ),
     }
-_ENTRY = pytest.StashKey[tuple[str, str, str]]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -181,41 +180,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ours = [item for item in items if _is_upstream(item.path)]
     for item in ours:
         item.add_marker(pytest.mark.timeout(TIMEOUT_S))
-    if not CLASSIFY:
-        return
-    ids = {item.nodeid.split("upstream/", 1)[1]: item for item in ours}
-    for test_id, (kind, reason, match) in CLASSIFIED.items():
-        item = ids.get(test_id)
-        if item is None:
-            continue
-        if match is None:
-            item.add_marker(pytest.mark.skip(reason=f"({kind}) {reason}"))
-        else:
-            item.stash[_ENTRY] = (kind, reason, match)
+    if CLASSIFY:
+        classification.apply(ours, CLASSIFIED)
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    """A classified test that fails as its entry says is an expected failure (xfail); one that fails otherwise
-    fails, and one that passes fails too (a stale entry, as xfail's strict mode)."""
-    report = yield
-    entry = item.stash.get(_ENTRY, None)
-    if entry is None or report.when != "call":
-        return report
-    kind, reason, match = entry
-    if report.failed and re.search(match, report.longreprtext):
-        report.outcome = "skipped"
-        report.wasxfail = f"({kind}) {reason}"
-    elif report.failed:
-        report.sections.append(
-            (
-                "torch_store classification",
-                f"classified ({kind}) failing with /{match}/, but it failed otherwise: {reason}",
-            )
-        )
-    elif report.passed:
-        report.outcome = "failed"
-        report.longrepr = f"[XPASS(strict)] classified ({kind}) but passed: remove its CLASSIFIED entry: {reason}"
-    return report
+    return classification.judge(item, (yield), "torch_store")
