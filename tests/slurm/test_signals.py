@@ -222,7 +222,10 @@ def test_the_requeue_recipe_resumes_from_its_checkpoint(slurm_cluster: SlurmClus
              lambda: slurm_cluster.run("squeue", "-h", "-s", "-j", job, check=False).stdout.strip() == "")  # fmt: skip
     held = slurm_cluster.job(job)
     if held.get("JobState") == "PENDING":
-        slurm_cluster.scontrol("update", f"JobId={job}", "StartTime=now", check=False)
+        # Not "now": slurmd compares the new run's credential with the revocation of the first run's in whole
+        # seconds, and refuses a launch in the same second ("Killing non-startable batch JobId=4: Job credential
+        # revoked", then FAILED: seen beside stress-ng). Two seconds on, the new credential is younger.
+        slurm_cluster.scontrol("update", f"JobId={job}", "StartTime=now+2", check=False)
     record = slurm_cluster.wait_job(job, timeout=REQUEUE_DEADLINE)
     elapsed = time.monotonic() - start
     assert record["JobState"] == "COMPLETED", read(out)
