@@ -2,9 +2,8 @@
 while another wakes it, a connection closed from another connection's request or from its own, handshake deadlines
 expiring in order, and a burst of ready connections larger than one poll takes.
 
-They run on each loop the store's tests meet (asyncio's own, uvloop, trio). On trio each test also runs with the
-stream transport's fallback, a task per connection (what it uses where there is no ``select.epoll``); asyncio has a
-transport of its own, so there the fallback has nothing to run.
+They run on each loop the store's tests meet (asyncio's own, uvloop, trio); on trio also with the stream transport's
+fallback, a task per connection (what it uses where there is no ``select.epoll``).
 """
 
 from __future__ import annotations
@@ -17,28 +16,29 @@ from collections.abc import AsyncIterator
 import anyio
 import anyio.abc
 import pytest
-from helpers.store import (
-    anyio_backend,  # noqa: F401 (the fixture: these tests run on uvloop too)
-    closed_by_server,
-    wait_for_connections,
-)
+from helpers.store import closed_by_server, wait_for_connections
 
 from aelastic.store import stream_transport, wire
 from aelastic.store.server import ServerSettings, StoreServer, open_store_server
 
-pytestmark = pytest.mark.anyio
+# The loops and, on trio, both ways the stream transport serves: the pairs that exist (asyncio's loops have a
+# transport of their own).
+LOOPS_AND_TRANSPORTS = [
+    pytest.param("asyncio", "protocols", id="asyncio"),
+    pytest.param(("asyncio", {"use_uvloop": True}), "protocols", id="uvloop"),
+    pytest.param("trio", "nested epoll", id="trio-nested-epoll"),
+    pytest.param("trio", "task per connection", id="trio-task-per-connection"),
+]
+pytestmark = [pytest.mark.anyio, pytest.mark.parametrize(("anyio_backend", "transport"), LOOPS_AND_TRANSPORTS)]
 
 VALIDATE = wire.encode_request(wire.Validate())
 STOP = bytes((wire.WaitResponse.STOP_WAITING,))
 
 
-@pytest.fixture(params=["nested epoll", "task per connection"])
-def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param == "task per connection":
-        if request.getfixturevalue("anyio_backend") != "trio":
-            pytest.skip("the stream transport serves trio; asyncio (its own loop or uvloop) has a transport of its own")
+@pytest.fixture(autouse=True)
+def _stream_transport_without_epoll(transport: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if transport == "task per connection":
         monkeypatch.setattr(stream_transport, "_epoll", None)
-    return str(request.param)
 
 
 @pytest.fixture(autouse=True)
