@@ -127,7 +127,10 @@ def ratio(ours: list[float], theirs: list[float], better: str) -> str:
     """aelastic / torch of the medians, and which way is better, so a reader needs no unit knowledge."""
     if not ours or not theirs:
         return ""
-    r = statistics.median(ours) / statistics.median(theirs)
+    mine, torch = statistics.median(ours), statistics.median(theirs)
+    if torch == 0:  # a CPU-time row in a small run: torch's server spent less than the clock's 10 ms in user mode
+        return "equal" if mine == 0 else f"– (torch's median is 0, {'worse' if better == 'lower' else 'better'})"
+    r = mine / torch
     good = r <= 1 if better == "lower" else r >= 1
     return f"{r:.2f}× ({'better' if good else 'worse'})" if r >= 0.1 else f"{r:.2g}× ({'better' if good else 'worse'})"
 
