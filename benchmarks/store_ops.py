@@ -15,6 +15,10 @@ so the only difference is the server. Per repetition, each server in turn (the o
   of the WAIT (CLOCK_MONOTONIC, shared by the processes), ``--wakeups`` times. The sample is the p50 (and, as a
   scenario of its own, the p99) of the repetition.
 
+Two more systems, for set / get / add only: ``floor asyncio`` and ``floor uvloop``, ``benchmarks/store_floor.py``'s
+server (parse, a fixed reply, write: the least that any store written in Python does per request). They show how
+much of the gap to torch is the event loop's and not the store's.
+
 Targets (issue 24): aelastic >= 1.0x torch's ops/s with 8 client processes; WAIT wake-up p50 <= 1.0x torch's.
 """
 
@@ -37,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 SYSTEMS = ("torch", "aelastic", "aelastic uvloop")
+FLOORS = ("floor asyncio", "floor uvloop")  # benchmarks/store_floor.py on each loop
 OPS = ("set", "get", "add")
 TORCH_SERVER = """
 import sys
@@ -53,16 +58,18 @@ def serve(system: str) -> Iterator[int]:
     """Start ``system``'s server in a process of its own; yields its port."""
     if system == "torch":
         cmd = [sys.executable, "-c", TORCH_SERVER]
+    elif system.startswith("floor"):
+        cmd = [sys.executable, "-m", "benchmarks.store_floor"]
     else:
         cmd = [sys.executable, "-m", "aelastic", "store", "--host", "127.0.0.1", "--port", "0"]
-    env = {**os.environ, "AELASTIC_UVLOOP": "1" if system == "aelastic uvloop" else "0"}
+    env = {**os.environ, "AELASTIC_UVLOOP": "1" if system.endswith("uvloop") else "0"}
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()  # torch: "PORT"; aelastic: "aelastic store listening on HOST:PORT"
         if not line:
             raise RuntimeError(f"{system} store server exited with {proc.wait()} before listening")
-        yield int(line.split()[0] if system == "torch" else line.rsplit(":", 1)[1])
+        yield int(line.split()[0] if system == "torch" or system.startswith("floor") else line.rsplit(":", 1)[1])
     finally:
         proc.terminate()
         proc.wait(30)
@@ -180,10 +187,10 @@ def percentile(values: list[float], q: float) -> float:
 
 def measure(clients: int, seconds: float, repeats: int, wakeups: int) -> list[dict[str, Any]]:
     samples: dict[tuple[str, str], list[float]] = {}
-    systems = SYSTEMS
+    systems = SYSTEMS + FLOORS
     if importlib.util.find_spec("uvloop") is None:
-        print("store_ops: uvloop is not installed (the fast extra): 'aelastic uvloop' left out", file=sys.stderr)
-        systems = SYSTEMS[:2]
+        print("store_ops: uvloop is not installed (the fast extra): the uvloop systems left out", file=sys.stderr)
+        systems = tuple(s for s in systems if not s.endswith("uvloop"))
     pool = Clients(clients)
     try:
         for repeat in range(repeats):
@@ -191,9 +198,10 @@ def measure(clients: int, seconds: float, repeats: int, wakeups: int) -> list[di
                 with serve(system) as port:
                     for op in OPS:
                         samples.setdefault((f"{op} ops/s", system), []).append(pool.rate(port, op, seconds))
-                    latencies = pool.wakeups(port, wakeups)
-                samples.setdefault(("WAIT wake-up p50", system), []).append(percentile(latencies, 0.5))
-                samples.setdefault(("WAIT wake-up p99", system), []).append(percentile(latencies, 0.99))
+                    latencies = [] if system in FLOORS else pool.wakeups(port, wakeups)  # a floor has no waits
+                if latencies:
+                    samples.setdefault(("WAIT wake-up p50", system), []).append(percentile(latencies, 0.5))
+                    samples.setdefault(("WAIT wake-up p99", system), []).append(percentile(latencies, 0.99))
                 print(f"  repeat {repeat + 1}/{repeats} {system}: done", file=sys.stderr, flush=True)
     finally:
         pool.close()
@@ -212,7 +220,7 @@ def measure(clients: int, seconds: float, repeats: int, wakeups: int) -> list[di
 
 def print_table(records: list[dict[str, Any]], clients: int, repeats: int) -> None:
     median = {(r["scenario"], r["system"]): statistics.median(r["samples"]) for r in records}
-    ours = [system for system in SYSTEMS[1:] if (f"{OPS[0]} ops/s", system) in median]
+    ours = [system for system in SYSTEMS[1:] + FLOORS if (f"{OPS[0]} ops/s", system) in median]
     print(f"store ops, {clients} torch client processes, {repeats} repeats (medians), {os.cpu_count()} CPUs")
     print(f"{'op':<6}{'torch ops/s':>14}" + "".join(f"{s + ' ops/s':>24}{'ratio':>8}" for s in ours))
     for op in OPS:
