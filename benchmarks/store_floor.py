@@ -6,8 +6,10 @@ Not a store: it parses every request with aelastic's own parser (a server must, 
 next request starts) and answers each with a fixed reply of the right shape (GET: ``"0"``, ADD: ``1``, CHECK:
 ready, WAIT: stop waiting, PING: the nonce, SET: nothing), one write per chunk received, from a plain asyncio
 protocol on the loop that ``AELASTIC_UVLOOP`` picks (as ``aelastic store``). No table, no waiters, no counters, no
-limits beyond the parser's. Whatever torch's clients lose against this server, no store in Python on that loop can
-win back: it is the event loop's callback, the parse and the write, which every request costs at the least.
+limits beyond the parser's. Whatever torch's clients lose against this server in a round trip (GET, ADD), no store
+in Python on that loop can win back: it is the event loop's callback, the parse and the write, which every request
+costs at the least. (Not so for SET, which has no reply: SETs arrive in runs, and aelastic's store parses a run
+into its table in one loop without a request object each, which this floor does not.)
 """
 
 from __future__ import annotations

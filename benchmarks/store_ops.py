@@ -16,8 +16,9 @@ so the only difference is the server. Per repetition, each server in turn (the o
   scenario of its own, the p99) of the repetition.
 
 Two more systems, for set / get / add only: ``floor asyncio`` and ``floor uvloop``, ``benchmarks/store_floor.py``'s
-server (parse, a fixed reply, write: the least that any store written in Python does per request). They show how
-much of the gap to torch is the event loop's and not the store's.
+server (parse, a fixed reply, write: the least that any store written in Python does per round trip). They show
+how much of the gap to torch is the event loop's and not the store's (in GET and ADD; its SETs are slower than
+aelastic's store, which parses a run of SETs without a request object each).
 
 Targets (issue 24): aelastic >= 1.0x torch's ops/s with 8 client processes; WAIT wake-up p50 <= 1.0x torch's.
 """
