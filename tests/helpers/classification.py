@@ -8,7 +8,12 @@ expected failure; one that fails otherwise fails; one that passes fails too (a s
 
 from __future__ import annotations
 
+import importlib.util
 import re
+from collections.abc import Callable, Generator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -58,3 +63,36 @@ def check_kinds(classified: dict[str, Entry]) -> None:
         assert kind in ("a", "b", "c"), test_id
         assert reason, test_id
         assert match is not None or kind == "a", test_id
+
+
+def hooks(
+    suite: str, upstream: Path, timeout_s: float, classified: dict[str, Entry] | None
+) -> tuple[Callable[..., Any], ...]:
+    """A suite conftest's ``pytest_collection_modifyitems`` and ``pytest_runtest_makereport``: the upstream tests
+    get ``timeout_s`` each and, unless ``classified`` is None (a run against torch itself), the table."""
+
+    def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+        ours = [item for item in items if upstream in item.path.parents]
+        for item in ours:
+            item.add_marker(pytest.mark.timeout(timeout_s))
+        if classified is not None:
+            apply(ours, classified)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        return judge(item, (yield), suite)
+
+    return pytest_collection_modifyitems, pytest_runtest_makereport
+
+
+def load_conftest(test_file: str, name: str) -> ModuleType:
+    """The conftest beside ``test_file`` as a module named ``name``, for a test of its table (pytest imports
+    conftests under names of its own)."""
+    spec = importlib.util.spec_from_file_location(name, Path(test_file).with_name("conftest.py"))
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -28,7 +28,7 @@ import importlib.util
 import logging
 import os
 import sys
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -170,16 +170,6 @@ def _aelastic_behind_torch(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     logging.root.setLevel(level)
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    ours = [item for item in items if UPSTREAM in item.path.parents]
-    for item in ours:
-        item.add_marker(pytest.mark.timeout(TIMEOUT_S))
-    if CLASSIFY:
-        classification.apply(ours, CLASSIFIED)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(
-    item: pytest.Item, call: pytest.CallInfo[None]
-) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    return classification.judge(item, (yield), "torch_launcher")
+pytest_collection_modifyitems, pytest_runtest_makereport = classification.hooks(
+    "torch_launcher", UPSTREAM, TIMEOUT_S, CLASSIFIED if CLASSIFY else None
+)

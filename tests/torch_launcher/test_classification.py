@@ -4,17 +4,11 @@ stale entry behind)."""
 from __future__ import annotations
 
 import ast
-import importlib.util
-from pathlib import Path
 
 import pytest
 from helpers import classification
 
-_spec = importlib.util.spec_from_file_location("torch_launcher_conftest", Path(__file__).with_name("conftest.py"))
-assert _spec is not None
-assert _spec.loader is not None
-_conftest = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_conftest)
+_conftest = classification.load_conftest(__file__, "torch_launcher_conftest")
 CLASSIFIED, UPSTREAM = _conftest.CLASSIFIED, _conftest.UPSTREAM
 
 pytestmark = pytest.mark.skipif(not _conftest.FETCHED, reason=_conftest.MISSING)

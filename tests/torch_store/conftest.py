@@ -176,16 +176,6 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         )
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    ours = [item for item in items if _is_upstream(item.path)]
-    for item in ours:
-        item.add_marker(pytest.mark.timeout(TIMEOUT_S))
-    if CLASSIFY:
-        classification.apply(ours, CLASSIFIED)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(
-    item: pytest.Item, call: pytest.CallInfo[None]
-) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    return classification.judge(item, (yield), "torch_store")
+pytest_collection_modifyitems, pytest_runtest_makereport = classification.hooks(
+    "torch_store", UPSTREAM, TIMEOUT_S, CLASSIFIED if CLASSIFY else None
+)

@@ -4,17 +4,11 @@ stale entry behind), and each entry is well-formed."""
 from __future__ import annotations
 
 import ast
-import importlib.util
-from pathlib import Path
 
 import pytest
 from helpers import classification
 
-_spec = importlib.util.spec_from_file_location("torch_store_conftest", Path(__file__).with_name("conftest.py"))
-assert _spec is not None
-assert _spec.loader is not None
-_conftest = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_conftest)
+_conftest = classification.load_conftest(__file__, "torch_store_conftest")
 CLASSIFIED, UPSTREAM_FILE = _conftest.CLASSIFIED, _conftest.UPSTREAM_FILE
 
 
