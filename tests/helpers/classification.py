@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import sys
 from collections.abc import Callable, Generator
 from pathlib import Path
 from types import ModuleType
@@ -87,12 +88,14 @@ def hooks(
     return pytest_collection_modifyitems, pytest_runtest_makereport
 
 
-def load_conftest(test_file: str, name: str) -> ModuleType:
-    """The conftest beside ``test_file`` as a module named ``name``, for a test of its table (pytest imports
-    conftests under names of its own)."""
-    spec = importlib.util.spec_from_file_location(name, Path(test_file).with_name("conftest.py"))
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+def load_module(path: Path, name: str) -> ModuleType:
+    """The module ``name`` from ``path``, loaded once (``sys.modules``): a suite's shim, or its conftest for a test
+    of its table (pytest imports conftests under names of its own)."""
+    module = sys.modules.get(name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None
+        assert spec.loader is not None
+        module = sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
     return module

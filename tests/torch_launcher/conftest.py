@@ -24,10 +24,8 @@ classification): the baseline, where all pass but the two-GPU test.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -137,14 +135,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _shim() -> ModuleType:
-    module = sys.modules.get("aelastic_torch_shim")
-    if module is None:
-        spec = importlib.util.spec_from_file_location("aelastic_torch_shim", SHIM / "aelastic_torch_shim.py")
-        assert spec is not None
-        assert spec.loader is not None
-        module = sys.modules["aelastic_torch_shim"] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return module
+    return classification.load_module(SHIM / "aelastic_torch_shim.py", "aelastic_torch_shim")
 
 
 @pytest.fixture(autouse=True)

@@ -4,11 +4,12 @@ stale entry behind)."""
 from __future__ import annotations
 
 import ast
+from pathlib import Path
 
 import pytest
 from helpers import classification
 
-_conftest = classification.load_conftest(__file__, "torch_launcher_conftest")
+_conftest = classification.load_module(Path(__file__).with_name("conftest.py"), "torch_launcher_conftest")
 CLASSIFIED, UPSTREAM = _conftest.CLASSIFIED, _conftest.UPSTREAM
 
 pytestmark = pytest.mark.skipif(not _conftest.FETCHED, reason=_conftest.MISSING)

@@ -28,7 +28,6 @@ assertions on it hold for the clients the shim returns and say nothing about eit
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from collections.abc import Generator, Iterator
@@ -110,14 +109,7 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 
 def _shim() -> ModuleType:
-    module = sys.modules.get("aelastic_store_shim")
-    if module is None:
-        spec = importlib.util.spec_from_file_location("aelastic_store_shim", HERE / "aelastic_store_shim.py")
-        assert spec is not None
-        assert spec.loader is not None
-        module = sys.modules["aelastic_store_shim"] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return module
+    return classification.load_module(HERE / "aelastic_store_shim.py", "aelastic_store_shim")
 
 
 def _is_upstream(path: Path) -> bool:

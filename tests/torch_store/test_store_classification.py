@@ -4,11 +4,12 @@ stale entry behind), and each entry is well-formed."""
 from __future__ import annotations
 
 import ast
+from pathlib import Path
 
 import pytest
 from helpers import classification
 
-_conftest = classification.load_conftest(__file__, "torch_store_conftest")
+_conftest = classification.load_module(Path(__file__).with_name("conftest.py"), "torch_store_conftest")
 CLASSIFIED, UPSTREAM_FILE = _conftest.CLASSIFIED, _conftest.UPSTREAM_FILE
 
 
