@@ -4,6 +4,7 @@ bootstrapping through it, and the server's semantics over the raw codec where to
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import sys
@@ -15,6 +16,7 @@ import pytest
 from helpers.store import (
     GLOO_WORKER,
     anyio_backend,  # noqa: F401 (the fixture: these tests run on uvloop too)
+    wait_for_connections,
 )
 from helpers.torch_store_peer import PeerError, TorchPeer
 
@@ -26,6 +28,7 @@ from aelastic.store.server import (
     open_store_server,
     serve_store,
 )
+from aelastic.store.table import Connection, StoreTable
 
 pytestmark = pytest.mark.anyio
 
@@ -535,6 +538,38 @@ async def test_add_on_non_numeric_value_closes_only_that_connection(server: Stor
     assert await writer.ask(wire.Get(b"word")) == wire.ValueReply(b"hello")
     for c in (bystander, writer):
         await c.aclose()
+
+
+async def test_an_internal_error_closes_only_its_connection(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug met while handling one connection's request (here an injected one) closes that connection with the
+    traceback logged, on every loop, and the store serves the others on."""
+    get = StoreTable._get
+
+    def buggy_get(table: StoreTable, conn: Connection, request: wire.Get) -> None:
+        if request.key == b"bug":
+            raise RuntimeError("an injected bug")
+        get(table, conn, request)
+
+    monkeypatch.setattr(StoreTable, "_get", buggy_get)
+    caplog.set_level(logging.ERROR, logger="aelastic.store")
+    async with open_store_server("127.0.0.1", 0) as server:
+        bystander = await RawClient.connect(server.port)
+        await bystander.send(wire.Wait((b"later",)))
+        victim = await RawClient.connect(server.port)
+        await victim.send(wire.Set(b"before", b"1"), wire.Get(b"bug"))
+        await victim.assert_closed_by_server()
+        await victim.aclose()
+        await bystander.send(wire.Set(b"later", b"2"))
+        assert await bystander.reply() == STOP
+        assert await bystander.ask(wire.Get(b"before")) == wire.ValueReply(b"1")
+        await wait_for_connections(server, 1)
+        await bystander.aclose()
+    [record] = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert "internal error handling a request from 127.0.0.1:" in record.getMessage()
+    assert record.exc_info is not None
+    assert "an injected bug" in str(record.exc_info[1])
 
 
 async def test_slow_reader_stalls_only_itself(server: StoreServer) -> None:

@@ -122,6 +122,9 @@ class _ProtocolConnection(Connection):
         except StoreProtocolError as exc:
             self._close(exc)
             return
+        except Exception:
+            self.fail()
+            return
         finally:
             self.busy = False
         self._write()
@@ -142,6 +145,8 @@ class _ProtocolConnection(Connection):
             self._refuse(exc)
         except StoreProtocolError as exc:
             self._close(exc)
+        except Exception:
+            self.fail()
         finally:
             self.busy = False
 

@@ -136,6 +136,8 @@ class _Serving:
         except StoreProtocolError as exc:
             logger.warning("closing store connection from %s: %s", conn.peer, exc)
             conn.abort()
+        except Exception:
+            conn.fail()
         finally:
             conn.busy = False
             if conn.closed:

@@ -112,6 +112,13 @@ class Connection(abc.ABC):
         """The handshake is done: serve requests from now on, with no deadline."""
         self.established = True
 
+    def fail(self) -> None:
+        """A bug met while handling this connection's requests (call it in an ``except Exception`` block): log it
+        with its traceback and close this connection only. The store serves the others on, on every transport, as
+        asyncio's own loop treats an exception from a protocol callback."""
+        logger.exception("internal error handling a request from %s; closing that connection", self.peer)
+        self.abort()
+
     @abc.abstractmethod
     def notify(self) -> None:
         """Bytes were queued in the outbox from outside this connection's own request handling."""
