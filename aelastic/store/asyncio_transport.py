@@ -116,14 +116,8 @@ class _ProtocolConnection(Connection):
                 if self.parser.buffered:
                     table.check_buffered(self)
                 return
-        except Refused as exc:
-            self._refuse(exc)
-            return
-        except StoreProtocolError as exc:
-            self._close(exc)
-            return
-        except Exception:
-            self.fail()
+        except Exception as exc:
+            self._end(exc)
             return
         finally:
             self.busy = False
@@ -141,24 +135,24 @@ class _ProtocolConnection(Connection):
                     return  # the rest waits in the parser for resume_writing
             self._write()
             table.check_buffered(self)
-        except Refused as exc:
-            self._refuse(exc)
-        except StoreProtocolError as exc:
-            self._close(exc)
-        except Exception:
-            self.fail()
+        except Exception as exc:
+            self._end(exc)
         finally:
             self.busy = False
 
-    def _refuse(self, exc: Refused) -> None:
-        logger.warning("refusing store connection from %s: %s", self.peer, exc)
-        self._write()
-        if self.transport is not None:
-            self.transport.close()  # after the queued replies are sent
-
-    def _close(self, exc: StoreProtocolError) -> None:
-        logger.warning("closing store connection from %s: %s", self.peer, exc)
-        self.abort()
+    def _end(self, exc: Exception) -> None:
+        """Close the connection whose handling ``exc`` ended (call it in the ``except`` block): refused, once the
+        replies queued so far are sent; a protocol violation, at once; anything else is a bug (:meth:`fail`)."""
+        if isinstance(exc, Refused):
+            logger.warning("refusing store connection from %s: %s", self.peer, exc)
+            self._write()
+            if self.transport is not None:
+                self.transport.close()  # after the queued replies are sent
+        elif isinstance(exc, StoreProtocolError):
+            logger.warning("closing store connection from %s: %s", self.peer, exc)
+            self.abort()
+        else:
+            self.fail()
 
     def _write(self) -> None:
         if self.outbox and self.transport is not None:

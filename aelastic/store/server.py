@@ -8,7 +8,7 @@ Three parts, each in a module of its own:
   one plain (non-async) method per request kind that appends its reply to the connection's outbox, the
   handshake, the limits and the counters;
 * two transports with the same handlers and the same outbox discipline: on asyncio (the fast path) the loop's own
-  server and a buffered protocol per connection, no task per request (:mod:`aelastic.store.asyncio_transport`);
+  server and a protocol per connection, no task per request (:mod:`aelastic.store.asyncio_transport`);
   on any other anyio backend (trio) the connections in a nested epoll of the transport's own, handled
   synchronously per batch of ready sockets, no task per request (:mod:`aelastic.store.stream_transport`);
 * this module: binding the listeners, choosing the transport, and the public API (:func:`open_store_server`,

@@ -33,8 +33,9 @@ is writable and sends the rest, then handles the requests that waited in the par
 Handshake deadline: one queue of deadlines (:class:`~aelastic.store._handshake.HandshakeDeadlines`) and one task
 whose cancel scope's deadline is the earliest, instead of a cancel scope per connection.
 
-A protocol violation closes the connection (logged); a peer that goes away closes it quietly (logged at debug
-level). ``abort`` closes a connection at once, except the one being handled: that one is closed when its handling
+A protocol violation closes the connection (logged), and so does an exception from a handler (a bug: logged with
+its traceback, :meth:`~aelastic.store.table.Connection.fail`); a peer that goes away closes it quietly (logged at
+debug level). ``abort`` closes a connection at once, except the one being handled: that one is closed when its handling
 returns, so the handlers never see a connection disappear under them. Cancelling :func:`serve_streams` closes the
 listeners, every connection and the epoll object.
 """
