@@ -27,7 +27,7 @@ AGENT_DIR = Path(aelastic.agent.__file__).parent
 SOURCE_ROOT = AGENT_DIR.parent.parent  # the directory that holds the aelastic package
 
 # The cross-process features; each must keep a child side (discovery below finds any other too).
-FEATURES = {"callables", "finish", "forward", "prewarm", "reaper", "spawn", "stacks", "timers"}
+FEATURES = {"callables", "finish", "forward", "link", "prewarm", "reaper", "spawn", "stacks", "timers"}
 
 # (child-side module, module it may import besides the rule) -> why.
 EXCEPTIONS = {
@@ -35,6 +35,8 @@ EXCEPTIONS = {
     ("aelastic.agent.callables.child", "aelastic.agent.errors"): "record(): the error file torch's agent reads",
     ("aelastic.agent.callables.child", "aelastic.agent.finish.child"): "callable workers finish together",
     ("aelastic.agent.timers.child", "aelastic.errors"): "TimerServerUnavailableError lives in the one error tree",
+    ("aelastic.agent.prewarm.child", "aelastic.agent.link.child"): "a standby reports its worker's failure over the "
+    "worker's link before the interpreter's teardown",
 }
 
 # What ``python -m aelastic.agent.<feature>.child`` imports on the way down before the module itself: the

@@ -48,10 +48,11 @@ from ..metrics import AgentMetrics
 from ..rendezvous.api import RendezvousHandler, RendezvousInfo
 from .errors import ChildFailedError, ProcessFailure
 from .forward.parent import RunningWorkers
+from .link.parent import LinkService
 from .logs import LogSpec
 from .logs_specs import LogsSpecs, reify
 from .policy import Action, Budget, Decision, Outcome, decide
-from .processes import GroupOutcome, StopSignal, run_workers
+from .processes import GroupOutcome, StopSignal, Supervisor, open_supervisor
 from .ranks import RankAssignment, RoleInfo, exchange_ranks
 from .reaper.parent import Reaper
 from .spawn.parent import WorkerCommand, WorkerProcess
@@ -124,6 +125,7 @@ class ElasticAgent:
         standbys: Standbys | None = None,
         stop_signal: StopSignal | None = None,
         running: RunningWorkers | None = None,
+        services: Mapping[str, LinkService] | None = None,
     ) -> None:
         self.spec = spec
         self.handler = handler
@@ -136,6 +138,7 @@ class ElasticAgent:
         self.standbys = standbys
         self.stop_signal = stop_signal  # what a cancelled run stops the workers with (None: SIGTERM)
         self.running = running  # where the running workers' groups are tracked, for forwarded signals
+        self.services = services or {}  # what the workers may ask over their links (aelastic.agent.link)
         # torch's rule: the timer server runs when its variable is exactly "1"; aelastic's watchdog needs it too.
         self.timer_file: Path | None = None
         if self.base_env.get(ENABLE_ENV) == "1" or watchdog_timeout is not None:
@@ -164,33 +167,43 @@ class ElasticAgent:
     async def run(self) -> RunResult:
         """Run until the workers succeed everywhere, or fail with no restarts left.
 
-        Cancellation stops the workers (TERM, grace, KILL) before it propagates.
+        Cancellation stops the workers (TERM, grace, KILL) before it propagates. A worker that reported its failure
+        before its teardown (:mod:`aelastic.agent.link`) is waited for, at most ``shutdown_timeout``, before this
+        returns; the next attempt does not wait for it.
         """
-        if self.standbys is not None:
-            await self._prewarm(self.standbys)
-        while True:
-            self.recorder.init()
-            began = anyio.current_time()
-            info = await self.handler.next_rendezvous()
-            self.recorder.rendezvous_done(anyio.current_time() - began)
-            assignment = await self._assign(info)
-            workers, reason = await self._attempt_once(info, assignment)
-            self.recorder.attempt_ended(workers)
-            decision = decide(await self._outcome(workers), self.budget)
-            self.recorder.decided(decision, workers, reason, functools.partial(self._attempt_report, workers))
-            if decision.action is Action.SUCCEED:
-                await self._exit_barrier(info)
-                self._finished = info
-                return self._finish(WorkerState.SUCCEEDED, workers)
-            if decision.action is Action.STOP_FAILED:
-                return self._finish(WorkerState.FAILED, workers)
-            if decision.action is Action.STOP_CLOSED:
-                raise RendezvousClosedError(
-                    f"rendezvous {self.handler.get_run_id()!r} was closed by another node while this node's "
-                    "workers ran (its job ended: a worker failed with no restarts left, or it was stopped); "
-                    "this node's workers were stopped"
-                )
-            self._attempt += 1
+        async with open_supervisor(
+            grace=self.timeouts.shutdown,
+            reaper=self.reaper,
+            standbys=self.standbys,
+            stop_signal=self.stop_signal,
+            running=self.running,
+            services=self.services,
+        ) as supervisor:
+            if self.standbys is not None:
+                await self._prewarm(self.standbys)
+            while True:
+                self.recorder.init()
+                began = anyio.current_time()
+                info = await self.handler.next_rendezvous()
+                self.recorder.rendezvous_done(anyio.current_time() - began)
+                assignment = await self._assign(info)
+                workers, reason = await self._attempt_once(supervisor, info, assignment)
+                self.recorder.attempt_ended(workers)
+                decision = decide(await self._outcome(workers), self.budget)
+                self.recorder.decided(decision, workers, reason, functools.partial(self._attempt_report, workers))
+                if decision.action is Action.SUCCEED:
+                    await self._exit_barrier(info)
+                    self._finished = info
+                    return self._finish(WorkerState.SUCCEEDED, workers)
+                if decision.action is Action.STOP_FAILED:
+                    return self._finish(WorkerState.FAILED, workers)
+                if decision.action is Action.STOP_CLOSED:
+                    raise RendezvousClosedError(
+                        f"rendezvous {self.handler.get_run_id()!r} was closed by another node while this node's "
+                        "workers ran (its job ended: a worker failed with no restarts left, or it was stopped); "
+                        "this node's workers were stopped"
+                    )
+                self._attempt += 1
 
     async def _outcome(self, workers: GroupOutcome | None) -> Outcome:
         """The policy's name for how an attempt ended; ``workers`` is ``None`` when the watcher ended it."""
@@ -233,7 +246,7 @@ class ElasticAgent:
         return assignment
 
     async def _attempt_once(
-        self, info: RendezvousInfo, assignment: RankAssignment
+        self, supervisor: Supervisor, info: RendezvousInfo, assignment: RankAssignment
     ) -> tuple[GroupOutcome | None, str | None]:
         logs = replace(self.logs, attempt=self._attempt)
         envs = {worker.local_rank: self._environment(worker, logs) for worker in self.group.workers}
@@ -246,12 +259,17 @@ class ElasticAgent:
             commands = [self._command(w, envs[w.local_rank]) for w in self.group.workers]
             if self.standbys is None:  # a standby's interpreter started long ago, without the faulthandler hook
                 commands = [dumper.command(command) for command in commands]
-            return await self._run_attempt(info, commands, logs, dumper)
+            return await self._run_attempt(supervisor, info, commands, logs, dumper)
         finally:
             dumper.close()
 
     async def _run_attempt(
-        self, info: RendezvousInfo, commands: Sequence[WorkerCommand], logs: LogSpec, dumper: StackDumper
+        self,
+        supervisor: Supervisor,
+        info: RendezvousInfo,
+        commands: Sequence[WorkerCommand],
+        logs: LogSpec,
+        dumper: StackDumper,
     ) -> tuple[GroupOutcome | None, str | None]:
         outcome: GroupOutcome | None = None
         reason: str | None = None
@@ -279,18 +297,13 @@ class ElasticAgent:
 
             tg.start_soon(watch)
             self.recorder.running(len(commands), anyio.current_time())
-            outcome = await run_workers(
+            outcome = await supervisor.run(
                 commands,
                 logs,
-                grace=self.timeouts.shutdown,
-                reaper=self.reaper,
                 finish_together=callable(self.spec.entrypoint),  # as torch's multiprocessing runs functions
                 watch=None if timers is None else serve_timers,
                 before_kill=before_kill,
                 started=self.recorder.spawned,
-                standbys=self.standbys,
-                stop_signal=self.stop_signal,
-                running=self.running,
             )
             tg.cancel_scope.cancel()
         return (outcome, None) if reason is None else (None, reason)

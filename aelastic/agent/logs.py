@@ -623,8 +623,11 @@ class _ConsoleRef:
         return self.target().flush()
 
 
-async def pump(stream: anyio.abc.ByteReceiveStream, log: WorkerLog, std: Std) -> None:
-    """Feed everything read from ``stream`` into ``log`` as ``std`` until end of stream.
+async def pump(
+    stream: anyio.abc.ByteReceiveStream, log: WorkerLog, std: Std, fed: Callable[[int], None] | None = None
+) -> None:
+    """Feed everything read from ``stream`` into ``log`` as ``std`` until end of stream; ``fed`` is told the size
+    of each chunk once it is handled.
 
     On cancellation the partial last line read so far is still written out, then the cancellation propagates.
     """
@@ -632,6 +635,8 @@ async def pump(stream: anyio.abc.ByteReceiveStream, log: WorkerLog, std: Std) ->
         async for chunk in stream:
             await log.turn(std)
             log.feed(std, chunk)
+            if fed is not None:
+                fed(len(chunk))
     except (anyio.BrokenResourceError, anyio.ClosedResourceError):
         pass  # the pipe went away: what was read is handled, and there is nothing more to read
     finally:

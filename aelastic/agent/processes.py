@@ -2,16 +2,26 @@
 
 Theory of operation
 -------------------
-:func:`run_workers` spawns every worker first (outside any task group, so a spawn error surfaces as itself), each
-as the leader of a process group of its own (``start_new_session=True``), with stdout and stderr piped to the
-agent. Then one task group holds a waiter per worker (``await process.wait()``: no polling) and a pump per pipe
-(:func:`aelastic.agent.logs.pump`). The waiters end when every worker has exited 0, or at the first non-zero exit,
-or when the caller's scope is cancelled. In every case the same stop runs, shielded, the way trio's
-``run_process`` stops a child: SIGTERM to every worker's process group (``killpg``: also the groups whose leader
-already exited, so a worker's own children die too), wait up to ``grace`` for the leaders, SIGKILL to every group,
-reap every leader. The pumps are shielded too, so what the workers wrote before dying reaches the logs; once the
+A :class:`Supervisor` (:func:`open_supervisor`) holds one node's worker processes for as long as the agent runs,
+across attempts. :meth:`Supervisor.start` spawns a worker (outside any task group, so a spawn error surfaces as
+itself) as the leader of a process group of its own (``start_new_session=True``), with stdout and stderr piped to
+the agent and a link of its own (:mod:`aelastic.agent.link`), and registers it with the reaper. Then three things
+run for it in the supervisor's task group: its *life* (``await`` its end: no polling), a pump per pipe
+(:func:`aelastic.agent.logs.pump`) and its link's service. A worker ends in one of two ways: the kernel reaps it
+(its pidfd), or it reports its exit status over its link before its interpreter's teardown (an uncaught exception:
+the teardown of torch and its process groups takes about half a second). A reported worker *lingers*: the agent
+moves on at once, and the worker's life lets the teardown run for up to ``grace`` before it kills the worker's group
+and reaps it. :meth:`Supervisor.stop` stops the workers given (never a lingering one) the way trio's
+``run_process`` stops a child: the stop signal to every worker's process group (``killpg``: also the groups whose
+leader already exited, so a worker's own children die too), wait up to ``grace`` for the leaders, SIGKILL to every
+group, reap every leader. The pumps are shielded, so what the workers wrote before dying reaches the logs; once the
 groups are dead the pipes reach end of file (a descendant that left its group and still holds a pipe is cut off
-after :data:`_DRAIN_LIMIT`). Then the outcome is returned, or the cancellation re-raised.
+after :data:`_DRAIN_LIMIT`). Closing the supervisor stops every worker still running, under a shield, and waits for
+the lingering ones.
+
+:meth:`Supervisor.run` is one attempt: start every worker, wait until all exited 0, or the first failed, or a
+cancellation; stop the rest; return the outcome (or re-raise the cancellation). :func:`run_workers` is the same on
+a supervisor of its own.
 
 No orphans, even when the agent is SIGKILLed:
 
@@ -36,8 +46,8 @@ No orphans, even when the agent is SIGKILLed:
 
 With ``--prewarm`` a worker may start as a standby interpreter (:mod:`aelastic.agent.prewarm`) instead: spawned
 the same way (:func:`~aelastic.agent.spawn.parent.spawn_process`) and registered with the reaper before the
-attempt, then handed the attempt's environment and fresh output streams. From then on it is a worker like the
-others.
+attempt, then handed the attempt's environment, fresh output streams and its link. From then on it is a worker like
+the others.
 
 This module is the supervision only; each of those features is a package of its own, its agent side and its child
 side together (see :mod:`aelastic.agent`).
@@ -50,7 +60,8 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Final, NamedTuple
 
 import anyio
@@ -60,6 +71,7 @@ import anyio.lowlevel
 from ..errors import ConfigurationError, ReaperError
 from .finish.parent import FinishLineServer
 from .forward.parent import RunningWorkers
+from .link.parent import LinkService, WorkerLink
 from .logs import LogSpec, Std, WorkerLog, pump
 from .reaper.parent import Reaper
 from .spawn.parent import (
@@ -76,7 +88,7 @@ from .spawn.parent import (
 if TYPE_CHECKING:
     from .prewarm.parent import Standbys  # imported by the launcher only with --prewarm
 
-__all__ = ["GroupOutcome", "StopSignal", "WorkerExit", "run_workers"]
+__all__ = ["GroupOutcome", "StopSignal", "Supervisor", "WorkerExit", "open_supervisor", "run_workers"]
 
 logger = logging.getLogger(__name__)
 
@@ -143,14 +155,15 @@ class GroupOutcome(NamedTuple):
 
 
 class _Child:
-    """A started worker (spawned, or a standby given the attempt); its exit is awaited through a pidfd."""
+    """A started worker's process (spawned, or a standby given the attempt), its pipes, its link and its pidfd."""
 
-    __slots__ = ("_pidfd", "popen", "stderr", "stdout")
+    __slots__ = ("_pidfd", "link", "popen", "stderr", "stdout")
 
-    def __init__(self, popen: subprocess.Popen[bytes], stdout: int, stderr: int) -> None:
+    def __init__(self, popen: subprocess.Popen[bytes], stdout: int, stderr: int, link: WorkerLink) -> None:
         self.popen = popen
         self.stdout = PipeReader(stdout)
         self.stderr = PipeReader(stderr)
+        self.link = link
         self._pidfd = os.pidfd_open(popen.pid)  # not reaped yet, so it cannot fail with ESRCH
 
     @classmethod
@@ -161,30 +174,37 @@ class _Child:
         finish: FinishLineServer | None,
         standbys: Standbys | None,
     ) -> _Child:
-        """Start ``command`` with fresh output streams: by its standby where one fits, else spawned."""
-        env = command.env if finish is None else finish.worker_env(command.env)
-        pass_fds = command.pass_fds if finish is None else (*command.pass_fds, *finish.worker_fds)
-        out_read, out_write = output_fds(log.terminal_size(Std.OUT))
+        """Start ``command`` with fresh output streams and a link: by its standby where one fits, else spawned."""
+        link = WorkerLink()
         try:
-            err_read, err_write = output_fds(log.terminal_size(Std.ERR))
+            fd_vars = [link.fd_var()] if finish is None else [finish.fd_var(), link.fd_var()]
+            env = {**command.env, **{var.name: var.value(var.fds) for var in fd_vars}}
+            pass_fds = (*command.pass_fds, *(fd for var in fd_vars for fd in var.fds))
+            out_read, out_write = output_fds(log.terminal_size(Std.OUT))
+            try:
+                err_read, err_write = output_fds(log.terminal_size(Std.ERR))
+            except BaseException:
+                os.close(out_read)
+                os.close(out_write)
+                raise
+            try:
+                popen = None
+                if standbys is not None:
+                    popen = await standbys.start(command, env, (out_write, err_write), fd_vars)
+                if popen is None:
+                    popen = spawn_process(command.args, env, out_write, err_write, pass_fds)
+            except BaseException:
+                os.close(out_read)
+                os.close(err_read)
+                raise
+            finally:
+                os.close(out_write)
+                os.close(err_write)
         except BaseException:
-            os.close(out_read)
-            os.close(out_write)
+            link.close()
             raise
-        try:
-            popen = None
-            if standbys is not None:
-                popen = await standbys.start(command, env, (out_write, err_write), pass_fds)
-            if popen is None:
-                popen = spawn_process(command.args, env, out_write, err_write, pass_fds)
-        except BaseException:
-            os.close(out_read)
-            os.close(err_read)
-            raise
-        finally:
-            os.close(out_write)
-            os.close(err_write)
-        return cls(popen, out_read, err_read)
+        link.handed_over()
+        return cls(popen, out_read, err_read, link)
 
     @property
     def pid(self) -> int:
@@ -194,8 +214,35 @@ class _Child:
         """Wait for the exit and reap."""
         return await wait_process(self.popen, self._pidfd)
 
+    async def wait_end(self) -> tuple[int, bool]:
+        """The exit status, and whether the worker reported it over its link before its teardown (the process may
+        still run then) rather than the kernel reaping it."""
+        reaped: int | None = None
+        async with anyio.create_task_group() as tg:
+
+            async def wait_reaped() -> None:
+                nonlocal reaped
+                reaped = await self.wait()
+                tg.cancel_scope.cancel()
+
+            async def wait_reported() -> None:
+                await self.link.exited.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(wait_reaped)
+            tg.start_soon(wait_reported)
+        if reaped is not None:
+            return reaped, False
+        assert self.link.exit_code is not None  # set before the event
+        return self.link.exit_code, True
+
+    async def wait_output_handled(self) -> None:
+        """Wait until what the worker wrote so far has been handled by its pumps."""
+        for stream in (self.stdout, self.stderr):
+            await stream.wait_handled(stream.handled_so_far + stream.pending())
+
     def close(self) -> None:
-        """Close the pipes and the pidfd (after the process is reaped)."""
+        """Close the pipes and the pidfd (after the process is reaped and its pumps are done)."""
         self.stdout.close()
         self.stderr.close()
         if self._pidfd >= 0:
@@ -204,7 +251,10 @@ class _Child:
 
 
 class _Worker:
-    __slots__ = ("command", "exitcode", "log", "process", "timestamp")
+    """One started worker as the supervisor tracks it."""
+
+    __slots__ = ("command", "drained", "drains", "ended", "exitcode", "log", "process", "pumping", "reaped",
+                 "reported", "serving", "stopping", "timestamp")  # fmt: skip
 
     def __init__(self, command: WorkerCommand, process: _Child, log: WorkerLog) -> None:
         self.command = command
@@ -212,6 +262,20 @@ class _Worker:
         self.log = log
         self.exitcode: int | None = None
         self.timestamp = 0.0
+        self.reported = False  # its exit status came over its link; the process may still be tearing down
+        self.stopping = False  # a stop (or its lingering's end) has taken it over
+        self.ended = anyio.Event()  # the exit status is known
+        self.reaped = anyio.Event()  # the leader is reaped: its group id is no longer its own
+        self.drained = anyio.Event()  # both pumps are done
+        self.drains = (anyio.CancelScope(shield=True), anyio.CancelScope(shield=True))
+        self.pumping = len(self.drains)
+        self.serving = anyio.CancelScope()  # its link's service
+
+    def __repr__(self) -> str:
+        return (
+            f"<worker local_rank={self.command.local_rank} pid={self.pid} exitcode={self.exitcode} "
+            f"reported={self.reported} reaped={self.reaped.is_set()}>"
+        )
 
     @property
     def pid(self) -> int:
@@ -219,19 +283,21 @@ class _Worker:
 
     def running(self) -> bool:
         """Whether the leader is not reaped yet (its group id is still this worker's)."""
-        return self.exitcode is None
+        return not self.reaped.is_set()
 
     def handle(self) -> WorkerProcess:
         return WorkerProcess(self.command.local_rank, self.command.global_rank, self.pid)
 
-    def observe(self, exitcode: int) -> None:
+    def observe(self, exitcode: int, *, reported: bool) -> None:
         if self.exitcode is None:
             self.exitcode = exitcode
             self.timestamp = time.time()
+            self.reported = reported
+            self.ended.set()
 
     def to_exit(self) -> WorkerExit:
-        if self.exitcode is None:  # pragma: no cover - every worker is reaped before outcomes are built
-            raise RuntimeError(f"worker pid {self.pid} was not reaped")
+        if self.exitcode is None:  # pragma: no cover - every worker has ended before outcomes are built
+            raise RuntimeError(f"worker pid {self.pid} has not ended")
         return WorkerExit(
             local_rank=self.command.local_rank,
             global_rank=self.command.global_rank,
@@ -240,6 +306,288 @@ class _Worker:
             timestamp=self.timestamp,
             stderr_tail=self.log.stderr_tail(),
         )
+
+    def expire_drains(self) -> None:
+        """The worker's groups are dead: its pumps may wait for end of file only :data:`_DRAIN_LIMIT` more."""
+        deadline = anyio.current_time() + _DRAIN_LIMIT
+        for scope in self.drains:
+            scope.deadline = min(scope.deadline, deadline)
+
+    def close(self) -> None:
+        self.serving.cancel()  # the link's service closes the link as it ends
+        self.log.close()
+        self.process.close()
+
+
+class Supervisor:
+    """One node's worker processes, across attempts; see the module doc. Open it with :func:`open_supervisor`."""
+
+    def __init__(
+        self,
+        tg: anyio.abc.TaskGroup,
+        *,
+        grace: float,
+        reaper: Reaper | None,
+        standbys: Standbys | None,
+        stop_signal: StopSignal | None,
+        running: RunningWorkers | None,
+        services: Mapping[str, LinkService],
+    ) -> None:
+        if grace < 0:
+            raise ConfigurationError(f"grace {grace}: must be >= 0 seconds")
+        self._tg = tg
+        self.grace = grace
+        self.reaper = reaper
+        self.standbys = standbys
+        self.stop_signal = stop_signal
+        self.running = running
+        self.services = services
+        self._workers: list[_Worker] = []  # every worker not closed yet
+
+    def __repr__(self) -> str:
+        return f"<Supervisor workers={self._workers} grace={self.grace:g}>"
+
+    @property
+    def requested(self) -> signal.Signals:
+        """The signal a cancelled run stops the workers with."""
+        return signal.SIGTERM if self.stop_signal is None else self.stop_signal.signum
+
+    async def start(self, command: WorkerCommand, logs: LogSpec, finish: FinishLineServer | None = None) -> _Worker:
+        """Start one worker and supervise it (see the module doc); a spawn error propagates."""
+        log = WorkerLog(logs, command.local_rank, command.global_rank)
+        try:
+            await anyio.lowlevel.checkpoint()
+            process = await _Child.start(command, log, finish, self.standbys)
+        except BaseException:
+            log.close()
+            raise
+        worker = _Worker(command, process, log)
+        self._workers.append(worker)
+        if self.running is not None:
+            self.running.add(process.pid, worker.running)
+        for std, stream, scope in ((Std.OUT, process.stdout, worker.drains[0]), (Std.ERR, process.stderr,
+                                                                                  worker.drains[1])):  # fmt: skip
+            self._tg.start_soon(self._pump, worker, stream, std, scope)
+        self._tg.start_soon(self._serve, worker)
+        self._tg.start_soon(self._life, worker)
+        if self.reaper is not None:
+            try:
+                await self.reaper.register(process.pid)
+            except BaseException:
+                await self.stop([worker], signal.SIGKILL)
+                raise
+        logger.debug("started worker local_rank %d (pid %d)", command.local_rank, process.pid)
+        return worker
+
+    async def _pump(self, worker: _Worker, stream: PipeReader, std: Std, scope: anyio.CancelScope) -> None:
+        try:
+            with scope:
+                await pump(stream, worker.log, std, stream.handled)
+        finally:
+            worker.pumping -= 1
+            if not worker.pumping:
+                worker.drained.set()
+
+    async def _serve(self, worker: _Worker) -> None:
+        link = worker.process.link
+        try:
+            with worker.serving:
+                await link.serve(worker.handle(), self.services)
+        finally:
+            link.close()
+
+    async def _life(self, worker: _Worker) -> None:
+        """Await the worker's end; a reported one lingers here (its teardown, then kill and reap), under a shield:
+        every worker the supervisor started is reaped before it closes."""
+        with anyio.CancelScope(shield=True):
+            code, reported = await worker.process.wait_end()
+            worker.observe(code, reported=reported)
+            if not reported:
+                worker.reaped.set()
+                return
+            if self.running is not None:
+                self.running.discard(worker.pid)  # ended, as far as signals forwarded to workers go
+            worker.stopping = True
+            with anyio.move_on_after(self.grace) as waited:
+                await worker.process.wait()
+            if waited.cancelled_caught:
+                logger.warning(
+                    "worker local_rank %d (pid %d) reported exit %d but its teardown did not end within %.1f s: "
+                    "sending SIGKILL", worker.command.local_rank, worker.pid, code, self.grace,
+                )  # fmt: skip
+            signal_group(worker.pid, signal.SIGKILL)  # its group's leftovers too, as a stop does
+            await worker.process.wait()
+            worker.reaped.set()
+            await self._unregister([worker])
+            worker.expire_drains()
+            await worker.drained.wait()
+            self._close(worker)
+
+    async def stop(
+        self, workers: Sequence[_Worker], signum: signal.Signals, before_kill: WorkerHook | None = None
+    ) -> None:
+        """``signum`` to every group of ``workers`` (but lingering ones), wait up to ``grace`` for the leaders,
+        ``before_kill`` the survivors, KILL every group, reap, wait for their output, close them. Shielded."""
+        targets = [w for w in workers if not w.stopping]
+        for worker in targets:
+            worker.stopping = True
+        if not targets:
+            return
+        with anyio.CancelScope(shield=True):
+            for worker in targets:
+                signal_group(worker.pid, signum)
+            with anyio.move_on_after(self.grace) as waited:
+                for worker in targets:
+                    await worker.reaped.wait()
+            if waited.cancelled_caught:
+                survivors = [w for w in targets if w.running()]
+                logger.warning(
+                    "workers %s did not exit within %.1f s of %s: sending SIGKILL",
+                    [w.command.local_rank for w in survivors], self.grace, signum.name,
+                )  # fmt: skip
+                if before_kill is not None and survivors:
+                    try:
+                        await before_kill([w.handle() for w in survivors])
+                    except Exception:  # the kill must happen whatever the hook did
+                        logger.exception("before_kill hook failed; killing workers %s",
+                                         [w.command.local_rank for w in survivors])  # fmt: skip
+            for worker in targets:
+                signal_group(worker.pid, signal.SIGKILL)
+            for worker in targets:
+                await worker.reaped.wait()
+            await self._unregister(targets)
+            for worker in targets:
+                worker.expire_drains()
+            for worker in targets:
+                await worker.drained.wait()
+                self._close(worker)
+
+    async def _unregister(self, workers: Sequence[_Worker]) -> None:
+        for worker in workers:
+            if self.running is not None:
+                self.running.discard(worker.pid)
+            if self.reaper is not None:
+                try:
+                    await self.reaper.unregister(worker.pid)
+                except ReaperError as exc:
+                    logger.warning("%s", exc)
+
+    def _close(self, worker: _Worker) -> None:
+        worker.close()
+        self._workers.remove(worker)
+
+    async def aclose(self) -> None:
+        """Stop every worker still running (the requested signal) and wait for the lingering ones."""
+        with anyio.CancelScope(shield=True):
+            await self.stop(list(self._workers), self.requested)
+            while self._workers:  # lingering: each closes itself within grace + the drain limit
+                await self._workers[0].drained.wait()
+                await anyio.lowlevel.checkpoint()
+
+    async def run(
+        self,
+        commands: Sequence[WorkerCommand],
+        logs: LogSpec,
+        *,
+        finish_together: bool = False,
+        watch: WorkerHook | None = None,
+        before_kill: WorkerHook | None = None,
+        started: Callable[[Sequence[WorkerProcess]], None] | None = None,
+    ) -> GroupOutcome:
+        """One attempt: the parameters and the result of :func:`run_workers` (which see)."""
+        local_ranks = [c.local_rank for c in commands]
+        if len(set(local_ranks)) != len(local_ranks):
+            raise ConfigurationError(f"local ranks {local_ranks}: each local rank must appear once")
+        await anyio.lowlevel.checkpoint()
+        logs.prepare_attempt_dir(local_ranks)
+        workers: list[_Worker] = []
+        finish = FinishLineServer(local_ranks) if finish_together else None
+        try:
+            try:
+                for command in commands:
+                    worker = await self.start(command, logs, finish)
+                    workers.append(worker)
+                if finish is not None:
+                    finish.spawned()
+                if started is not None:
+                    started([w.handle() for w in workers])
+            except BaseException:
+                await self.stop(workers, self.requested, before_kill)
+                raise
+            first_failure = await self._until_failure(workers, finish, watch, before_kill)
+            for worker in workers:
+                if worker.reported:  # its traceback, written before its report, belongs in its stderr tail
+                    with anyio.move_on_after(_DRAIN_LIMIT):
+                        await worker.process.wait_output_handled()
+            exits = tuple(w.to_exit() for w in workers)
+            first = None if first_failure is None else exits[workers.index(first_failure)]
+            return GroupOutcome(exits=exits, first_failure=first)
+        finally:
+            if finish is not None:
+                finish.close()
+
+    async def _until_failure(
+        self,
+        workers: list[_Worker],
+        finish: FinishLineServer | None,
+        watch: WorkerHook | None,
+        before_kill: WorkerHook | None,
+    ) -> _Worker | None:
+        first_failure: list[_Worker] = []
+
+        async def wait_worker(worker: _Worker, waiters: anyio.CancelScope) -> None:
+            await worker.ended.wait()
+            if finish is not None:
+                finish.finished(worker.command.local_rank)
+            if worker.exitcode != 0 and not first_failure:
+                first_failure.append(worker)
+                logger.info(
+                    "worker local_rank %d (pid %d) %s %d: stopping the others",
+                    worker.command.local_rank, worker.pid,
+                    "reported exit" if worker.reported else "exited with", worker.exitcode,
+                )  # fmt: skip
+                waiters.cancel()
+
+        try:
+            async with anyio.create_task_group() as waiters:
+                if watch is not None:
+                    waiters.start_soon(watch, [w.handle() for w in workers])
+                if finish is not None:
+                    waiters.start_soon(finish.serve)
+                if self.standbys is not None:  # the next attempt's, preloading while these run
+                    waiters.start_soon(self.standbys.refill, [w.command for w in workers])
+                async with anyio.create_task_group() as exits:
+                    for worker in workers:
+                        exits.start_soon(wait_worker, worker, waiters.cancel_scope)
+                waiters.cancel_scope.cancel()  # every worker exited: the watch ends too
+        finally:
+            # A peer's failure stops the others with SIGTERM (torch does); a cancellation with what was asked.
+            await self.stop(workers, signal.SIGTERM if first_failure else self.requested, before_kill)
+        return first_failure[0] if first_failure else None
+
+
+@asynccontextmanager
+async def open_supervisor(
+    *,
+    grace: float,
+    reaper: Reaper | None,
+    standbys: Standbys | None = None,
+    stop_signal: StopSignal | None = None,
+    running: RunningWorkers | None = None,
+    services: Mapping[str, LinkService] | None = None,
+) -> AsyncIterator[Supervisor]:
+    """A :class:`Supervisor` for the body's length; on exit every worker still running is stopped (with
+    ``stop_signal``, SIGTERM by default) and every lingering one waited for, under a shield.
+
+    Args: as :func:`run_workers`'s; ``services``: what the workers may ask over their links, by service name.
+    """
+    async with anyio.create_task_group() as tg:
+        supervisor = Supervisor(tg, grace=grace, reaper=reaper, standbys=standbys, stop_signal=stop_signal,
+                                running=running, services=services or {})  # fmt: skip
+        try:
+            yield supervisor
+        finally:
+            await supervisor.aclose()
 
 
 async def run_workers(
@@ -281,161 +629,18 @@ async def run_workers(
 
     Returns:
         Every worker's exit, in command order. Workers stopped by the agent after the first failure are reported
-        with their signal exit codes (``-15``, or ``-9`` when SIGKILL was needed), as torch does.
+        with their signal exit codes (``-15``, or ``-9`` when SIGKILL was needed), as torch does. A worker that
+        reported its failure before its teardown has the status it reported; this call returns once its teardown
+        is over (a :class:`Supervisor` that outlives the attempt returns at once).
 
     On cancellation every worker is stopped the same way (the signal in ``stop_signal``, SIGTERM by default;
     ``grace``; KILL; reap), under a shield, its output drained into the logs, and then the cancellation
     propagates. A worker that cannot be executed is a worker that exits 127; an error spawning the wrapper itself
     (out of processes, file descriptors) stops the workers already started and propagates.
     """
-    if grace < 0:
-        raise ConfigurationError(f"grace {grace}: must be >= 0 seconds")
-    local_ranks = [c.local_rank for c in commands]
-    if len(set(local_ranks)) != len(local_ranks):
-        raise ConfigurationError(f"local ranks {local_ranks}: each local rank must appear once")
-    await anyio.lowlevel.checkpoint()
-    logs.prepare_attempt_dir(local_ranks)
-    workers: list[_Worker] = []
-    finish = FinishLineServer(local_ranks) if finish_together else None
-    try:
-        try:
-            for command in commands:
-                log = WorkerLog(logs, command.local_rank, command.global_rank)
-                try:
-                    await anyio.lowlevel.checkpoint()
-                    process = await _Child.start(command, log, finish, standbys)
-                except BaseException:
-                    log.close()
-                    raise
-                workers.append(worker := _Worker(command, process, log))
-                if running is not None:
-                    running.add(process.pid, worker.running)
-                if reaper is not None:
-                    await reaper.register(process.pid)
-                logger.debug("started worker local_rank %d (pid %d)", command.local_rank, process.pid)
-            if finish is not None:
-                finish.spawned()
-            if started is not None:
-                started([w.handle() for w in workers])
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await _stop(workers, grace, reaper, _requested(stop_signal), before_kill)
-            raise
-        first_failure = await _supervise(workers, grace, reaper, finish, watch, before_kill, standbys, stop_signal)
-        exits = tuple(w.to_exit() for w in workers)
-        first = None if first_failure is None else exits[workers.index(first_failure)]
-        return GroupOutcome(exits=exits, first_failure=first)
-    finally:
-        if finish is not None:
-            finish.close()
-        for worker in workers:
-            if running is not None:
-                running.discard(worker.pid)
-            worker.log.close()
-            worker.process.close()
-
-
-def _requested(stop_signal: StopSignal | None) -> signal.Signals:
-    return signal.SIGTERM if stop_signal is None else stop_signal.signum
-
-
-async def _supervise(
-    workers: list[_Worker],
-    grace: float,
-    reaper: Reaper | None,
-    finish: FinishLineServer | None,
-    watch: WorkerHook | None,
-    before_kill: WorkerHook | None,
-    standbys: Standbys | None,
-    stop_signal: StopSignal | None,
-) -> _Worker | None:
-    first_failure: list[_Worker] = []
-
-    async def wait_worker(worker: _Worker, waiters: anyio.CancelScope) -> None:
-        worker.observe(await worker.process.wait())
-        if finish is not None:
-            finish.finished(worker.command.local_rank)
-        if worker.exitcode != 0 and not first_failure:
-            first_failure.append(worker)
-            logger.info(
-                "worker local_rank %d (pid %d) exited with %d: stopping the others",
-                worker.command.local_rank,
-                worker.pid,
-                worker.exitcode,
-            )
-            waiters.cancel()
-
-    async def shielded_pump(
-        scope: anyio.CancelScope, stream: anyio.abc.ByteReceiveStream, log: WorkerLog, std: Std
-    ) -> None:
-        with scope:
-            await pump(stream, log, std)
-
-    async with anyio.create_task_group() as pumps:
-        drains: list[anyio.CancelScope] = []
-        for worker in workers:
-            for std, stream in ((Std.OUT, worker.process.stdout), (Std.ERR, worker.process.stderr)):
-                scope = anyio.CancelScope(shield=True)
-                drains.append(scope)
-                pumps.start_soon(shielded_pump, scope, stream, worker.log, std)
-        try:
-            async with anyio.create_task_group() as waiters:
-                if watch is not None:
-                    waiters.start_soon(watch, [w.handle() for w in workers])
-                if finish is not None:
-                    waiters.start_soon(finish.serve)
-                if standbys is not None:  # the next attempt's, preloading while these run
-                    waiters.start_soon(standbys.refill, [w.command for w in workers])
-                async with anyio.create_task_group() as exits:
-                    for worker in workers:
-                        exits.start_soon(wait_worker, worker, waiters.cancel_scope)
-                waiters.cancel_scope.cancel()  # every worker exited: the watch ends too
-        finally:
-            # A peer's failure stops the others with SIGTERM (torch does); a cancellation with what was asked.
-            signum = signal.SIGTERM if first_failure else _requested(stop_signal)
-            with anyio.CancelScope(shield=True):
-                await _stop(workers, grace, reaper, signum, before_kill)
-            deadline = anyio.current_time() + _DRAIN_LIMIT
-            for scope in drains:
-                scope.deadline = deadline
-    return first_failure[0] if first_failure else None
-
-
-async def _stop(
-    workers: list[_Worker],
-    grace: float,
-    reaper: Reaper | None,
-    signum: signal.Signals,
-    before_kill: WorkerHook | None = None,
-) -> None:
-    """``signum`` to every group, wait up to ``grace`` for the leaders, ``before_kill`` the survivors, KILL every
-    group, reap. Call it shielded."""
-    for worker in workers:
-        signal_group(worker.pid, signum)
-    with anyio.move_on_after(grace) as waited:
-        for worker in workers:
-            if worker.exitcode is None:
-                worker.observe(await worker.process.wait())
-    if waited.cancelled_caught:
-        logger.warning(
-            "workers %s did not exit within %.1f s of %s: sending SIGKILL",
-            [w.command.local_rank for w in workers if w.exitcode is None],
-            grace,
-            signum.name,
+    async with open_supervisor(
+        grace=grace, reaper=reaper, standbys=standbys, stop_signal=stop_signal, running=running
+    ) as supervisor:
+        return await supervisor.run(
+            commands, logs, finish_together=finish_together, watch=watch, before_kill=before_kill, started=started
         )
-        survivors = [w.handle() for w in workers if w.exitcode is None]
-        if before_kill is not None and survivors:
-            try:
-                await before_kill(survivors)
-            except Exception:  # the kill must happen whatever the hook did
-                logger.exception("before_kill hook failed; killing workers %s", [w.local_rank for w in survivors])
-    for worker in workers:
-        signal_group(worker.pid, signal.SIGKILL)
-    for worker in workers:
-        if worker.exitcode is None:
-            worker.observe(await worker.process.wait())
-        if reaper is not None:
-            try:
-                await reaper.unregister(worker.pid)
-            except ReaperError as exc:
-                logger.warning("%s", exc)

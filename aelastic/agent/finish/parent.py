@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import anyio
 
-from ..spawn.parent import PipeReader
+from ..spawn.parent import FdVar, PipeReader
 from .child import FINISH_FDS_ENV
 
 __all__ = ["FinishLineServer"]
@@ -28,12 +28,9 @@ class FinishLineServer:
     def __repr__(self) -> str:
         return f"<FinishLineServer pending={sorted(self._pending)} released={self._release_write < 0}>"
 
-    @property
-    def worker_fds(self) -> tuple[int, int]:
-        return (self._done_write, self._release_read)
-
-    def worker_env(self, env: Mapping[str, str]) -> dict[str, str]:
-        return {**env, FINISH_FDS_ENV: f"{self._done_write},{self._release_read}"}
+    def fd_var(self) -> FdVar:
+        """The workers' ends, and the variable that names them."""
+        return FdVar(FINISH_FDS_ENV, "{},{}", (self._done_write, self._release_read))
 
     def spawned(self) -> None:
         """Every worker holds its ends now: drop the agent's copies, so the pipes end with the workers."""

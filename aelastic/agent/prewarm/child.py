@@ -29,7 +29,11 @@ do the first attempt's standbys (``normal``: no worker runs yet, and on a busy h
 make no progress while the rendezvous waits). When the agent hands over an attempt it returns the standby to
 ``SCHED_OTHER`` itself (:func:`set_policy`), so a preload still running then finishes at the workers' priority.
 
-This module imports only the standard library: the standby's modules must be the worker's.
+A worker that fails (an uncaught exception, ``sys.exit`` with a non-zero status) reports its status to the agent
+over its link (:mod:`aelastic.agent.link`) as soon as the traceback is printed, before the interpreter's teardown.
+
+This module imports only the standard library and the link's child side (standard library too): the standby's
+modules must be the worker's.
 """
 
 from __future__ import annotations
@@ -50,7 +54,9 @@ import types
 from collections.abc import Sequence
 from typing import Any, Final
 
-VERSION: Final = 1
+from ..link.child import report_exit
+
+VERSION: Final = 2
 MAX_MESSAGE: Final = 1 << 20  # the assignment: mostly the environment
 MAX_FDS: Final = 16  # stdout, stderr, and the fds the worker inherits
 PRELOADED: Final = b"preloaded"  # the reply to the assignment
@@ -159,8 +165,9 @@ def _run(assignment: dict[str, Any], fds: list[int]) -> int:
     if isinstance(sys.stdout, io.TextIOWrapper) and not sys.stdout.write_through:
         sys.stdout.reconfigure(line_buffering=os.isatty(1))  # no -u: line-buffered when stdout is a terminal
     env: dict[str, str] = assignment["env"]
-    if assignment.get("fds_env"):
-        env[assignment["fds_env"]] = ",".join(map(str, inherited))  # their numbers here, not in the agent
+    for name, template, count in assignment["fd_vars"]:  # their numbers here, not in the agent
+        env[name] = template.format(*inherited[:count])
+        inherited = inherited[count:]
     os.chdir(assignment["cwd"])
     os.environ.clear()
     os.environ.update(env)
@@ -170,7 +177,10 @@ def _run(assignment: dict[str, Any], fds: list[int]) -> int:
     sys.argv[:] = ["-m" if is_module else target, *assignment["args"]]
     try:
         (_run_module if is_module else _run_script)(target)
-    except SystemExit:
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) or exc.code is None else 1  # a message exits 1
+        if code:  # the agent hears of the failure now, not after the teardown
+            _report(code, exc)
         raise
     except BaseException as exc:  # an uncaught exception: reported and ended as the interpreter does
         tb = _own_frames(exc.__traceback__)
@@ -181,8 +191,17 @@ def _run(assignment: dict[str, Any], fds: list[int]) -> int:
             sys.stderr.flush()
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGINT)
+        report_exit(1)
         return 1
     return 0
+
+
+def _report(code: int, exc: SystemExit) -> None:
+    """Report a ``SystemExit`` failure before the interpreter prints its message and tears down."""
+    if not isinstance(exc.code, (int, type(None))):
+        sys.stderr.write(f"{exc.code}\n")  # the interpreter's own message for sys.exit("...")
+        exc.code = 1
+    report_exit(code)
 
 
 def main(argv: Sequence[str]) -> int:

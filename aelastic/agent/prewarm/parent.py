@@ -47,8 +47,9 @@ import anyio.abc
 
 from ...errors import ReaperError
 from ..finish.child import FINISH_FDS_ENV
+from ..link.child import LINK_ENV
 from ..reaper.parent import Reaper
-from ..spawn.parent import WorkerCommand, spawn_process, wait_process
+from ..spawn.parent import FdVar, WorkerCommand, spawn_process, wait_process
 from . import child as standby_child
 
 __all__ = ["PER_ATTEMPT", "PythonTarget", "Standbys", "StandbysStatistics", "open_standbys", "python_target"]
@@ -59,7 +60,7 @@ logger = logging.getLogger(__name__)
 PER_ATTEMPT: Final = frozenset({
     "LOCAL_RANK", "RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE",
     "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_ERROR_FILE",
-    "AELASTIC_MEMBERSHIP_RESTARTS", FINISH_FDS_ENV,
+    "AELASTIC_MEMBERSHIP_RESTARTS", FINISH_FDS_ENV, LINK_ENV,
 })  # fmt: skip
 
 DEFAULT_PRELOAD: Final = ("torch",)  # imported only where the workers' interpreter finds it
@@ -179,7 +180,7 @@ class Standbys:
         command: WorkerCommand,
         env: Mapping[str, str],
         streams: tuple[int, int],
-        pass_fds: Sequence[int] = (),
+        fd_vars: Sequence[FdVar] = (),
     ) -> subprocess.Popen[bytes] | None:
         """Hand ``command`` to its local rank's standby; ``None`` when there is none fit for it (start it cold).
 
@@ -187,7 +188,8 @@ class Standbys:
             command: the worker (its ``args`` and local rank; ``env`` is the one to run with).
             env: the worker's full environment.
             streams: the worker's ends of its stdout and stderr, as a cold start would get them.
-            pass_fds: fds the worker inherits; the finish line's, named by ``AELASTIC_FINISH_FDS`` in ``env``.
+            fd_vars: fds the worker inherits (the finish line's, its link), each named by a variable that the
+                standby sets with their numbers there.
         """
         standby = self._idle.pop(command.local_rank, None)
         if standby is not None:
@@ -216,10 +218,11 @@ class Standbys:
             "module": target.module,
             "args": list(target.args),
             "orig_argv": list(command.args),
-            "fds_env": FINISH_FDS_ENV if pass_fds else None,
+            "fd_vars": [[var.name, var.template, len(var.fds)] for var in fd_vars],
         }
+        inherited = [fd for var in fd_vars for fd in var.fds]
         try:
-            await _send(standby.control, json.dumps(assignment).encode(), [*streams, *pass_fds])
+            await _send(standby.control, json.dumps(assignment).encode(), [*streams, *inherited])
         except OSError as exc:  # it died meanwhile (EPIPE), or the environment is too large (EMSGSIZE)
             logger.warning("standby of local_rank %d (pid %d): %s: starting the worker cold",
                            command.local_rank, standby.popen.pid, exc)  # fmt: skip

@@ -32,6 +32,7 @@ import anyio.lowlevel
 from ...errors import ConfigurationError
 
 __all__ = [
+    "FdVar",
     "PipeReader",
     "WorkerCommand",
     "WorkerHook",
@@ -70,6 +71,19 @@ class WorkerCommand:
             raise ConfigurationError(
                 f"worker local_rank {self.local_rank}, rank {self.global_rank}: ranks must be >= 0"
             )
+
+
+@dataclass(frozen=True, slots=True)
+class FdVar:
+    """File descriptors a worker inherits, named to it by the variable ``name``: ``template`` formatted with their
+    numbers in the worker (the same as the agent's when spawned, others when handed to a standby)."""
+
+    name: str
+    template: str
+    fds: tuple[int, ...]
+
+    def value(self, numbers: Sequence[int]) -> str:
+        return self.template.format(*numbers)
 
 
 class WorkerProcess(NamedTuple):
@@ -140,11 +154,43 @@ def signal_group(pgid: int, signum: signal.Signals) -> None:
 
 
 class PipeReader(anyio.abc.ByteReceiveStream):
-    """The agent's end of a child's pipe (non-blocking fd, awaited with ``wait_readable``)."""
+    """The agent's end of a child's pipe (non-blocking fd, awaited with ``wait_readable``). Its reader says how
+    many bytes it has handled (:meth:`handled`), so that others can wait until what the child wrote before some
+    moment has been handled (:meth:`pending`, :meth:`wait_handled`)."""
 
     def __init__(self, fd: int) -> None:
         os.set_blocking(fd, False)
         self._fd = fd
+        self._handled = 0
+        self._progress: anyio.Event | None = None
+
+    def pending(self) -> int:
+        """Bytes written to the pipe and not received yet (0 once closed): with :meth:`wait_handled`, everything
+        written so far is handled once ``wait_handled(handled_so_far + pending())`` returns."""
+        if self._fd < 0:
+            return 0
+        try:
+            count: int = struct.unpack("i", fcntl.ioctl(self._fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+        except OSError:
+            return 0
+        return count
+
+    @property
+    def handled_so_far(self) -> int:
+        return self._handled
+
+    async def wait_handled(self, count: int) -> None:
+        """Wait until ``count`` bytes in all were handled, or the stream ended."""
+        while self._handled < count and self._fd >= 0:
+            self._progress = self._progress or anyio.Event()
+            await self._progress.wait()
+
+    def handled(self, count: int) -> None:
+        """The reader handled ``count`` more bytes (0: the stream ended)."""
+        self._handled += count
+        if self._progress is not None:
+            self._progress.set()
+            self._progress = None
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
         await anyio.lowlevel.checkpoint_if_cancelled()
@@ -161,6 +207,7 @@ class PipeReader(anyio.abc.ByteReceiveStream):
                     raise
                 data = b""  # a pseudo-terminal whose every writer has closed: its end of file
             if not data:
+                self.handled(0)
                 raise anyio.EndOfStream
             return data
 
@@ -168,6 +215,7 @@ class PipeReader(anyio.abc.ByteReceiveStream):
         if self._fd >= 0:
             fd, self._fd = self._fd, -1
             os.close(fd)
+        self.handled(0)
 
     async def aclose(self) -> None:
         self.close()

@@ -1,0 +1,127 @@
+"""The agent's end of each worker's link (see :mod:`aelastic.agent.link`; the protocol is in :mod:`.child`).
+
+:class:`WorkerLink` makes the socket pair before the worker starts; the worker inherits its end (``pass_fds``, or
+``SCM_RIGHTS`` to a standby) and finds it through :data:`~.child.LINK_ENV`. :meth:`WorkerLink.serve` answers the
+worker's requests in the agent's event loop for as long as the worker holds its end: an ``exit`` report is the
+link's own (it sets :attr:`WorkerLink.exit_code`); every other operation is ``<service>.<name>`` and goes to the
+:class:`LinkService` registered under that service's name. A service refuses a request by raising
+:class:`LinkRefusal`, whose message the worker receives as the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from contextlib import suppress
+from typing import Any, Protocol
+
+import anyio
+
+from ..spawn.parent import FdVar, WorkerProcess
+from .child import LINK_ENV, MAX_FDS, MAX_MESSAGE
+
+__all__ = ["LinkRefusal", "LinkService", "WorkerLink"]
+
+logger = logging.getLogger(__name__)
+
+
+class LinkRefusal(Exception):
+    """Raised by a service to refuse a request; the message (one line) is what the worker is told."""
+
+
+class LinkService(Protocol):
+    """A feature that answers workers' requests over their links."""
+
+    async def handle(
+        self, worker: WorkerProcess, op: str, message: Mapping[str, Any], fds: list[int]
+    ) -> tuple[dict[str, Any], Sequence[int]]:
+        """Answer ``op`` (the part after the service's name) from ``worker``; ``fds`` are the worker's, now owned
+        by the service. Returns the reply and the fds to pass (the caller closes none of them)."""
+        ...
+
+
+class WorkerLink:
+    """The agent's end of one worker's link."""
+
+    def __init__(self) -> None:
+        agent_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # neither inheritable
+        agent_end.setblocking(False)
+        self._socket = agent_end
+        self._worker_fd = worker_end.detach()
+        self.exit_code: int | None = None  # the status the worker reported before its teardown
+        self.exited = anyio.Event()
+
+    def __repr__(self) -> str:
+        return f"<WorkerLink exit_code={self.exit_code} worker_fd={self._worker_fd}>"
+
+    def fd_var(self) -> FdVar:
+        """The worker's end, and the variable that names it (with the agent's pid: see :func:`.child.agent_link`)."""
+        return FdVar(LINK_ENV, f"{{}}:{os.getpid()}", (self._worker_fd,))
+
+    def handed_over(self) -> None:
+        """The worker holds its end now: drop the agent's copy, so that the link ends with the worker."""
+        if self._worker_fd >= 0:
+            fd, self._worker_fd = self._worker_fd, -1
+            os.close(fd)
+
+    async def serve(self, worker: WorkerProcess, services: Mapping[str, LinkService]) -> None:
+        """Answer ``worker``'s requests until it closes its end (it exited) or this is cancelled."""
+        while True:
+            try:
+                data, fds, _, _ = socket.recv_fds(self._socket, MAX_MESSAGE, MAX_FDS)
+            except BlockingIOError:
+                await anyio.wait_readable(self._socket)
+                continue
+            except OSError as exc:  # ECONNRESET: the worker died
+                logger.debug("link of rank %d: %s", worker.global_rank, exc)
+                return
+            if not data:
+                for fd in fds:
+                    os.close(fd)
+                return
+            reply, passed = await self._answer(worker, services, data, fds)
+            await self._send(json.dumps(reply).encode(), passed)
+
+    async def _answer(
+        self, worker: WorkerProcess, services: Mapping[str, LinkService], data: bytes, fds: list[int]
+    ) -> tuple[dict[str, Any], Sequence[int]]:
+        try:
+            message = json.loads(data)
+            op = str(message["op"])
+        except (ValueError, KeyError, TypeError):
+            for fd in fds:
+                os.close(fd)
+            return {"error": "not a request of the link's protocol"}, ()
+        if op == "exit":
+            if self.exit_code is None:
+                self.exit_code = int(message.get("code", 1))
+                self.exited.set()
+            return {}, ()
+        service_name, _, name = op.partition(".")
+        service = services.get(service_name)
+        if service is None:
+            for fd in fds:
+                os.close(fd)
+            return {"error": f"this agent offers no {service_name!r} service"}, ()
+        try:
+            return await service.handle(worker, name, message, fds)
+        except LinkRefusal as exc:
+            return {"error": str(exc)}, ()
+
+    async def _send(self, data: bytes, fds: Sequence[int]) -> None:
+        try:
+            while True:
+                with suppress(BlockingIOError):
+                    socket.send_fds(self._socket, [data], list(fds))
+                    return
+                await anyio.wait_writable(self._socket)
+        except OSError as exc:  # the worker is gone: nobody to answer
+            logger.debug("link: reply not sent: %s", exc)
+
+    def close(self) -> None:
+        self.handed_over()
+        with suppress(OSError):
+            self._socket.close()
