@@ -26,7 +26,15 @@ from .config.command import RunCommand, resolve
 from .config.environ import export_run_environment
 from .config.limits import raise_open_file_limit
 from .config.sources import describe
-from .config.values import comma_list, parse_log_level, parse_port, parse_positive, pet_default, pet_flag
+from .config.values import (
+    comma_list,
+    parse_log_level,
+    parse_port,
+    parse_positive,
+    parse_size,
+    pet_default,
+    pet_flag,
+)
 from .errors import AelasticError, ConfigurationError
 from .launcher import LaunchControl, launch
 from .rendezvous.state import Action, NodeDesc, NodeTimers, RendezvousSettings, RendezvousState, StateView
@@ -65,6 +73,7 @@ def _arg_type(convert: Callable[[str], Any]) -> Callable[[str], Any]:
 _comma_list = _arg_type(comma_list)
 _port = _arg_type(parse_port)
 _positive = _arg_type(parse_positive)
+_size = _arg_type(parse_size)
 
 
 def _spellings(flags: tuple[str, ...]) -> list[str]:
@@ -234,6 +243,22 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
          "--signals-to-handle)")  # fmt: skip
     _add(own, "--prewarm-modules", dest="prewarm_modules", default=[], type=_comma_list,
          help="comma list of modules the standbys import besides torch (default: none)")  # fmt: skip
+    _add(own, "--checkpoint-memory", dest="checkpoint_memory", default=None, type=_size,
+         help="the shared memory one local rank's in-memory checkpoints (aelastic.checkpoint.save) may take: two "
+         "copies of its state, three while the older is written to --checkpoint-dir or a replica if SIZE has room; "
+         "a save of a state over half of it is refused; a replica of another node's ranks takes as much again; 0 "
+         "turns the checkpoint service off (default: a quarter of this host's memory, shared among the local "
+         "ranks)")  # fmt: skip
+    _add(own, "--checkpoint-dir", dest="checkpoint_dir", default=None,
+         help="write the latest complete in-memory checkpoint here (every --checkpoint-persist-every saves, when a "
+         "worker fails, on a forwarded scheduler signal, and at the end), atomically and without blocking a step; "
+         "aelastic.checkpoint.load() reads it when no agent's memory has one (a requeued job, a replaced node) "
+         "(default: none)")  # fmt: skip
+    _add(own, "--checkpoint-persist-every", dest="checkpoint_persist_every", default=50, type=_positive,
+         help="write every N-th in-memory checkpoint to --checkpoint-dir (default: %(default)s)")  # fmt: skip
+    _add(own, "--checkpoint-replicas", dest="checkpoint_replicas", default=1, type=int, choices=[0, 1],
+         help="1: each agent keeps a copy of the next node's in-memory checkpoints, sent in the background after "
+         "each save, so that a lost node's ranks restore from memory (default: %(default)s)")  # fmt: skip
     own.add_argument("--dry-run", dest="dry_run", action="store_true",
                      help="print the resolved configuration, each value with its source (flag, PET_* variable, "
                      "Slurm variable, default), and exit; nothing is started (default: off)")  # fmt: skip

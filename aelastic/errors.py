@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "AelasticError",
+    "CheckpointError",
     "ConfigurationError",
     "EtcdCompactedError",
     "EtcdConnectionError",
@@ -122,6 +123,11 @@ class EtcdLeaseExpiredError(EtcdError):
 
 class ReaperError(AelasticError):
     """The reaper sidecar is gone: worker groups can no longer be registered for cleanup after an agent crash."""
+
+
+class CheckpointError(AelasticError):
+    """An in-memory checkpoint could not be saved or loaded (:mod:`aelastic.checkpoint`): a value the state may not
+    hold, a state over the agent's memory bound, no agent to hold it; the previous checkpoint is left whole."""
 
 
 class TimerServerUnavailableError(AelasticError):

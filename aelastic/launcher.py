@@ -49,6 +49,7 @@ from .rendezvous.api import JoinObserver
 from .rendezvous.registry import open_rendezvous
 
 if TYPE_CHECKING:
+    from .agent.checkpoint.parent import Keeper
     from .agent.prewarm.parent import Standbys
 
 __all__ = ["LaunchControl", "launch", "run"]
@@ -197,6 +198,7 @@ async def _run_agent(
         _open_reaper(control.relayed) as reaper,
         _open_standbys(config, reaper) as standbys,
         _open_witness(control),
+        _open_checkpoints(config) as checkpoints,
         open_rendezvous(config.rendezvous_parameters(run_id), observer=control.join_observer) as handler,
     ):
         agent = ElasticAgent(
@@ -212,6 +214,7 @@ async def _run_agent(
             standbys=standbys,
             stop_signal=control.stop_signal,
             running=control.running,
+            checkpoints=checkpoints,
         )
         try:
             if ports:
@@ -268,6 +271,23 @@ async def _open_standbys(config: LaunchConfig, reaper: Reaper) -> AsyncIterator[
 
     async with open_standbys(config.prewarm_modules, reaper) as standbys:
         yield standbys
+
+
+@asynccontextmanager
+async def _open_checkpoints(config: LaunchConfig) -> AsyncIterator[Keeper | None]:
+    """The agent's in-memory checkpoints (:mod:`aelastic.agent.checkpoint`), unless ``checkpoint_memory`` is 0; its
+    memory is released when the launch ends, however it ends."""
+    limit = config.checkpoint_limit
+    if not limit:
+        yield None
+        return
+    from .agent.checkpoint.parent import Keeper
+
+    keeper = Keeper(limit)
+    try:
+        yield keeper
+    finally:
+        keeper.close()
 
 
 def _in_event_loop() -> bool:

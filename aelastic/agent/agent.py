@@ -63,6 +63,7 @@ from .timers.parent import ENABLE_ENV, Expiry, FileTimerServer, signal_name
 from .workers import RunResult, Worker, WorkerGroup, WorkerSpec, WorkerState
 
 if TYPE_CHECKING:
+    from .checkpoint.parent import Keeper
     from .prewarm.parent import Standbys  # imported by the launcher only with --prewarm
 
 __all__ = ["ElasticAgent"]
@@ -125,7 +126,7 @@ class ElasticAgent:
         standbys: Standbys | None = None,
         stop_signal: StopSignal | None = None,
         running: RunningWorkers | None = None,
-        services: Mapping[str, LinkService] | None = None,
+        checkpoints: Keeper | None = None,
     ) -> None:
         self.spec = spec
         self.handler = handler
@@ -138,7 +139,9 @@ class ElasticAgent:
         self.standbys = standbys
         self.stop_signal = stop_signal  # what a cancelled run stops the workers with (None: SIGTERM)
         self.running = running  # where the running workers' groups are tracked, for forwarded signals
-        self.services = services or {}  # what the workers may ask over their links (aelastic.agent.link)
+        self.checkpoints = checkpoints  # the workers' in-memory checkpoints (aelastic.agent.checkpoint)
+        # What the workers may ask over their links (aelastic.agent.link).
+        self.services: dict[str, LinkService] = {} if checkpoints is None else {checkpoints.name: checkpoints}
         # torch's rule: the timer server runs when its variable is exactly "1"; aelastic's watchdog needs it too.
         self.timer_file: Path | None = None
         if self.base_env.get(ENABLE_ENV) == "1" or watchdog_timeout is not None:
@@ -228,7 +231,10 @@ class ElasticAgent:
 
     async def _assign(self, info: RendezvousInfo) -> RankAssignment:
         me = RoleInfo(self.spec.role, info.rank, self.spec.local_world_size)
-        assignment = await exchange_ranks(info.store, me, info.world_size)
+        inventory = None if self.checkpoints is None else self.checkpoints.inventory()
+        assignment = await exchange_ranks(info.store, me, info.world_size, inventory)
+        if self.checkpoints is not None and assignment.restore is not None:
+            self.checkpoints.adopt(assignment.restore, assignment.global_world_size)
         g = self.group
         g.group_rank, g.group_world_size, g.round = info.rank, info.world_size, info.round
         g.master_addr = self.spec.master_addr or info.bootstrap_store_info.master_addr

@@ -4,7 +4,11 @@ The arithmetic is pure (:func:`assign`); :func:`exchange_ranks` runs torch's O(n
 agent publishes its role and local world size under ``torchelastic/role_info/<group_rank>``, group rank 0 reads
 them all, assigns in group-rank order and publishes ``torchelastic/assigned_ranks/<i>``; each agent reads its own.
 With ``TORCH_ELASTIC_WORKER_IDENTICAL=1`` (every node runs the same role with the same number of workers) there
-is no store traffic at all.
+is no store traffic at all, unless the agents hold checkpoints for their workers.
+
+The same two steps carry the in-memory checkpoints' round (:mod:`aelastic.agent.checkpoint.plan`): each agent's
+inventory rides with its role, and group rank 0 decides the step the job restores from and tells each node its
+part with its ranks; no extra round trip.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import os
 from typing import NamedTuple
 
 from ..store.api import Store
+from .checkpoint.plan import Inventory, NodePlan, node_plan, restore_point
 
 __all__ = ["RankAssignment", "RoleInfo", "assign", "exchange_ranks"]
 
@@ -25,12 +30,14 @@ class RoleInfo(NamedTuple):
 
 
 class RankAssignment(NamedTuple):
-    """Where one node's workers sit: worker ``i`` is global rank ``base_global_rank + i``."""
+    """Where one node's workers sit: worker ``i`` is global rank ``base_global_rank + i``; ``restore``: this
+    node's part of the round's checkpoint plan (``None`` when the agents hold no checkpoints)."""
 
     base_global_rank: int
     global_world_size: int
     base_role_rank: int
     role_world_size: int
+    restore: NodePlan | None = None
 
 
 def assign(infos: list[RoleInfo]) -> list[RankAssignment]:
@@ -51,23 +58,40 @@ def assign(infos: list[RoleInfo]) -> list[RankAssignment]:
     return out
 
 
-async def exchange_ranks(store: Store, me: RoleInfo, group_world_size: int) -> RankAssignment:
-    """Run the rank exchange for node ``me`` through the round's ``store``."""
-    if os.environ.get("TORCH_ELASTIC_WORKER_IDENTICAL") == "1":
+async def exchange_ranks(
+    store: Store, me: RoleInfo, group_world_size: int, inventory: Inventory | None = None
+) -> RankAssignment:
+    """Run the rank exchange for node ``me`` through the round's ``store``; ``inventory``: the checkpoints this
+    node's agent holds (``None``: it holds none for its workers, and neither does any other node's)."""
+    if os.environ.get("TORCH_ELASTIC_WORKER_IDENTICAL") == "1" and inventory is None:
         world = group_world_size * me.local_world_size
         base = me.rank * me.local_world_size
         return RankAssignment(base, world, base, world)
-    await store.set(f"torchelastic/role_info/{me.rank}", json.dumps(
-        {"role": me.role, "rank": me.rank, "local_world_size": me.local_world_size}
-    ))  # fmt: skip
+    info: dict[str, object] = {"role": me.role, "rank": me.rank, "local_world_size": me.local_world_size}
+    if inventory is not None:
+        info["checkpoint"] = inventory.to_json()
+    await store.set(f"torchelastic/role_info/{me.rank}", json.dumps(info))
     if me.rank == 0:
-        raw = await store.multi_get([f"torchelastic/role_info/{i}" for i in range(group_world_size)])
-        infos = [RoleInfo(**json.loads(r)) for r in raw]
+        raw = [
+            json.loads(r)
+            for r in await store.multi_get([f"torchelastic/role_info/{i}" for i in range(group_world_size)])
+        ]
+        infos = [RoleInfo(r["role"], r["rank"], r["local_world_size"]) for r in raw]
         assignments = assign(infos)
+        restores: list[object] = [None] * group_world_size
+        if inventory is not None:
+            inventories = [Inventory.from_json(r.get("checkpoint", {})) for r in raw]
+            point = restore_point(inventories)
+            restores = [
+                node_plan(
+                    point, inventories, i, range(a.base_global_rank, a.base_global_rank + infos[i].local_world_size)
+                ).to_json()
+                for i, a in enumerate(assignments)
+            ]
         await store.multi_set(
             [f"torchelastic/assigned_ranks/{i}" for i in range(group_world_size)],
-            [json.dumps([a.base_global_rank, a.global_world_size, a.base_role_rank, a.role_world_size])
-             for a in assignments],
+            [json.dumps([a.base_global_rank, a.global_world_size, a.base_role_rank, a.role_world_size, restore])
+             for a, restore in zip(assignments, restores, strict=True)],
         )  # fmt: skip
-    base, world, role_base, role_world = json.loads(await store.get(f"torchelastic/assigned_ranks/{me.rank}"))
-    return RankAssignment(base, world, role_base, role_world)
+    base, world, role_base, role_world, restore = json.loads(await store.get(f"torchelastic/assigned_ranks/{me.rank}"))
+    return RankAssignment(base, world, role_base, role_world, None if restore is None else NodePlan.from_json(restore))

@@ -51,6 +51,7 @@ Entrypoint = str | Callable[..., Any]
 _AS_GIVEN = (
     "role", "max_restarts", "monitor_interval", "start_method", "log_dir", "local_addr", "shutdown_timeout",
     "signals_to_handle", "event_log_handler", "metrics_port", "virtual_local_rank", "watchdog_timeout", "prewarm",
+    "checkpoint_memory", "checkpoint_dir", "checkpoint_persist_every",
 )  # fmt: skip
 
 
@@ -220,6 +221,7 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> R
         log_line_prefix_template=template,
         prewarm_modules=tuple(m for m in args.prewarm_modules if m),
         signals_to_forward=",".join(s.name for s in forwarded),  # resolved: --dry-run shows what is forwarded
+        checkpoint_replicas=bool(args.checkpoint_replicas),
         **{name: getattr(args, name) for name in _AS_GIVEN},
     )
     config = _load_plugins(args, config)

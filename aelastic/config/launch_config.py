@@ -8,6 +8,7 @@ purpose: no ``rdzv_backend`` runs standalone (torch's default, ``etcd``, needs a
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from .values import (
     check_module_names,
     check_node_range,
     check_port,
+    check_writable_dir,
     parse_signals,
     resolve_forwarded,
 )
@@ -88,6 +90,14 @@ class LaunchConfig:
     # torch (where importable) and prewarm_modules, and start Python workers in it.
     prewarm: bool = False
     prewarm_modules: tuple[str, ...] = ()
+    # aelastic's: in-memory checkpoints (aelastic.checkpoint). The shared memory one local rank's checkpoints may
+    # take, in bytes (None: a quarter of this host's memory, shared among the local ranks; 0: no checkpoint
+    # service); the directory the agents persist the latest complete one to (None: none), every how many saves;
+    # and whether each agent keeps a replica of another node's checkpoints.
+    checkpoint_memory: int | None = None
+    checkpoint_dir: str | Path | None = None
+    checkpoint_persist_every: int = 50
+    checkpoint_replicas: bool = True
     shutdown_grace: float = field(init=False)
 
     def __post_init__(self) -> None:
@@ -110,6 +120,12 @@ class LaunchConfig:
         check_module_names(self.prewarm_modules, "LaunchConfig prewarm_modules")
         if self.metrics_port is not None:
             check_port(self.metrics_port, f"LaunchConfig metrics_port={self.metrics_port}")
+        if self.checkpoint_memory is not None:
+            check_at_least(self.checkpoint_memory, 0, f"LaunchConfig checkpoint_memory={self.checkpoint_memory}")
+        check_at_least(self.checkpoint_persist_every, 1, f"LaunchConfig checkpoint_persist_every="
+                       f"{self.checkpoint_persist_every}")  # fmt: skip
+        if self.checkpoint_dir is not None:
+            check_writable_dir(str(self.checkpoint_dir), "LaunchConfig checkpoint_dir")
 
     @property
     def standalone(self) -> bool:
@@ -130,6 +146,14 @@ class LaunchConfig:
     def duplicate_filters(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """The stdout and stderr filters, each a tuple (empty where torch's ``None``)."""
         return tuple(self.duplicate_stdout_filters or ()), tuple(self.duplicate_stderr_filters or ())
+
+    @property
+    def checkpoint_limit(self) -> int:
+        """``checkpoint_memory`` resolved: the bytes one local rank's checkpoints may take (0: no service)."""
+        if self.checkpoint_memory is not None:
+            return self.checkpoint_memory
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        return memory // 4 // self.nproc_per_node
 
     def rendezvous_parameters(self, run_id: str) -> RendezvousParameters:
         """The rendezvous this launch joins as ``run_id``: standalone is ``c10d`` on ``localhost:0``; torch's

@@ -24,6 +24,7 @@ __all__ = [
     "check_module_names",
     "check_node_range",
     "check_port",
+    "check_writable_dir",
     "comma_list",
     "new_run_id",
     "parse_log_level",
@@ -34,6 +35,7 @@ __all__ = [
     "parse_ranks_filter",
     "parse_rdzv_conf",
     "parse_signals",
+    "parse_size",
     "parse_std",
     "pet_default",
     "pet_flag",
@@ -231,6 +233,35 @@ def parse_positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise ConfigurationError(f"{text!r} is not a positive integer")
     return int(text)
+
+
+_SIZE_UNITS: Final = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """A size in bytes: an integer, with ``K``, ``M``, ``G`` or ``T`` (powers of 1024; ``KiB``... and ``KB``...
+    alike) after it or not."""
+    number = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = number[-1:] if number[-1:] in _SIZE_UNITS else ""
+    digits = number[: len(number) - len(unit)].strip()
+    if not digits.isdigit():
+        raise ConfigurationError(
+            f"{text!r} is not a size in bytes (an integer, with K, M, G or T, powers of 1024, or not)"
+        )
+    return int(digits) * _SIZE_UNITS[unit]
+
+
+def check_writable_dir(path: str, label: str) -> None:
+    """A directory this process can write into, or can create (its nearest existing ancestor is writable)."""
+    target = os.path.abspath(path)
+    existing = target
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ConfigurationError(f"{label} {path!r}: {existing!r} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        what = "the directory" if existing == target else f"its parent {existing!r}, where it would be created,"
+        raise ConfigurationError(f"{label} {path!r}: {what} is not writable by this user")
 
 
 def parse_log_level(text: str) -> str:

@@ -1,0 +1,268 @@
+"""``aelastic.checkpoint.save`` and ``load``: the worker side of in-memory checkpoints (see :mod:`aelastic.checkpoint`).
+
+A save asks the agent for a slot big enough (``checkpoint.reserve``): the agent answers with a memory file it owns
+(a ``memfd``, passed over the worker's link the first time), which this process maps once and keeps mapped, so that
+every later save into it is one memory copy per tensor. The metadata follows the data and the header comes last
+(:mod:`.layout`); then ``checkpoint.commit`` makes the slot this rank's latest checkpoint, and only then does
+``save`` return. A worker that dies during a save leaves the agent's previous checkpoint of its rank as it was.
+
+A load asks the agent for the checkpoint the job restores from (``checkpoint.load``: the newest step that every
+rank holds; the agent decides it with the other agents at each rendezvous round) and copies it out of the memory
+file, or out of a file of ``--checkpoint-dir`` when no agent's memory has one.
+
+CUDA tensors are copied into the slot as into pinned memory: the mapping is registered with CUDA once
+(``cudaHostRegister``), the copies are asynchronous, and the save waits for them before it commits.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import threading
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import torch
+
+from ....errors import CheckpointError
+from ...link.child import AgentLink, LinkRefused, agent_link, install_exit_report
+from .layout import DATA_OFFSET, HEADER_SIZE, Header, LayoutError, place
+from .tree import StateError, flatten, unflatten
+
+__all__ = ["LoadInfo", "last_loaded", "load", "save"]
+
+
+class LoadInfo(NamedTuple):
+    """What the last :func:`load` of this process restored.
+
+    Attributes:
+        step: the checkpoint's step.
+        rank: the rank that saved it (this worker's own, unless the world's size changed since).
+        world: the world size when it was saved.
+        source: where it came from: ``"memory"`` (this node's agent), ``"replica from HOST:PORT"`` (another node's
+            agent held it), or ``"disk PATH"`` (``--checkpoint-dir``).
+    """
+
+    step: int
+    rank: int
+    world: int
+    source: str
+
+
+class Mapping:
+    """A checkpoint's bytes mapped into this process (a slot's memory file, or a file of the directory), with a
+    flat uint8 tensor over them."""
+
+    def __init__(self, fd: int, size: int, *, shared: bool) -> None:
+        flags = (mmap.MAP_SHARED if shared else mmap.MAP_PRIVATE) | mmap.MAP_POPULATE
+        self.size = size
+        self.mmap = mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        self.bytes: torch.Tensor | None = torch.frombuffer(self.mmap, dtype=torch.uint8)
+        self._pinned = False
+
+    def __repr__(self) -> str:
+        return f"<checkpoint mapping of {self.size} bytes pinned={self._pinned}>"
+
+    @property
+    def tensor(self) -> torch.Tensor:
+        assert self.bytes is not None, "used after close"
+        return self.bytes
+
+    def pin(self) -> None:
+        """Register the mapping with CUDA, so that copies from devices into it are asynchronous DMA."""
+        if not self._pinned:
+            torch.cuda.cudart().cudaHostRegister(  # type: ignore[no-untyped-call]
+                self.tensor.data_ptr(), self.size, 0
+            )
+            self._pinned = True
+
+    def close(self) -> None:
+        if self._pinned:
+            torch.cuda.cudart().cudaHostUnregister(self.tensor.data_ptr())  # type: ignore[no-untyped-call]
+            self._pinned = False
+        self.bytes = None  # the tensor holds an export of the mmap's buffer: it goes first
+        self.mmap.close()
+
+
+class _Client:
+    """This process's side of the checkpoint service: its link and the slots it has mapped."""
+
+    def __init__(self, link: AgentLink) -> None:
+        self.link = link
+        self.slots: dict[int, tuple[int, Mapping]] = {}  # slot id -> (generation, mapping)
+        self.last: LoadInfo | None = None
+
+    def request(self, what: str, op: str, **fields: Any) -> tuple[dict[str, Any], list[int]]:
+        try:
+            return self.link.request(f"checkpoint.{op}", **fields)
+        except LinkRefused as exc:
+            raise CheckpointError(f"aelastic.checkpoint.{what}: {exc}") from None
+        except OSError as exc:
+            raise CheckpointError(f"aelastic.checkpoint.{what}: lost the link to the agent: {exc}") from exc
+
+    def reserve(self, what: str, size: int, **fields: Any) -> tuple[dict[str, Any], Mapping]:
+        """A slot of at least ``size`` bytes, mapped; the reply says its id, generation, rank and world."""
+        mapped = {str(slot): generation for slot, (generation, _) in self.slots.items()}
+        reply, fds = self.request(what, "reserve", size=size, mapped=mapped, **fields)
+        slot, generation = int(reply["slot"]), int(reply["generation"])
+        if fds:
+            old = self.slots.pop(slot, None)
+            if old is not None:
+                old[1].close()
+            try:
+                self.slots[slot] = (generation, Mapping(fds[0], int(reply["capacity"]), shared=True))
+            finally:
+                for fd in fds:
+                    os.close(fd)
+        return reply, self.slots[slot][1]
+
+
+_client_lock = threading.Lock()
+_clients: dict[int, _Client] = {}  # by pid: a forked child has no link of its own
+
+
+def client(what: str) -> _Client:
+    """This worker's checkpoint client.
+
+    Raises:
+        CheckpointError: this process was not started by an aelastic agent.
+    """
+    with _client_lock:
+        found = _clients.get(os.getpid())
+        if found is None:
+            link = agent_link()
+            if link is None:
+                raise CheckpointError(
+                    f"aelastic.checkpoint.{what}: this process was not started by an aelastic agent (aelastic run, "
+                    "aelastic.launch or aelastic.run), so no agent holds its checkpoints; run it under aelastic, or "
+                    "save with torch.save"
+                )
+            install_exit_report()
+            found = _clients[os.getpid()] = _Client(link)
+        return found
+
+
+def copy_into(mapping: Mapping, tensors: Sequence[tuple[torch.Tensor, int]]) -> None:
+    """Copy each ``(tensor, offset)`` into ``mapping``'s bytes: CPU tensors by one memory copy each, device tensors
+    asynchronously into the pinned mapping, all finished before this returns."""
+    base = mapping.tensor
+    devices = {t.device for t, _ in tensors if t.device.type == "cuda"}
+    if devices:
+        mapping.pin()
+    with torch.no_grad():
+        for tensor, offset in tensors:
+            size = tensor.numel() * tensor.element_size()
+            if size:
+                target = base[offset : offset + size].view(tensor.dtype).view(tensor.shape)
+                target.copy_(tensor, non_blocking=tensor.device.type == "cuda")
+    for device in devices:
+        torch.cuda.synchronize(device)
+
+
+def write_tail(mapping: Mapping, header: Header, meta: bytes) -> None:
+    """The metadata, then the header: the last bytes a checkpoint gets (see :mod:`.layout`)."""
+    mapping.mmap[header.meta_offset : header.meta_offset + len(meta)] = meta
+    encoded = header.encode()
+    mapping.mmap[: len(encoded)] = encoded
+
+
+def save(state: Any, *, step: int) -> None:
+    """Copy ``state`` into the agent's memory as this rank's checkpoint of ``step``; see :mod:`aelastic.checkpoint`.
+
+    Raises:
+        CheckpointError: a value the state may not hold (named by its key path), a state larger than the agent
+            allows a rank (``--checkpoint-memory``), no agent to hold it, or the agent gone. The previous
+            checkpoint stays as it was.
+    """
+    if type(step) is not int or step < 0:
+        raise CheckpointError(f"aelastic.checkpoint.save: step={step!r}: must be an int >= 0")
+    own = client("save")
+    try:
+        tree, blobs = flatten(state)
+    except StateError as exc:
+        raise CheckpointError(f"aelastic.checkpoint.save: {exc}") from None
+    offsets, data_size = place([blob.nbytes for blob in blobs])
+    for blob, offset in zip(blobs, offsets, strict=True):
+        blob.info["offset"], blob.info["nbytes"] = offset, blob.nbytes
+    meta = json.dumps({"tree": tree, "blobs": [blob.info for blob in blobs]}, separators=(",", ":")).encode()
+    size = DATA_OFFSET + data_size + len(meta)
+    reply, mapping = own.reserve("save", size, step=step)
+    copy_into(mapping, [(blob.tensor, offset) for blob, offset in zip(blobs, offsets, strict=True)])
+    header = Header("state", step, int(reply["rank"]), int(reply["world"]), data_size, DATA_OFFSET + data_size,
+                    len(meta))  # fmt: skip
+    write_tail(mapping, header, meta)
+    own.request("save", "commit", slot=int(reply["slot"]), step=step, size=size)
+
+
+def open_checkpoint(what: str, rank: int | None) -> tuple[Mapping, Header, dict[str, Any], LoadInfo] | None:
+    """The checkpoint the job restores ``rank`` (default: this worker's) from, mapped; ``None`` if there is none."""
+    own = client(what)
+    reply, fds = own.request(what, "load", rank=rank)
+    if not reply.get("found"):
+        return None
+    try:
+        if "path" in reply:
+            fd = os.open(reply["path"], os.O_RDONLY)
+            try:
+                mapping = Mapping(fd, os.fstat(fd).st_size, shared=False)
+            finally:
+                os.close(fd)
+        else:
+            mapping = Mapping(fds[0], int(reply["size"]), shared=True)
+    except OSError as exc:
+        raise CheckpointError(f"aelastic.checkpoint.{what}: could not map {reply.get('path', 'the checkpoint')}: "
+                              f"{exc}") from exc  # fmt: skip
+    finally:
+        for fd in fds:
+            os.close(fd)
+    try:
+        header = Header.decode(mapping.mmap[:HEADER_SIZE])
+        meta = json.loads(bytes(mapping.mmap[header.meta_offset : header.meta_offset + header.meta_size]))
+    except (LayoutError, ValueError) as exc:
+        mapping.close()
+        raise CheckpointError(f"aelastic.checkpoint.{what}: {reply.get('path', 'the checkpoint')}: {exc}") from None
+    return mapping, header, meta, LoadInfo(header.step, header.rank, header.world, str(reply["source"]))
+
+
+def load(*, into: Any = None, map_location: str | torch.device | None = None, rank: int | None = None) -> Any | None:
+    """This rank's state from the checkpoint the job restores from, or ``None`` when there is none; see
+    :mod:`aelastic.checkpoint`.
+
+    Raises:
+        CheckpointError: no agent, the agent gone, a checkpoint saved through DCP (load it with ``dcp.load``), a
+            tensor of ``into`` of another shape or dtype (named by its key path).
+    """
+    opened = open_checkpoint("load", rank)
+    own = client("load")
+    if opened is None:
+        own.last = None
+        return None
+    mapping, header, meta, info = opened
+    try:
+        if header.kind != "state":
+            raise CheckpointError(
+                f"aelastic.checkpoint.load: step {header.step} was saved through torch.distributed.checkpoint: load "
+                "it with dcp.load(state, storage_reader=aelastic.checkpoint.StorageReader())"
+            )
+        blobs = meta["blobs"]
+        base = mapping.tensor
+
+        def view(index: int) -> torch.Tensor:
+            offset = blobs[index]["offset"]
+            return base[offset : offset + blobs[index]["nbytes"]]
+
+        try:
+            state = unflatten(meta["tree"], blobs, view, into=into, map_location=map_location)
+        except StateError as exc:
+            raise CheckpointError(f"aelastic.checkpoint.load: {exc}") from None
+    finally:
+        mapping.close()
+    own.last = info
+    return state
+
+
+def last_loaded() -> LoadInfo | None:
+    """What this process's last :func:`load` restored (``None``: nothing yet, or there was no checkpoint)."""
+    found = _clients.get(os.getpid())
+    return None if found is None else found.last
