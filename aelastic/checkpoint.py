@@ -25,7 +25,8 @@ or from ``--checkpoint-dir``. ``load(into=state)`` copies into the tensors of ``
 through DCP (FSDP, torchtitan); a checkpoint persisted from one world size loads into another through DCP's
 resharding.
 
-The first use of :func:`save` or :func:`load` imports torch; ``import aelastic`` and ``import aelastic.checkpoint`` do not. Outside a worker started by an aelastic agent
+The first use of :func:`save` or :func:`load` imports torch (``import aelastic.checkpoint`` does not). Outside a
+worker started by an aelastic agent
 every call raises :class:`~aelastic.errors.CheckpointError`, as it does for a value a state may not hold (named by
 its key path) or a state over the agent's memory bound (``--checkpoint-memory``).
 """

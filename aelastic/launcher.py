@@ -79,11 +79,18 @@ class LaunchControl:
     relayed: tuple[signal.Signals, ...] = ()
     running: RunningWorkers = field(default_factory=RunningWorkers, repr=False)
     witness: Witness | None = field(default=None, init=False, repr=False)
+    checkpoints: Keeper | None = field(default=None, init=False, repr=False)
 
     def forward(self, signum: signal.Signals) -> int:
         """Send ``signum`` to the process group of every running worker of this node now; the workers and the
-        agent run on. Returns how many groups were signalled (0 between attempts: nothing is queued)."""
+        agent run on. Returns how many groups were signalled (0 between attempts: nothing is queued). A
+        scheduler's notice: the latest in-memory checkpoints are written to ``--checkpoint-dir`` too."""
+        self._persist(signum)
         return len(self.running.signal(signum))
+
+    def _persist(self, signum: signal.Signals) -> None:
+        if self.checkpoints is not None:
+            self.checkpoints.persist(f"{signal.Signals(signum).name} received")
 
     async def relay(self, signum: signal.Signals) -> bool:
         """Pass on ``signum``, which this process has just received, so that every worker sees it exactly once.
@@ -95,6 +102,7 @@ class LaunchControl:
         Cancellation: nothing is forwarded.
         """
         signum = signal.Signals(signum)
+        self._persist(signum)
         witness = self.witness
         if witness is not None and signum in witness.signums:
             receipt = await witness.wait_direct(signum)
@@ -198,7 +206,7 @@ async def _run_agent(
         _open_reaper(control.relayed) as reaper,
         _open_standbys(config, reaper) as standbys,
         _open_witness(control),
-        _open_checkpoints(config) as checkpoints,
+        _open_checkpoints(config, control) as checkpoints,
         open_rendezvous(config.rendezvous_parameters(run_id), observer=control.join_observer) as handler,
     ):
         agent = ElasticAgent(
@@ -274,20 +282,26 @@ async def _open_standbys(config: LaunchConfig, reaper: Reaper) -> AsyncIterator[
 
 
 @asynccontextmanager
-async def _open_checkpoints(config: LaunchConfig) -> AsyncIterator[Keeper | None]:
-    """The agent's in-memory checkpoints (:mod:`aelastic.agent.checkpoint`), unless ``checkpoint_memory`` is 0; its
-    memory is released when the launch ends, however it ends."""
+async def _open_checkpoints(config: LaunchConfig, control: LaunchControl) -> AsyncIterator[Keeper | None]:
+    """The agent's in-memory checkpoints (:mod:`aelastic.agent.checkpoint`), unless ``checkpoint_memory`` is 0 (a
+    scheduler's notice that ``control`` passes on persists them); its memory is released when the launch ends,
+    however it ends."""
     limit = config.checkpoint_limit
     if not limit:
         yield None
         return
-    from .agent.checkpoint.parent import Keeper
+    from .agent.checkpoint.parent import open_keeper
 
-    keeper = Keeper(limit)
-    try:
-        yield keeper
-    finally:
-        keeper.close()
+    directory = None if config.checkpoint_dir is None else Path(config.checkpoint_dir)
+    replicas = config.checkpoint_replicas and config.max_nodes > 1
+    async with open_keeper(
+        limit=limit, directory=directory, persist_every=config.checkpoint_persist_every, replicas=replicas
+    ) as keeper:
+        control.checkpoints = keeper
+        try:
+            yield keeper
+        finally:
+            control.checkpoints = None
 
 
 def _in_event_loop() -> bool:

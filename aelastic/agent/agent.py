@@ -196,10 +196,14 @@ class ElasticAgent:
                 self.recorder.decided(decision, workers, reason, functools.partial(self._attempt_report, workers))
                 if decision.action is Action.SUCCEED:
                     await self._exit_barrier(info)
+                    await self._persist_checkpoints("the end")
                     self._finished = info
                     return self._finish(WorkerState.SUCCEEDED, workers)
                 if decision.action is Action.STOP_FAILED:
+                    await self._persist_checkpoints("the end")
                     return self._finish(WorkerState.FAILED, workers)
+                if decision.action is Action.RESTART_FAILURE and self.checkpoints is not None:
+                    self.checkpoints.persist("a worker failed")  # in the background: the restart goes on
                 if decision.action is Action.STOP_CLOSED:
                     raise RendezvousClosedError(
                         f"rendezvous {self.handler.get_run_id()!r} was closed by another node while this node's "
@@ -207,6 +211,15 @@ class ElasticAgent:
                         "this node's workers were stopped"
                     )
                 self._attempt += 1
+
+    async def _persist_checkpoints(self, reason: str) -> None:
+        """Write the latest in-memory checkpoints to ``--checkpoint-dir`` and wait, at most ``exit_barrier_timeout``."""
+        if self.checkpoints is not None and self.checkpoints.directory is not None:
+            with anyio.move_on_after(self.timeouts.exit_barrier) as scope:
+                await self.checkpoints.flush(reason)
+            if scope.cancelled_caught:
+                logger.warning("[%s] checkpoints: not every one was written to %s within %g s", self.spec.role,
+                               self.checkpoints.directory, self.timeouts.exit_barrier)  # fmt: skip
 
     async def _outcome(self, workers: GroupOutcome | None) -> Outcome:
         """The policy's name for how an attempt ended; ``workers`` is ``None`` when the watcher ended it."""
@@ -231,10 +244,16 @@ class ElasticAgent:
 
     async def _assign(self, info: RendezvousInfo) -> RankAssignment:
         me = RoleInfo(self.spec.role, info.rank, self.spec.local_world_size)
-        inventory = None if self.checkpoints is None else self.checkpoints.inventory()
-        assignment = await exchange_ranks(info.store, me, info.world_size, inventory)
-        if self.checkpoints is not None and assignment.restore is not None:
-            self.checkpoints.adopt(assignment.restore, assignment.global_world_size)
+        keeper = self.checkpoints
+        if keeper is None:
+            assignment = await exchange_ranks(info.store, me, info.world_size)
+        else:
+            await keeper.serve_replicas(self.handler.local_addr if info.world_size > 1 else None)
+            assignment = await exchange_ranks(
+                info.store, me, info.world_size, keeper.inventory(), keeper.disk_inventory
+            )
+            if assignment.restore is not None:
+                keeper.adopt(assignment.restore, assignment.global_world_size)
         g = self.group
         g.group_rank, g.group_world_size, g.round = info.rank, info.world_size, info.round
         g.master_addr = self.spec.master_addr or info.bootstrap_store_info.master_addr

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from ..store.api import Store
-from .checkpoint.plan import Inventory, NodePlan, node_plan, restore_point
+from .checkpoint.plan import Held, Inventory, NodePlan, node_plan, restore_point
 
 __all__ = ["RankAssignment", "RoleInfo", "assign", "exchange_ranks"]
 
@@ -59,10 +61,15 @@ def assign(infos: list[RoleInfo]) -> list[RankAssignment]:
 
 
 async def exchange_ranks(
-    store: Store, me: RoleInfo, group_world_size: int, inventory: Inventory | None = None
+    store: Store,
+    me: RoleInfo,
+    group_world_size: int,
+    inventory: Inventory | None = None,
+    disk: Callable[[], Sequence[Held]] | None = None,
 ) -> RankAssignment:
     """Run the rank exchange for node ``me`` through the round's ``store``; ``inventory``: the checkpoints this
-    node's agent holds (``None``: it holds none for its workers, and neither does any other node's)."""
+    node's agent holds (``None``: it holds none for its workers, and neither does any other node's); ``disk``: the
+    checkpoint directory's newest complete step, looked at by group rank 0 only."""
     if os.environ.get("TORCH_ELASTIC_WORKER_IDENTICAL") == "1" and inventory is None:
         world = group_world_size * me.local_world_size
         base = me.rank * me.local_world_size
@@ -81,12 +88,11 @@ async def exchange_ranks(
         restores: list[object] = [None] * group_world_size
         if inventory is not None:
             inventories = [Inventory.from_json(r.get("checkpoint", {})) for r in raw]
-            point = restore_point(inventories)
+            point = restore_point(inventories, () if disk is None else disk())
+            secret = next((i.secret for i in inventories if i.secret), None) or secrets.token_hex(16)
             restores = [
-                node_plan(
-                    point, inventories, i, range(a.base_global_rank, a.base_global_rank + infos[i].local_world_size)
-                ).to_json()
-                for i, a in enumerate(assignments)
+                node_plan(point, inventories, i, range(a.base_global_rank, a.base_global_rank + n), secret).to_json()
+                for i, (a, n) in enumerate(zip(assignments, (info.local_world_size for info in infos), strict=True))
             ]
         await store.multi_set(
             [f"torchelastic/assigned_ranks/{i}" for i in range(group_world_size)],

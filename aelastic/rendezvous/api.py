@@ -252,3 +252,9 @@ class RendezvousHandler(abc.ABC):
         """What this handler did since it opened, and the store servers it runs now; a handler that counts
         nothing (the default) reports zeros and no store."""
         return RendezvousStatistics()
+
+    @property
+    def local_addr(self) -> str | None:
+        """The address other nodes reach this node at (where it serves the workers' store when rank 0); ``None``
+        where the backend does not know it (the default)."""
+        return None

@@ -231,6 +231,10 @@ class DynamicRendezvousHandler(RendezvousHandler):
     def use_agent_store(self) -> bool:
         return self._share_store
 
+    @property
+    def local_addr(self) -> str:
+        return self._bootstrap.host
+
     def statistics(self) -> RendezvousStatistics:
         served = self._bootstrap.server
         servers = self._servers if served is None else (*self._servers, served)

@@ -3,92 +3,52 @@ view, :mod:`.child.api` for the worker's).
 
 Theory of operation
 -------------------
-The :class:`Keeper` lives as long as the agent. For each rank that saves, it keeps *slots*: memory files
-(``memfd_create``) that it creates, sizes and pre-faults (``posix_fallocate``, in a thread, the first time), and
-passes to the rank's worker over its link. A memory file belongs to the agent: it outlives every worker, is handed
-to each attempt's, and is released when the agent's last descriptor of it closes: when the job ends, however it ends
-(a SIGKILLed agent's descriptors close with it), so nothing is left in ``/dev/shm`` or anywhere else.
+The :class:`Keeper` (:func:`open_keeper`) lives as long as the agent and answers the workers' ``checkpoint.*``
+requests over their links (:mod:`aelastic.agent.link`). For each rank that saves it keeps slots (:mod:`.slots`):
+memory files the agent creates and passes to the rank's worker, which outlive every worker and are released when
+the agent ends, however it ends. ``reserve`` gives the worker the slot that is not the rank's latest complete
+checkpoint (a third one only while the other is being read and ``--checkpoint-memory`` has room; else that read is
+stopped); ``commit`` reads the header the worker wrote last (:mod:`.child.layout`) and makes the slot the latest. A
+worker that dies midway never commits, so the latest stays whole.
 
-A rank has two slots: its latest complete checkpoint and the one being written (the older complete one until
-then). ``reserve`` gives the worker the slot that is not the latest; ``commit`` reads the header the worker wrote
-last (:mod:`.child.layout`) and makes that slot the latest. A worker that dies midway never commits, so the latest
-stays whole. A third slot is made only while the other one is read for a replica or the checkpoint directory and
-``--checkpoint-memory`` has room for three; else that read is cancelled and done again with the newer one.
+Each rendezvous round the agents agree on the step the job restores from (:mod:`.plan`, in the rank exchange);
+:meth:`Keeper.adopt` takes this node's part: checkpoints of newer steps are dropped (a rank that completed a step
+its peers did not), and the saved ranks this node's workers need from another agent are fetched (:mod:`.replicas`)
+while the workers start. ``load`` answers with the slot of the restore step, or the file of the directory.
 
-Each rendezvous round, the agents agree on the step the job restores from (:mod:`.plan`); :meth:`Keeper.adopt`
-takes this node's part of it: slots of newer steps (a rank that completed a step its peers did not) are dropped, and
-the saved ranks this node's workers need from elsewhere are fetched. ``load`` then answers with the slot of the
-restore step.
+In the background, never in a worker's way:
+
+* *replicas*: after a commit, the rank's latest is pushed to the next node's agent (group rank + 1), which keeps it
+  among its replicas, so that a lost node's ranks restore from memory; a push under way when the next commit
+  arrives is followed by one of the newest, never queued behind older ones.
+* *persistence* (``--checkpoint-dir``, :mod:`.persist`): every ``persist_every``-th step, when a worker failed, on a
+  forwarded scheduler signal and at the end, each rank's latest is written to the directory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
 
 import anyio
+import anyio.abc
 
 from ..link.parent import LinkRefusal
 from ..spawn.parent import WorkerProcess
-from .child.layout import HEADER_SIZE, Header, LayoutError
+from .child.layout import Header, LayoutError
+from .persist import CopyStopped, file_name, newest_complete, remove_older, write_checkpoint
 from .plan import Held, Inventory, NodePlan, saved_rank
+from .replicas import ReplicaError, fetch, open_listener, push, serve
+from .slots import RankSlots, Slot, format_size
 
-__all__ = ["Keeper", "KeeperStatistics", "format_size"]
+__all__ = ["Keeper", "KeeperStatistics", "open_keeper"]
 
 logger = logging.getLogger(__name__)
-
-_GRANULE: Final = 1 << 20  # slots grow in whole MiB, so that a state a little larger reuses no memory
-
-
-def format_size(size: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if size >= scale:
-            return f"{size / scale:.1f} {unit}"
-    return f"{size} B"
-
-
-class _Slot:
-    """One memory file of a rank: its size, generation (bumped when it is replaced by a larger one), the complete
-    checkpoint it holds (``header``), the worker writing it, and the reads of it under way."""
-
-    __slots__ = ("capacity", "fd", "generation", "header", "id", "readers", "released", "writer")
-
-    def __init__(self, slot_id: int) -> None:
-        self.id = slot_id
-        self.fd = -1
-        self.capacity = 0
-        self.generation = 0
-        self.header: Header | None = None
-        self.writer: int | None = None  # pid
-        self.readers: set[anyio.CancelScope] = set()
-        self.released = anyio.Event()
-
-    def __repr__(self) -> str:
-        step = None if self.header is None else self.header.step
-        return f"<slot {self.id} step={step} capacity={self.capacity} writer={self.writer} readers={len(self.readers)}>"
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            fd, self.fd = self.fd, -1
-            os.close(fd)
-
-
-class _Rank:
-    """The slots of one saved rank on this agent."""
-
-    __slots__ = ("latest", "rank", "slots", "source")
-
-    def __init__(self, rank: int) -> None:
-        self.rank = rank
-        self.slots: list[_Slot] = []
-        self.latest: _Slot | None = None
-        self.source = "memory"  # where its latest came from: "memory", or "replica from HOST:PORT"
-
-    def complete(self) -> list[_Slot]:
-        return [slot for slot in self.slots if slot.header is not None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,71 +56,178 @@ class KeeperStatistics:
     """What :meth:`Keeper.statistics` reports.
 
     Attributes:
-        ranks: the saved ranks held, and the steps held for each.
+        own: the steps held for each rank this node's workers saved; ``replicas``: for the ranks kept for another
+            node.
         memory: bytes of memory files held.
-        saves: commits accepted; ``loads``: loads answered.
+        saves: commits accepted; ``loads``: loads answered; ``pushed``: replicas sent; ``persisted``: files
+            written to the checkpoint directory.
         restore_step: the step this round restores from (``None``: no checkpoint).
+        endpoint: where other agents reach this one's replicas (``None``: not served).
     """
 
-    ranks: Mapping[int, tuple[int, ...]]
+    own: Mapping[int, tuple[int, ...]]
+    replicas: Mapping[int, tuple[int, ...]]
     memory: int
     saves: int
     loads: int
+    pushed: int
+    persisted: int
     restore_step: int | None
+    endpoint: str | None
+
+
+class _Queue:
+    """Ranks waiting for a background job (persisting, pushing), each with the reason it was asked; the job takes
+    a rank's latest checkpoint when it gets to it, so asking again while it waits costs nothing."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[int, str] = {}
+        self.busy = False
+        self._wake = anyio.Event()
+        self._settled = anyio.Event()
+        self._settled.set()
+
+    def ask(self, rank: int, reason: str) -> None:
+        self.waiting.setdefault(rank, reason)
+        self._settled = anyio.Event() if self._settled.is_set() else self._settled
+        self._wake.set()
+
+    async def next(self) -> tuple[int, str]:
+        while not self.waiting:
+            self.busy = False
+            self._settled.set()
+            await self._wake.wait()
+            self._wake = anyio.Event()
+        self.busy = True
+        return self.waiting.popitem()
+
+    async def wait_settled(self) -> None:
+        if self.waiting or self.busy:
+            await self._settled.wait()
 
 
 class Keeper:
-    """The agent's checkpoints (see the module doc): a link service named ``checkpoint``.
-
-    Args:
-        limit: bytes of memory files one rank may hold (``--checkpoint-memory``): two slots of at most half of it.
-    """
+    """The agent's in-memory checkpoints (see the module doc): a link service named ``checkpoint``. Open it with
+    :func:`open_keeper`."""
 
     name: Final = "checkpoint"
 
-    def __init__(self, limit: int) -> None:
+    def __init__(
+        self,
+        tg: anyio.abc.TaskGroup,
+        *,
+        limit: int,
+        directory: Path | None,
+        persist_every: int,
+        replicas: bool,
+    ) -> None:
+        self._tg = tg
         self.limit = limit
-        self._ranks: dict[int, _Rank] = {}
+        self.directory = directory
+        self.persist_every = persist_every
+        self.replicas_on = replicas
+        self._own: dict[int, RankSlots] = {}
+        self._replicas: dict[int, RankSlots] = {}
         self._next_slot = 0
-        self._world = 0  # the world size of the round running now
+        self._world = 0
         self._plan = NodePlan()
-        self._saves = 0
-        self._loads = 0
+        self._secret: str | None = None
+        self._endpoint: str | None = None
+        self._successor: str | None = None
+        self._fetches: dict[int, tuple[anyio.Event, list[str]]] = {}  # saved rank -> done, errors
+        self._persisting = _Queue()
+        self._pushing = _Queue()
+        self._counts = {"saves": 0, "loads": 0, "pushed": 0, "persisted": 0}
 
     def __repr__(self) -> str:
-        held = {r: [s.header.step for s in h.complete() if s.header] for r, h in sorted(self._ranks.items())}
-        return f"<Keeper held={held} restore_step={self._plan.step} limit={format_size(self.limit)}>"
+        own = {r: [s.header.step for s in h.complete() if s.header] for r, h in sorted(self._own.items())}
+        return f"<Keeper own={own} restore_step={self._plan.step} limit={format_size(self.limit)}>"
 
     def statistics(self) -> KeeperStatistics:
-        ranks = {r: tuple(sorted(s.header.step for s in h.complete() if s.header)) for r, h in self._ranks.items()}
-        memory = sum(slot.capacity for held in self._ranks.values() for slot in held.slots)
-        return KeeperStatistics(ranks, memory, self._saves, self._loads, self._plan.step)
+        def steps(ranks: dict[int, RankSlots]) -> dict[int, tuple[int, ...]]:
+            return {r: tuple(sorted(s.header.step for s in h.complete() if s.header)) for r, h in ranks.items()}
 
-    # --- the round -------------------------------------------------------------------------------------------
+        memory = sum(h.memory() for h in (*self._own.values(), *self._replicas.values()))
+        c = self._counts
+        return KeeperStatistics(steps(self._own), steps(self._replicas), memory, c["saves"], c["loads"], c["pushed"],
+                                c["persisted"], self._plan.step, self._endpoint)  # fmt: skip
+
+    @property
+    def secret(self) -> str | None:
+        return self._secret
+
+    # --- the round ---------------------------------------------------------------------------------------------
+
+    async def serve_replicas(self, host: str | None) -> None:
+        """Listen for other agents' pushes and fetches on ``host`` (this node's address), once; nothing where
+        replicas are off or the address is unknown."""
+        if not self.replicas_on or host is None or self._endpoint is not None:
+            return
+        listener, self._endpoint = open_listener(host)
+        self._tg.start_soon(serve, listener, self)
+        logger.info("checkpoint replicas served at %s", self._endpoint)
 
     def inventory(self) -> Inventory:
-        """Every complete checkpoint held, for this round's plan."""
+        """Every complete checkpoint held (own and replicas), for this round's plan."""
         held = []
-        for rank in self._ranks.values():
-            for slot in rank.complete():
-                assert slot.header is not None
-                held.append(Held(rank.rank, slot.header.step, slot.header.world, slot.header.total))
-        return Inventory(tuple(held))
+        for ranks in (self._own, self._replicas):
+            for rank in ranks.values():
+                for slot in rank.complete():
+                    assert slot.header is not None
+                    held.append(Held(rank.rank, slot.header.step, slot.header.world, slot.header.total))
+        return Inventory(tuple(held), self._endpoint, self._secret)
+
+    def disk_inventory(self) -> list[Held]:
+        """The checkpoint directory's newest complete step (empty without a directory)."""
+        return [] if self.directory is None else newest_complete(self.directory)
 
     def adopt(self, plan: NodePlan, world: int) -> None:
         """This node's part of the round's plan; ``world``: the round's world size (what saves are made in)."""
         self._plan, self._world = plan, world
-        for rank in self._ranks.values():
-            for slot in rank.complete():
-                assert slot.header is not None
-                if plan.step is None or slot.header.step > plan.step:
-                    slot.header = None  # never restored from: the next save may take it
-            newest = max(rank.complete(), key=lambda s: s.header.step if s.header else -1, default=None)
-            rank.latest = newest
+        self._secret = plan.secret or self._secret
+        self._successor = plan.replica_to
+        step = None if plan.disk else plan.step
+        for rank in self._own.values():
+            rank.forget_newer(step)
+        for replica in self._replicas.values():
+            replica.forget_newer(step)
+            for slot in replica.complete():
+                if slot.header is not None and slot.header.step != step:
+                    slot.header = None  # older than the restore step: never restored from again
+            replica.latest = replica.at(step) if step is not None else None
+        self._fetches = {}
+        for saved, endpoint in plan.fetch.items():
+            self._fetches[saved] = (anyio.Event(), [])
+            self._tg.start_soon(self._fetch, saved, endpoint, plan.step)
         if plan.step is not None:
-            logger.info("checkpoints: this round restores step %d (world %d)", plan.step, plan.world)
+            where = "the checkpoint directory" if plan.disk else "memory"
+            logger.info("checkpoints: this round restores step %d (world %d) from %s%s", plan.step, plan.world,
+                        where, f"; fetching ranks {sorted(plan.fetch)}" if plan.fetch else "")  # fmt: skip
 
-    # --- the link service --------------------------------------------------------------------------------------
+    async def _fetch(self, saved: int, endpoint: str, step: int | None) -> None:
+        done, errors = self._fetches[saved]
+        try:
+            assert step is not None
+            rank = self._own.setdefault(saved, RankSlots(saved))
+
+            async def slot_for(size: int) -> Slot:
+                self._check_size(size)
+                slot = await self._free_slot(rank, size)
+                await slot.ensure(size)
+                slot.header = None
+                return slot
+
+            slot, header = await fetch(endpoint, self._secret or "", saved, step, slot_for)
+            rank.commit(slot, header, f"replica from {endpoint}")
+            logger.info("checkpoints: fetched rank %d's step %d (%s) from %s", saved, step,
+                        format_size(header.total), endpoint)  # fmt: skip
+        except (ReplicaError, LinkRefusal) as exc:
+            errors.append(str(exc))
+            logger.warning("checkpoints: %s", exc)
+        finally:
+            done.set()
+
+    # --- the link service ----------------------------------------------------------------------------------------
 
     async def handle(
         self, worker: WorkerProcess, op: str, message: Mapping[str, Any], fds: list[int]
@@ -173,94 +240,189 @@ class Keeper:
             return self._commit(worker, int(message["slot"]), int(message["step"]), int(message["size"]))
         if op == "load":
             rank = message.get("rank")
-            return self._load(worker, worker.global_rank if rank is None else int(rank))
+            return await self._load(worker.global_rank if rank is None else int(rank))
         raise LinkRefusal(f"no checkpoint operation {op!r}")
 
-    async def _reserve(
-        self, worker: WorkerProcess, size: int, mapped: Mapping[str, int]
-    ) -> tuple[dict[str, Any], Sequence[int]]:
+    def _check_size(self, size: int) -> None:
         if size > self.limit // 2:
             raise LinkRefusal(
                 f"the state takes {format_size(size)}: more than {format_size(self.limit // 2)}, half of the "
                 f"{format_size(self.limit)} a rank may hold (two copies of its state; --checkpoint-memory)"
             )
-        rank = self._ranks.setdefault(worker.global_rank, _Rank(worker.global_rank))
+
+    async def _reserve(
+        self, worker: WorkerProcess, size: int, mapped: Mapping[str, int]
+    ) -> tuple[dict[str, Any], Sequence[int]]:
+        self._check_size(size)
+        rank = self._own.setdefault(worker.global_rank, RankSlots(worker.global_rank))
         slot = await self._free_slot(rank, size)
-        if slot.capacity < size:
-            await self._grow(slot, size)
-        slot.header = None
-        slot.writer = worker.pid
+        await slot.ensure(size)
+        slot.header, slot.writer = None, worker.pid
         reply = {"slot": slot.id, "generation": slot.generation, "capacity": slot.capacity,
                  "rank": worker.global_rank, "world": self._world}  # fmt: skip
         fresh = mapped.get(str(slot.id)) != slot.generation
         return reply, [slot.fd] if fresh else []
 
-    async def _free_slot(self, rank: _Rank, size: int) -> _Slot:
-        """The slot the next save of ``rank`` goes into: not its latest, not read now (see the module doc)."""
+    async def _free_slot(self, rank: RankSlots, size: int) -> Slot:
+        """The slot the next checkpoint of ``rank`` goes into: not its latest, not read now (see the module doc)."""
         for slot in rank.slots:
-            if slot is not rank.latest and not slot.readers:
+            if slot is not rank.latest and not slot.reads:
                 return slot
         if len(rank.slots) < 2 or (len(rank.slots) < 3 and 3 * size <= self.limit):
-            slot = _Slot(self._next_slot)
+            slot = Slot(self._next_slot)
             self._next_slot += 1
             rank.slots.append(slot)
             return slot
         busy = next(slot for slot in rank.slots if slot is not rank.latest)
-        for scope in busy.readers:
-            scope.cancel()  # a replica or a persisting of an older step: done again with the newer one
-        await busy.released.wait()
+        await busy.stop_reads()  # a replica or a persisting of an older step: done again with the newer one
         return busy
-
-    async def _grow(self, slot: _Slot, size: int) -> None:
-        capacity = -(-size // _GRANULE) * _GRANULE
-        fd = os.memfd_create(f"aelastic-checkpoint-{slot.id}", os.MFD_CLOEXEC)
-        try:
-            os.ftruncate(fd, capacity)
-            # Allocate (and zero) the pages now, off the event loop: the worker's first copy into them then costs
-            # what every later one does, instead of a page fault per 4 KiB.
-            await anyio.to_thread.run_sync(os.posix_fallocate, fd, 0, capacity)
-        except BaseException:
-            os.close(fd)
-            raise
-        slot.close()
-        slot.fd, slot.capacity, slot.generation = fd, capacity, slot.generation + 1
 
     def _commit(
         self, worker: WorkerProcess, slot_id: int, step: int, size: int
     ) -> tuple[dict[str, Any], Sequence[int]]:
-        rank = self._ranks.get(worker.global_rank)
+        rank = self._own.get(worker.global_rank)
         slot = None if rank is None else next((s for s in rank.slots if s.id == slot_id), None)
         if rank is None or slot is None or slot.writer != worker.pid:
             raise LinkRefusal(f"slot {slot_id} was not reserved by this worker")
         try:
-            header = Header.decode(os.pread(slot.fd, HEADER_SIZE, 0))
+            header = slot.read_header()
         except LayoutError as exc:
             raise LinkRefusal(f"the checkpoint of step {step} is not complete: {exc}") from None
         if header.step != step or header.total != size or header.total > slot.capacity:
             raise LinkRefusal(f"the checkpoint's header (step {header.step}, {header.total} bytes) is not the one "
                               f"committed (step {step}, {size} bytes)")  # fmt: skip
-        slot.header, slot.writer = header, None
-        rank.latest, rank.source = slot, "memory"
-        self._saves += 1
+        rank.commit(slot, header, "memory")
+        self._counts["saves"] += 1
+        if self._successor is not None:
+            self._pushing.ask(rank.rank, "replica")
+        if self.directory is not None and step % self.persist_every == 0:
+            self._persisting.ask(rank.rank, f"step {step}")
         return {}, ()
 
-    def _load(self, worker: WorkerProcess, rank: int) -> tuple[dict[str, Any], Sequence[int]]:
+    async def _load(self, rank: int) -> tuple[dict[str, Any], Sequence[int]]:
         plan = self._plan
         if plan.step is None:
             return {"found": False}, ()
         saved = saved_rank(rank, plan.world)
-        held = self._ranks.get(saved)
-        slot = None if held is None else next((s for s in held.complete() if s.header and s.header.step == plan.step),
-                                              None)  # fmt: skip
+        if plan.disk:
+            assert self.directory is not None
+            path = self.directory / file_name(plan.step, saved)
+            self._counts["loads"] += 1
+            return {"found": True, "path": str(path), "source": f"disk {path}"}, ()
+        fetching = self._fetches.get(saved)
+        if fetching is not None:
+            await fetching[0].wait()
+            if fetching[1]:
+                raise LinkRefusal(f"rank {saved}'s checkpoint of step {plan.step}: {fetching[1][0]}")
+        held = self._own.get(saved) or self._replicas.get(saved)
+        slot = None if held is None else held.at(plan.step)
         if held is None or slot is None or slot.header is None:
             raise LinkRefusal(f"rank {saved}'s checkpoint of step {plan.step} is not held by this agent")
-        self._loads += 1
-        reply = {"found": True, "size": slot.header.total, "source": held.source}
-        return reply, [slot.fd]
+        self._counts["loads"] += 1
+        return {"found": True, "size": slot.header.total, "source": held.source}, [slot.fd]
+
+    # --- replicas (the server's side: replicas.ReplicaHolder) ------------------------------------------------------
+
+    async def slot_to_receive(self, rank: int, size: int) -> Slot:
+        try:
+            self._check_size(size)
+        except LinkRefusal as exc:
+            raise ReplicaError(str(exc)) from None
+        replica = self._replicas.setdefault(rank, RankSlots(rank))
+        slot = await self._free_slot(replica, size)
+        await slot.ensure(size)
+        slot.header = None
+        return slot
+
+    def received(self, slot: Slot, header: Header, sender: str) -> None:
+        replica = self._replicas[header.rank]
+        replica.commit(slot, header, f"replica from {sender}")
+
+    def slot_to_send(self, rank: int, step: int) -> Slot | None:
+        for ranks in (self._own, self._replicas):
+            held = ranks.get(rank)
+            slot = None if held is None else held.at(step)
+            if slot is not None:
+                return slot
+        return None
+
+    async def _push_loop(self) -> None:
+        while True:
+            rank_id, _ = await self._pushing.next()
+            rank, successor = self._own.get(rank_id), self._successor
+            slot = None if rank is None else rank.latest
+            if successor is None or slot is None or slot.header is None:
+                continue
+            header = slot.header
+            with slot.reading() as read:
+                try:
+                    await push(successor, self._secret or "", slot, header, read)
+                except ReplicaError as exc:
+                    logger.warning("checkpoints: rank %d's step %d not replicated: %s", rank_id, header.step, exc)
+                    continue
+            self._counts["pushed"] += 1
+
+    # --- persistence -------------------------------------------------------------------------------------------
+
+    def persist(self, reason: str) -> None:
+        """Write every rank's latest checkpoint to the directory in the background (no directory: nothing)."""
+        if self.directory is not None:
+            for rank in self._own:
+                self._persisting.ask(rank, reason)
+
+    async def flush(self, reason: str) -> None:
+        """:meth:`persist`, and wait until every write asked for is done (at the end of a run)."""
+        self.persist(reason)
+        await self._persisting.wait_settled()
+
+    async def _persist_loop(self) -> None:
+        while True:
+            rank_id, reason = await self._persisting.next()
+            rank, directory = self._own.get(rank_id), self.directory
+            slot = None if rank is None else rank.latest
+            if directory is None or slot is None or slot.header is None:
+                continue
+            header = slot.header
+            with slot.reading() as read:
+                try:
+                    path = await anyio.to_thread.run_sync(write_checkpoint, directory, slot.fd, header, read.stop)
+                    await anyio.to_thread.run_sync(remove_older, directory, header.step)
+                except CopyStopped:
+                    continue  # a newer checkpoint wanted the slot: that one is written next time
+                except OSError as exc:
+                    logger.error("checkpoints: rank %d's step %d could not be written to %s (%s): %s; the "
+                                 "directory's previous checkpoint is left as it was", rank_id, header.step,
+                                 directory, reason, exc)  # fmt: skip
+                    continue
+            self._counts["persisted"] += 1
+            logger.debug("checkpoints: rank %d's step %d written to %s (%s)", rank_id, header.step, path, reason)
 
     def close(self) -> None:
         """Release every memory file."""
-        for rank in self._ranks.values():
-            for slot in rank.slots:
-                slot.close()
-        self._ranks.clear()
+        for ranks in (self._own, self._replicas):
+            for rank in ranks.values():
+                rank.close()
+            ranks.clear()
+
+
+@contextlib.asynccontextmanager
+async def open_keeper(
+    *, limit: int, directory: Path | None = None, persist_every: int = 50, replicas: bool = True
+) -> AsyncIterator[Keeper]:
+    """A :class:`Keeper` for the body's length; its background jobs stop and its memory is released on exit.
+
+    Args:
+        limit: bytes of memory one rank's checkpoints may take (``--checkpoint-memory``).
+        directory: where checkpoints are persisted (``--checkpoint-dir``; ``None``: nowhere).
+        persist_every: persist every N-th step.
+        replicas: push each rank's latest to the next node's agent (``--checkpoint-replicas``).
+    """
+    async with anyio.create_task_group() as tg:
+        keeper = Keeper(tg, limit=limit, directory=directory, persist_every=persist_every, replicas=replicas)
+        tg.start_soon(keeper._persist_loop)
+        tg.start_soon(keeper._push_loop)
+        try:
+            yield keeper
+        finally:
+            tg.cancel_scope.cancel()
+            keeper.close()

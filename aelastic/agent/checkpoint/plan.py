@@ -7,9 +7,11 @@ data-parallel job cannot be more than one step apart (each step ends in a collec
 rank saves before its next collective), and each agent keeps a rank's last two checkpoints, so that step exists
 after any worker's failure. When a node was lost, its ranks are found in the replica another node kept.
 
-Each node is then told (:func:`node_plan`) the step, and for each saved rank its new workers need that it does not
-hold, the endpoint of an agent that does. A worker whose world size changed loads the rank it had, if that rank
-existed, else ``rank % saved world`` (right for replicated states; DCP reshards sharded ones).
+When no step is whole in memory, or the checkpoint directory holds a newer complete one (group rank 0 looks), the
+job restores from the directory. Each node is then told (:func:`node_plan`) the step, and for each saved rank its
+new workers need that it does not hold, the endpoint of an agent that does. A worker whose world size changed
+loads the rank it had, if that rank existed, else ``rank % saved world`` (right for replicated states; DCP
+reshards sharded ones). Each node is also told where to push the replicas of its own ranks: the next node's agent.
 
 Pure: no I/O, no clock; the agent encodes these as JSON in the round store.
 """
@@ -35,52 +37,74 @@ class Held:
 
 @dataclass(frozen=True, slots=True)
 class Inventory:
-    """What one agent holds, and where other agents can fetch it from (``None``: they cannot)."""
+    """What one agent holds, where other agents can fetch from it (``None``: they cannot), and the job's secret
+    for those transfers if it has one."""
 
     held: tuple[Held, ...] = ()
     endpoint: str | None = None
+    secret: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"held": [[h.rank, h.step, h.world, h.size] for h in self.held], "endpoint": self.endpoint}
+        held = [[h.rank, h.step, h.world, h.size] for h in self.held]
+        return {"held": held, "endpoint": self.endpoint, "secret": self.secret}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Inventory:
         held = tuple(Held(int(r), int(s), int(w), int(n)) for r, s, w, n in data.get("held", ()))
-        endpoint = data.get("endpoint")
-        return cls(held, None if endpoint is None else str(endpoint))
+        endpoint, secret = data.get("endpoint"), data.get("secret")
+        return cls(held, None if endpoint is None else str(endpoint), None if secret is None else str(secret))
 
 
 @dataclass(frozen=True, slots=True)
 class RestorePoint:
     """The step the job restores from, its world size, and the nodes (indices into the inventories) holding each
-    of its ranks."""
+    of its ranks; ``disk``: it is the checkpoint directory's (no node holds it)."""
 
     step: int
     world: int
     holders: Mapping[int, tuple[int, ...]]
+    disk: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class NodePlan:
-    """What one node is told: the step (``None``: no agent holds a complete one), its world, and where to fetch
-    the saved ranks its workers need and it does not hold (saved rank -> endpoint)."""
+    """What one node is told: the step (``None``: there is no complete one), its world, where to fetch the saved
+    ranks its workers need and it does not hold (saved rank -> endpoint), whether the step is the checkpoint
+    directory's, the job's secret for transfers between agents, and where to push replicas of its own ranks (the
+    next node's agent; ``None``: nowhere)."""
 
     step: int | None = None
     world: int = 0
     fetch: Mapping[int, str] = field(default_factory=dict)
+    disk: bool = False
+    secret: str | None = None
+    replica_to: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"step": self.step, "world": self.world, "fetch": {str(r): e for r, e in self.fetch.items()}}
+        fetch = {str(r): e for r, e in self.fetch.items()}
+        return {"step": self.step, "world": self.world, "fetch": fetch, "disk": self.disk, "secret": self.secret,
+                "replica_to": self.replica_to}  # fmt: skip
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> NodePlan:
-        step = data.get("step")
+        step, secret, replica_to = data.get("step"), data.get("secret"), data.get("replica_to")
         fetch = {int(r): str(e) for r, e in data.get("fetch", {}).items()}
-        return cls(None if step is None else int(step), int(data.get("world", 0)), fetch)
+        return cls(
+            None if step is None else int(step), int(data.get("world", 0)), fetch, bool(data.get("disk")),
+            None if secret is None else str(secret), None if replica_to is None else str(replica_to),
+        )  # fmt: skip
 
 
-def restore_point(inventories: Sequence[Inventory]) -> RestorePoint | None:
-    """The newest step whose every rank some inventory holds; ``None`` if there is none."""
+def restore_point(inventories: Sequence[Inventory], disk: Sequence[Held] = ()) -> RestorePoint | None:
+    """The newest step whose every rank some inventory holds, or the directory's complete step ``disk`` if it is
+    newer; ``None`` if there is neither."""
+    memory = _memory_point(inventories)
+    if disk and (memory is None or disk[0].step > memory.step):
+        return RestorePoint(disk[0].step, disk[0].world, {}, disk=True)
+    return memory
+
+
+def _memory_point(inventories: Sequence[Inventory]) -> RestorePoint | None:
     holders: dict[int, dict[int, list[int]]] = {}  # step -> rank -> nodes
     worlds: dict[int, set[int]] = {}
     for node, inventory in enumerate(inventories):
@@ -103,11 +127,15 @@ def saved_rank(rank: int, saved_world: int) -> int:
 
 
 def node_plan(
-    point: RestorePoint | None, inventories: Sequence[Inventory], node: int, ranks: Iterable[int]
+    point: RestorePoint | None, inventories: Sequence[Inventory], node: int, ranks: Iterable[int], secret: str
 ) -> NodePlan:
-    """The plan of ``node`` (an index into ``inventories``), whose workers have the global ``ranks``."""
+    """The plan of ``node`` (an index into ``inventories``), whose workers have the global ``ranks``; ``secret``:
+    the job's secret for transfers between agents (the first inventory's that has one, else a new one)."""
+    successor = inventories[(node + 1) % len(inventories)].endpoint if len(inventories) > 1 else None
     if point is None:
-        return NodePlan()
+        return NodePlan(secret=secret, replica_to=successor)
+    if point.disk:
+        return NodePlan(point.step, point.world, disk=True, secret=secret, replica_to=successor)
     fetch: dict[int, str] = {}
     for rank in ranks:
         saved = saved_rank(rank, point.world)
@@ -117,4 +145,4 @@ def node_plan(
         remote = [inventories[n].endpoint for n in nodes if inventories[n].endpoint is not None]
         if remote:
             fetch[saved] = str(remote[0])
-    return NodePlan(point.step, point.world, fetch)
+    return NodePlan(point.step, point.world, fetch, secret=secret, replica_to=successor)

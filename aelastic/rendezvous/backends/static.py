@@ -59,6 +59,10 @@ class StaticRendezvousHandler(RendezvousHandler):
     def use_agent_store(self) -> bool:
         return True
 
+    @property
+    def local_addr(self) -> str:
+        return self._bootstrap.host
+
     def statistics(self) -> RendezvousStatistics:
         servers = [s for s in (self._server, self._bootstrap.server) if s is not None]
         return RendezvousStatistics(stores=tuple(server.statistics() for server in servers))
