@@ -40,14 +40,17 @@ from .errors import CheckpointError
 
 if TYPE_CHECKING:
     from .agent.checkpoint.child.api import LoadInfo, last_loaded, load, save
+    from .agent.checkpoint.child.dcp import StorageReader, StorageWriter
 
 _LAZY = {
     "LoadInfo": "aelastic.agent.checkpoint.child.api",
+    "StorageReader": "aelastic.agent.checkpoint.child.dcp",
+    "StorageWriter": "aelastic.agent.checkpoint.child.dcp",
     "last_loaded": "aelastic.agent.checkpoint.child.api",
     "load": "aelastic.agent.checkpoint.child.api",
     "save": "aelastic.agent.checkpoint.child.api",
 }
 
-__all__ = ["CheckpointError", "LoadInfo", "last_loaded", "load", "save"]
+__all__ = ["CheckpointError", "LoadInfo", "StorageReader", "StorageWriter", "last_loaded", "load", "save"]
 
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _LAZY)

@@ -253,7 +253,7 @@ class ElasticAgent:
                 info.store, me, info.world_size, keeper.inventory(), keeper.disk_inventory
             )
             if assignment.restore is not None:
-                keeper.adopt(assignment.restore, assignment.global_world_size)
+                keeper.adopt(assignment.restore, assignment.global_world_size, info.store)
         g = self.group
         g.group_rank, g.group_world_size, g.round = info.rank, info.world_size, info.round
         g.master_addr = self.spec.master_addr or info.bootstrap_store_info.master_addr

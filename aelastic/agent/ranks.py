@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from ..store.api import Store
-from .checkpoint.plan import Held, Inventory, NodePlan, node_plan, restore_point
+from .checkpoint.plan import HOLDERS_KEY, Held, Inventory, NodePlan, holders, node_plan, restore_point
 
 __all__ = ["RankAssignment", "RoleInfo", "assign", "exchange_ranks"]
 
@@ -86,6 +86,7 @@ async def exchange_ranks(
         infos = [RoleInfo(r["role"], r["rank"], r["local_world_size"]) for r in raw]
         assignments = assign(infos)
         restores: list[object] = [None] * group_world_size
+        point = None
         if inventory is not None:
             inventories = [Inventory.from_json(r.get("checkpoint", {})) for r in raw]
             point = restore_point(inventories, () if disk is None else disk())
@@ -94,10 +95,12 @@ async def exchange_ranks(
                 node_plan(point, inventories, i, range(a.base_global_rank, a.base_global_rank + n), secret).to_json()
                 for i, (a, n) in enumerate(zip(assignments, (info.local_world_size for info in infos), strict=True))
             ]
-        await store.multi_set(
-            [f"torchelastic/assigned_ranks/{i}" for i in range(group_world_size)],
-            [json.dumps([a.base_global_rank, a.global_world_size, a.base_role_rank, a.role_world_size, restore])
-             for a, restore in zip(assignments, restores, strict=True)],
-        )  # fmt: skip
+        keys = [f"torchelastic/assigned_ranks/{i}" for i in range(group_world_size)]
+        values = [json.dumps([a.base_global_rank, a.global_world_size, a.base_role_rank, a.role_world_size, restore])
+                  for a, restore in zip(assignments, restores, strict=True)]  # fmt: skip
+        if inventory is not None and point is not None and not point.disk:
+            keys.append(HOLDERS_KEY)  # for a load of a rank a node neither holds nor was told to fetch (DCP's)
+            values.append(json.dumps(holders(point, inventories)))
+        await store.multi_set(keys, values)
     base, world, role_base, role_world, restore = json.loads(await store.get(f"torchelastic/assigned_ranks/{me.rank}"))
     return RankAssignment(base, world, role_base, role_world, None if restore is None else NodePlan.from_json(restore))

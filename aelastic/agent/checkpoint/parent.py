@@ -28,6 +28,7 @@ In the background, never in a worker's way:
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -38,11 +39,13 @@ from typing import Any, Final
 import anyio
 import anyio.abc
 
+from ...errors import StoreError
+from ...store.api import Store
 from ..link.parent import LinkRefusal
 from ..spawn.parent import WorkerProcess
 from .child.layout import Header, LayoutError
 from .persist import CopyStopped, file_name, newest_complete, remove_older, write_checkpoint
-from .plan import Held, Inventory, NodePlan, saved_rank
+from .plan import HOLDERS_KEY, Held, Inventory, NodePlan, saved_rank
 from .replicas import ReplicaError, fetch, open_listener, push, serve
 from .slots import RankSlots, Slot, format_size
 
@@ -135,6 +138,8 @@ class Keeper:
         self._endpoint: str | None = None
         self._successor: str | None = None
         self._fetches: dict[int, tuple[anyio.Event, list[str]]] = {}  # saved rank -> done, errors
+        self._store: Store | None = None  # the round's
+        self._holders: dict[str, str] | None = None  # every saved rank's holder, read from it when first needed
         self._persisting = _Queue()
         self._pushing = _Queue()
         self._counts = {"saves": 0, "loads": 0, "pushed": 0, "persisted": 0}
@@ -181,9 +186,10 @@ class Keeper:
         """The checkpoint directory's newest complete step (empty without a directory)."""
         return [] if self.directory is None else newest_complete(self.directory)
 
-    def adopt(self, plan: NodePlan, world: int) -> None:
-        """This node's part of the round's plan; ``world``: the round's world size (what saves are made in)."""
-        self._plan, self._world = plan, world
+    def adopt(self, plan: NodePlan, world: int, store: Store) -> None:
+        """This node's part of the round's plan; ``world``: the round's world size (what saves are made in);
+        ``store``: the round's store (the holders of every rank, for a load no plan foresaw)."""
+        self._plan, self._world, self._store = plan, world, store
         self._secret = plan.secret or self._secret
         self._successor = plan.replica_to
         step = None if plan.disk else plan.step
@@ -196,6 +202,7 @@ class Keeper:
                     slot.header = None  # older than the restore step: never restored from again
             replica.latest = replica.at(step) if step is not None else None
         self._fetches = {}
+        self._holders = None
         for saved, endpoint in plan.fetch.items():
             self._fetches[saved] = (anyio.Event(), [])
             self._tg.start_soon(self._fetch, saved, endpoint, plan.step)
@@ -309,6 +316,8 @@ class Keeper:
             path = self.directory / file_name(plan.step, saved)
             self._counts["loads"] += 1
             return {"found": True, "path": str(path), "source": f"disk {path}"}, ()
+        if saved not in self._fetches and self._own.get(saved) is None and self._replicas.get(saved) is None:
+            await self._fetch_unforeseen(saved, plan.step)
         fetching = self._fetches.get(saved)
         if fetching is not None:
             await fetching[0].wait()
@@ -320,6 +329,23 @@ class Keeper:
             raise LinkRefusal(f"rank {saved}'s checkpoint of step {plan.step} is not held by this agent")
         self._counts["loads"] += 1
         return {"found": True, "size": slot.header.total, "source": held.source}, [slot.fd]
+
+    async def _fetch_unforeseen(self, saved: int, step: int) -> None:
+        """Fetch ``saved``'s checkpoint of ``step`` from the holder group rank 0 named in the round store (a DCP
+        load reads ranks that no node plan foresaw)."""
+        if self._store is None:
+            return
+        if self._holders is None:
+            try:
+                self._holders = json.loads(await self._store.get(HOLDERS_KEY)) if await self._store.check(
+                    [HOLDERS_KEY]) else {}  # fmt: skip
+            except (StoreError, ValueError) as exc:
+                logger.warning("checkpoints: the holders of this round's checkpoints could not be read: %s", exc)
+                self._holders = {}
+        endpoint = self._holders.get(str(saved))
+        if endpoint is not None and endpoint != self._endpoint and saved not in self._fetches:
+            self._fetches[saved] = (anyio.Event(), [])
+            await self._fetch(saved, endpoint, step)
 
     # --- replicas (the server's side: replicas.ReplicaHolder) ------------------------------------------------------
 

@@ -20,9 +20,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
-__all__ = ["Held", "Inventory", "NodePlan", "RestorePoint", "node_plan", "restore_point", "saved_rank"]
+__all__ = [
+    "HOLDERS_KEY",
+    "Held",
+    "Inventory",
+    "NodePlan",
+    "RestorePoint",
+    "holders",
+    "node_plan",
+    "restore_point",
+    "saved_rank",
+]
+
+# The round store's key of every saved rank's holder (:func:`holders`), for loads no node plan foresaw.
+HOLDERS_KEY: Final = "aelastic/checkpoint/holders"
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,3 +159,13 @@ def node_plan(
         if remote:
             fetch[saved] = str(remote[0])
     return NodePlan(point.step, point.world, fetch, secret=secret, replica_to=successor)
+
+
+def holders(point: RestorePoint, inventories: Sequence[Inventory]) -> dict[str, str]:
+    """An endpoint of an agent holding each saved rank of ``point`` (ranks without a reachable holder left out)."""
+    found = {}
+    for rank, nodes in point.holders.items():
+        endpoint = next((inventories[n].endpoint for n in nodes if inventories[n].endpoint is not None), None)
+        if endpoint is not None:
+            found[str(rank)] = endpoint
+    return found

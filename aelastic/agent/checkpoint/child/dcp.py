@@ -1,0 +1,387 @@
+"""``torch.distributed.checkpoint`` over aelastic's in-memory checkpoints: a storage writer and a storage reader.
+
+::
+
+    dcp.save(state, storage_writer=aelastic.checkpoint.StorageWriter(step=step))   # or dcp.async_save
+    dcp.load(state, storage_reader=aelastic.checkpoint.StorageReader())            # the step the job restores
+    dcp.load(state, storage_reader=aelastic.checkpoint.StorageReader("/ckpt"))     # --checkpoint-dir's newest
+
+A DCP save writes each rank's share of the state (DCP's planner decides it: a replicated tensor is written by one
+rank only) into that rank's slot in its agent's memory, as ``save`` does (kind ``"dcp"`` in the header). The
+coordinator's slot also holds the checkpoint's global metadata (DCP's ``Metadata``), encoded as JSON, never
+pickled (:func:`encode_metadata`), and is committed only in ``finish``, once every rank has written: a step is
+complete when every rank, the coordinator included, has committed it. A load reads the global metadata from the
+coordinator's checkpoint and each item from the rank that wrote it, wherever that rank's checkpoint is (this node's
+agent, another node's, or the checkpoint directory), so a checkpoint saved in one world size loads into another
+through DCP's own resharding. Non-tensor values are DCP's own business (it hands them over as ``torch.save`` bytes,
+kept as they are).
+
+The step of a save is ``step=``, or the number at the end of ``checkpoint_id`` (``"step-120"``, ``".../120"``).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    StorageMeta,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import (
+    LoadItemType,
+    LoadPlan,
+    LoadPlanner,
+    SavePlan,
+    SavePlanner,
+    WriteItem,
+    WriteItemType,
+)
+from torch.distributed.checkpoint.storage import StorageReader as _StorageReader
+from torch.distributed.checkpoint.storage import StorageWriter as _StorageWriter
+from torch.distributed.checkpoint.storage import WriteResult
+from torch.futures import Future
+
+from ....errors import CheckpointError
+from .api import Mapping, client, copy_into, open_checkpoint, write_tail
+from .layout import DATA_OFFSET, HEADER_SIZE, Header, LayoutError, place
+from .tree import StateError, dtype_from_name, dtype_name, flatten, unflatten
+
+__all__ = ["StorageReader", "StorageWriter", "decode_metadata", "encode_metadata"]
+
+_DCP_VERSION = "1.0.0"  # the layout version DCP's own FileSystemWriter writes (filesystem.CURRENT_DCP_VERSION)
+_STEP = re.compile(r"(\d+)\D*$")
+
+
+def _step_of(checkpoint_id: str | os.PathLike[str] | None, what: str) -> int | None:
+    if checkpoint_id is None:
+        return None
+    text = os.fspath(checkpoint_id)
+    match = _STEP.search(os.path.basename(text.rstrip("/")) or text)
+    if match is None:
+        raise CheckpointError(f"aelastic.checkpoint.{what}: checkpoint_id {text!r} names no step: pass step=N, or an "
+                              "id that ends with the step's number")  # fmt: skip
+    return int(match[1])
+
+
+def _index(index: MetadataIndex) -> list[Any]:
+    return [index.fqn, None if index.offset is None else list(index.offset), index.index]
+
+
+def _from_index(data: list[Any]) -> MetadataIndex:
+    fqn, offset, hint = data
+    return MetadataIndex(fqn, offset, hint)
+
+
+def _tree(value: Any, what: str) -> Any:
+    tree, blobs = flatten(value)
+    if blobs:
+        raise StateError(f"{what} holds tensors: DCP keeps those in the state, not in its metadata")
+    return tree
+
+
+def encode_metadata(metadata: Metadata) -> dict[str, Any]:
+    """DCP's ``Metadata`` as JSON (what its FileSystemWriter pickles into ``.metadata``).
+
+    Raises:
+        StateError: a planner's or a storage's data that holds a value JSON cannot (a custom planner's objects).
+    """
+    entries: dict[str, Any] = {}
+    for fqn, entry in metadata.state_dict_metadata.items():
+        if isinstance(entry, BytesStorageMetadata):
+            entries[fqn] = {"bytes": True}
+            continue
+        p = entry.properties
+        entries[fqn] = {
+            "dtype": dtype_name(p.dtype), "size": list(entry.size), "requires_grad": p.requires_grad,
+            "chunks": [[list(c.offsets), list(c.sizes)] for c in entry.chunks],
+        }  # fmt: skip
+    storage = [[_index(index), info] for index, info in (metadata.storage_data or {}).items()]
+    meta = metadata.storage_meta
+    return {
+        "state_dict_metadata": entries,
+        "planner_data": _tree(metadata.planner_data, "the planner's data"),
+        "storage_data": storage,
+        "storage_meta": None if meta is None else {
+            "checkpoint_id": None if meta.checkpoint_id is None else os.fspath(meta.checkpoint_id),
+            "save_id": meta.save_id, "load_id": meta.load_id, "modules": list(meta.modules),
+        },
+        "version": metadata.version,
+    }  # fmt: skip
+
+
+def decode_metadata(data: dict[str, Any]) -> Metadata:
+    """The ``Metadata`` :func:`encode_metadata` encoded."""
+    entries: dict[str, TensorStorageMetadata | BytesStorageMetadata] = {}
+    for fqn, entry in data["state_dict_metadata"].items():
+        if entry.get("bytes"):
+            entries[fqn] = BytesStorageMetadata()
+            continue
+        properties = TensorProperties(dtype=dtype_from_name(entry["dtype"]), requires_grad=entry["requires_grad"])
+        chunks = [ChunkStorageMetadata(torch.Size(o), torch.Size(s)) for o, s in entry["chunks"]]
+        entries[fqn] = TensorStorageMetadata(properties, torch.Size(entry["size"]), chunks)
+    meta = data.get("storage_meta")
+    return Metadata(
+        state_dict_metadata=entries,
+        planner_data=unflatten(data["planner_data"], [], lambda i: torch.empty(0, dtype=torch.uint8)),
+        storage_data={_from_index(index): info for index, info in data["storage_data"]},
+        storage_meta=None if meta is None else StorageMeta(**meta),
+        version=data.get("version"),
+    )
+
+
+class StorageWriter(_StorageWriter):
+    """DCP's storage writer into the agent's memory (see the module doc).
+
+    Args:
+        step: the step of the checkpoint; else the number that ends ``dcp.save``'s ``checkpoint_id``.
+    """
+
+    def __init__(self, step: int | None = None) -> None:
+        self._given = step
+        self._step = step
+        self._coordinator = False
+        self._items = 0
+        self._pending: tuple[dict[str, Any], Mapping, list[dict[str, Any]], int] | None = None
+
+    def __repr__(self) -> str:
+        return f"<aelastic.checkpoint.StorageWriter step={self._step}>"
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        step = _step_of(checkpoint_id, "StorageWriter")
+        self._step = step if step is not None else self._given
+        self._pending = None
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self._coordinator = is_coordinator
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        self._items = sum(len(plan.items) for plan in plans)  # what the global metadata will describe
+        return plans
+
+    def storage_meta(self) -> StorageMeta | None:
+        return StorageMeta(checkpoint_id=None if self._step is None else f"aelastic:{self._step}")
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        return _STEP.search(os.fspath(checkpoint_id)) is not None
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        step = self._step
+        if step is None or step < 0:
+            raise CheckpointError("aelastic.checkpoint.StorageWriter: no step: StorageWriter(step=N), or a "
+                                  "checkpoint_id that ends with the step's number")  # fmt: skip
+        own = client("StorageWriter")
+        data = [(item, planner.resolve_data(item)) for item in plan.items]
+        sizes = [_size(value) for _, value in data]
+        offsets, data_size = place(sizes)
+        placed = zip(data, offsets, sizes, strict=True)
+        items = [_item_info(item, value, offset, size) for (item, value), offset, size in placed]
+        meta = json.dumps({"items": items}).encode()
+        # The coordinator adds the global metadata in finish: room for it now (a few hundred bytes an item).
+        room = 65536 + 1024 * max(self._items, len(plan.items)) if self._coordinator else 0
+        size = DATA_OFFSET + data_size + len(meta) + room
+        reply, mapping = own.reserve("StorageWriter", size, step=step)
+        tensors = [(value.detach(), offset) for (_, value), offset in zip(data, offsets, strict=True)
+                   if isinstance(value, torch.Tensor)]  # fmt: skip
+        copy_into(mapping, tensors)
+        for (_, value), offset in zip(data, offsets, strict=True):
+            if not isinstance(value, torch.Tensor):
+                raw = value.getbuffer()
+                mapping.mmap[offset : offset + len(raw)] = raw
+        rank = int(reply["rank"])
+        results = [WriteResult(index=item.index, size_in_bytes=size_, storage_data={**info, "rank": rank})
+                   for (item, _), size_, info in zip(data, sizes, items, strict=True)]  # fmt: skip
+        if self._coordinator:
+            self._pending = (reply, mapping, items, data_size)
+        else:
+            header = Header("dcp", step, rank, int(reply["world"]), data_size, DATA_OFFSET + data_size, len(meta))
+            write_tail(mapping, header, meta)
+            own.request("StorageWriter", "commit", slot=int(reply["slot"]), step=step, size=header.total)
+        future: Future[list[WriteResult]] = Future()
+        future.set_result(results)
+        return future
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        if self._pending is None or self._step is None:
+            raise CheckpointError("aelastic.checkpoint.StorageWriter: finish() without write_data()")
+        reply, mapping, items, data_size = self._pending
+        self._pending = None
+        metadata.version = _DCP_VERSION
+        metadata.storage_data = {result.index: result.storage_data for ranks in results for result in ranks}
+        metadata.storage_meta = self.storage_meta()
+        try:
+            encoded = encode_metadata(metadata)
+        except StateError as exc:
+            raise CheckpointError(f"aelastic.checkpoint.StorageWriter: {exc}") from None
+        meta = json.dumps({"items": items, "metadata": encoded}).encode()
+        header = Header("dcp", self._step, int(reply["rank"]), int(reply["world"]), data_size,
+                        DATA_OFFSET + data_size, len(meta))  # fmt: skip
+        own = client("StorageWriter")
+        slot = int(reply["slot"])
+        if header.total > mapping.size:  # more metadata than the room kept for it: a larger slot, the data copied
+            kept = bytes(mapping.mmap[DATA_OFFSET : DATA_OFFSET + data_size])  # the reserve may replace the mapping
+            larger, mapping = own.reserve("StorageWriter", header.total, step=self._step)
+            mapping.mmap[DATA_OFFSET : DATA_OFFSET + data_size] = kept
+            slot = int(larger["slot"])
+        write_tail(mapping, header, meta)
+        own.request("StorageWriter", "commit", slot=slot, step=self._step, size=header.total)
+
+
+def _size(value: torch.Tensor | io.BytesIO) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    return len(value.getbuffer())
+
+
+def _item_info(item: WriteItem, value: torch.Tensor | io.BytesIO, offset: int, size: int) -> dict[str, Any]:
+    info: dict[str, Any] = {"offset": offset, "nbytes": size}
+    if item.type is not WriteItemType.BYTE_IO and isinstance(value, torch.Tensor):
+        info.update(dtype=dtype_name(value.dtype), shape=list(value.shape))
+    return info
+
+
+class StorageReader(_StorageReader):
+    """DCP's storage reader of aelastic's checkpoints (see the module doc).
+
+    Args:
+        directory: read the checkpoint directory's newest complete step (or ``step``'s) instead of the step the job
+            restores from; ``dcp.load``'s ``checkpoint_id`` may name it too.
+        step: with a directory, the step to read.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str] | None = None, step: int | None = None) -> None:
+        self._directory = None if directory is None else Path(directory)
+        self._step = step
+        self._mappings: dict[int, Mapping] = {}
+        self._metas: dict[int, dict[str, Any]] = {}
+        self._storage: dict[MetadataIndex, dict[str, Any]] = {}
+
+    def __repr__(self) -> str:
+        return f"<aelastic.checkpoint.StorageReader directory={self._directory} step={self._step}>"
+
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
+        self._close()
+        if checkpoint_id is not None and os.path.isdir(checkpoint_id):
+            self._directory = Path(checkpoint_id)
+        elif checkpoint_id is not None:
+            self._step = _step_of(checkpoint_id, "StorageReader")
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
+        return os.path.isdir(checkpoint_id)
+
+    def _open(self, rank: int) -> tuple[Mapping, dict[str, Any]]:
+        """Saved rank ``rank``'s checkpoint, mapped once per load."""
+        if rank not in self._mappings:
+            if self._directory is not None:
+                opened = _open_file(self._directory, rank, self._step)
+            else:
+                found = open_checkpoint("StorageReader", rank)
+                if found is None:
+                    raise CheckpointError("aelastic.checkpoint.StorageReader: no checkpoint to load (no agent holds "
+                                          "one, and --checkpoint-dir has none)")  # fmt: skip
+                mapping, header, meta, _ = found
+                opened = mapping, header, meta
+            mapping, header, meta = opened
+            if header.kind != "dcp":
+                mapping.close()
+                raise CheckpointError(f"aelastic.checkpoint.StorageReader: step {header.step} was saved with "
+                                      "aelastic.checkpoint.save: load it with aelastic.checkpoint.load")  # fmt: skip
+            self._step = header.step
+            self._mappings[rank], self._metas[rank] = mapping, meta
+        return self._mappings[rank], self._metas[rank]
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        _, meta = self._open(0)
+        if "metadata" not in meta:
+            raise CheckpointError("aelastic.checkpoint.StorageReader: rank 0's checkpoint holds no DCP metadata")
+        metadata = decode_metadata(meta["metadata"])
+        self._storage = metadata.storage_data
+        return metadata
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self._storage = metadata.storage_data
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        try:
+            for item in plan.items:
+                info = self._storage[item.storage_index]
+                mapping, _ = self._open(int(info["rank"]))
+                raw = mapping.tensor[info["offset"] : info["offset"] + info["nbytes"]]
+                if item.type == LoadItemType.BYTE_IO:
+                    planner.load_bytes(item, io.BytesIO(raw.numpy().tobytes()))
+                    continue
+                tensor = raw.view(dtype_from_name(info["dtype"])).view(info["shape"])
+                for dim, (offset, length) in enumerate(zip(item.storage_offsets, item.lengths, strict=True)):
+                    tensor = tensor.narrow(dim, offset, length)
+                target = planner.resolve_tensor(item).detach()
+                if target.size() != tensor.size():
+                    sizes = f"the checkpoint's {list(tensor.size())} against {list(target.size())}"
+                    raise CheckpointError(f"aelastic.checkpoint.StorageReader: {item.storage_index.fqn}: {sizes}")
+                target.copy_(tensor)
+                planner.commit_tensor(item, target)
+        finally:
+            self._close()
+        future: Future[None] = Future()
+        future.set_result(None)
+        return future
+
+    def _close(self) -> None:
+        for mapping in self._mappings.values():
+            mapping.close()
+        self._mappings.clear()
+        self._metas.clear()
+
+
+def _open_file(directory: Path, rank: int, step: int | None) -> tuple[Mapping, Header, dict[str, Any]]:
+    """Saved rank ``rank``'s file in ``directory`` of ``step`` (``None``: the newest step it has)."""
+    if step is None:
+        steps = sorted(int(m[1]) for m in (re.fullmatch(r"step-(\d+)\.rank-0*(\d+)\.ckpt", n) for n in
+                                           _names(directory)) if m and int(m[2]) == rank)  # fmt: skip
+        if not steps:
+            raise CheckpointError(f"aelastic.checkpoint.StorageReader: {directory}: no checkpoint of rank {rank}")
+        step = steps[-1]
+    path = directory / f"step-{step:012d}.rank-{rank:06d}.ckpt"
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise CheckpointError(f"aelastic.checkpoint.StorageReader: {path}: {exc.strerror}") from None
+    try:
+        mapping = Mapping(fd, os.fstat(fd).st_size, shared=False)
+    finally:
+        os.close(fd)
+    try:
+        header = Header.decode(mapping.mmap[:HEADER_SIZE])
+        meta = json.loads(bytes(mapping.mmap[header.meta_offset : header.meta_offset + header.meta_size]))
+    except (LayoutError, ValueError) as exc:
+        mapping.close()
+        raise CheckpointError(f"aelastic.checkpoint.StorageReader: {path}: {exc}") from None
+    return mapping, header, meta
+
+
+def _names(directory: Path) -> Sequence[str]:
+    try:
+        return os.listdir(directory)
+    except OSError as exc:
+        raise CheckpointError(f"aelastic.checkpoint.StorageReader: {directory}: {exc.strerror}") from None
