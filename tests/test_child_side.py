@@ -27,7 +27,7 @@ AGENT_DIR = Path(aelastic.agent.__file__).parent
 SOURCE_ROOT = AGENT_DIR.parent.parent  # the directory that holds the aelastic package
 
 # The cross-process features; each must keep a child side (discovery below finds any other too).
-FEATURES = {"callables", "finish", "forward", "link", "prewarm", "reaper", "spawn", "stacks", "timers"}
+FEATURES = {"callables", "checkpoint", "finish", "forward", "link", "prewarm", "reaper", "spawn", "stacks", "timers"}
 
 # (child-side module, module it may import besides the rule) -> why.
 EXCEPTIONS = {
@@ -37,6 +37,13 @@ EXCEPTIONS = {
     ("aelastic.agent.timers.child", "aelastic.errors"): "TimerServerUnavailableError lives in the one error tree",
     ("aelastic.agent.prewarm.child", "aelastic.agent.link.child"): "a standby reports its worker's failure over the "
     "worker's link before the interpreter's teardown",
+    ("aelastic.agent.checkpoint.child.api", "torch"): "the worker's own torch: a checkpoint is the state's tensors",
+    ("aelastic.agent.checkpoint.child.api", "aelastic.errors"): "CheckpointError lives in the one error tree",
+    ("aelastic.agent.checkpoint.child.api", "aelastic.agent.link.child"): "save and load ask the agent over the "
+    "worker's link",
+    ("aelastic.agent.checkpoint.child.tree", "torch"): "the worker's own torch: a state is tensors",
+    ("aelastic.agent.checkpoint.child.dcp", "torch"): "torch.distributed.checkpoint's storage classes",
+    ("aelastic.agent.checkpoint.child.dcp", "aelastic.errors"): "CheckpointError lives in the one error tree",
 }
 
 # What ``python -m aelastic.agent.<feature>.child`` imports on the way down before the module itself: the
@@ -62,14 +69,21 @@ def features() -> list[str]:
 
 
 def child_modules() -> list[tuple[str, str]]:
-    """(feature, module name) of every ``child.py``."""
-    return [(f, f"aelastic.agent.{f}.child") for f in features() if (AGENT_DIR / f / "child.py").is_file()]
+    """(feature, module name) of every ``child.py``, and of every module of a ``child/`` package."""
+    modules = [(f, f"aelastic.agent.{f}.child") for f in features() if (AGENT_DIR / f / "child.py").is_file()]
+    for f in features():
+        package = AGENT_DIR / f / "child"
+        if (package / "__init__.py").is_file():
+            modules += [(f, f"aelastic.agent.{f}.child.{p.stem}") for p in sorted(package.glob("*.py"))
+                        if p.stem != "__init__"]  # fmt: skip
+    return modules
 
 
 def child_files() -> list[tuple[str, Path]]:
-    """(feature, file) of every file under a ``child/`` directory: each is imported as a top-level module from its
-    directory (as the stack hook is, from the worker's ``PYTHONPATH``)."""
-    return [(f, path) for f in features() for path in sorted((AGENT_DIR / f / "child").glob("*.py"))]
+    """(feature, file) of every file under a ``child/`` directory that is not a package: each is imported as a
+    top-level module from its directory (as the stack hook is, from the worker's ``PYTHONPATH``)."""
+    return [(f, path) for f in features() if not (AGENT_DIR / f / "child" / "__init__.py").is_file()
+            for path in sorted((AGENT_DIR / f / "child").glob("*.py"))]  # fmt: skip
 
 
 def probe(path: list[str], imports: list[str], env: dict[str, str] | None = None, **kwargs: object) -> list[str]:
@@ -126,13 +140,17 @@ def test_a_feature_package_is_standard_library_only(feature: str) -> None:
 @pytest.mark.parametrize(("feature", "module"), child_modules())
 def test_a_child_module_imports_only_the_standard_library_and_its_own_child_side(feature: str, module: str) -> None:
     declared = {imported: why for (child, imported), why in EXCEPTIONS.items() if child == module}
-    third_party = sorted({location(m) for m in declared if m.partition(".")[0] != "aelastic"})
+    # What the feature's other child modules may import, this one may import through them.
+    permitted = {imported for (child, imported) in EXCEPTIONS if child.startswith(f"aelastic.agent.{feature}.child")}
+    third_party = sorted({location(m) for m in permitted if m.partition(".")[0] != "aelastic"})
     loaded = probe([str(SOURCE_ROOT), *third_party], [f"aelastic.agent.{feature}", module])
 
     def allowed(name: str) -> bool:
-        if name == module or name.startswith(f"aelastic.agent.{feature}.child."):
+        if name == module or name.startswith(f"aelastic.agent.{feature}.child"):
             return True
-        if any(name == d or name.startswith(f"{d}.") or d.startswith(f"{name}.") for d in declared):
+        if "torch" in permitted and name.partition(".")[0] != "aelastic":
+            return True  # the worker's torch, and what torch imports
+        if any(name == d or name.startswith(f"{d}.") or d.startswith(f"{name}.") for d in permitted):
             return True  # a declared module, one of its submodules or its package
         return name.partition(".")[0] != "aelastic" and is_stdlib(name)
 

@@ -31,7 +31,6 @@ from aelastic.errors import ConfigurationError
 DEADLINE = 60.0
 
 
-
 def wait_for(what: str, check: Callable[[], object], timeout: float = DEADLINE) -> None:
     deadline = time.monotonic() + timeout
     while not check():

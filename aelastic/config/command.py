@@ -30,6 +30,7 @@ from .launch_config import LaunchConfig
 from .sources import apply_slurm, sources
 from .values import (
     check_at_least,
+    check_writable_dir,
     new_run_id,
     parse_nnodes,
     parse_nproc,
@@ -197,6 +198,8 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> R
     args, derived, slurm_line = apply_slurm(args, env)
     nproc = parse_nproc(str(args.nproc_per_node), env)
     check_at_least(args.max_restarts, 0, f"--max-restarts {args.max_restarts}")  # LaunchConfig's rule, named
+    if args.checkpoint_dir is not None:
+        check_writable_dir(args.checkpoint_dir, "--checkpoint-dir")  # LaunchConfig's rule, named
     parse_signals(args.signals_to_handle)  # as the user wrote it (LaunchConfig's errors name its fields)
     forwarded = resolve_forwarded(args.signals_to_forward, args.signals_to_handle)
     if args.module and args.no_python:

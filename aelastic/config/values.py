@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import tempfile
 from collections.abc import Mapping
 from typing import Final
 
@@ -252,16 +253,20 @@ def parse_size(text: str) -> int:
 
 
 def check_writable_dir(path: str, label: str) -> None:
-    """A directory this process can write into, or can create (its nearest existing ancestor is writable)."""
+    """A directory this process can write into, or can create: a file is made (and removed at once, unnamed) in
+    it, or in its nearest existing ancestor, so that read-only mounts and permissions answer, not just mode bits."""
     target = os.path.abspath(path)
     existing = target
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
         raise ConfigurationError(f"{label} {path!r}: {existing!r} is not a directory")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        what = "the directory" if existing == target else f"its parent {existing!r}, where it would be created,"
-        raise ConfigurationError(f"{label} {path!r}: {what} is not writable by this user")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        what = "the directory" if existing == target else f"{existing!r}, where it would be created,"
+        raise ConfigurationError(f"{label} {path!r}: {what} is not writable ({exc.strerror})") from None
 
 
 def parse_log_level(text: str) -> str:

@@ -143,5 +143,11 @@ def test_torchrun_beside_it(slurm_cluster: SlurmCluster, tmp_path: Path) -> None
                     "the spare and the survivors all-reduce in a world of 3, from its start",
                     system="torchrun")  # fmt: skip
     elif "world_of_2_after" in found or "failed" in found:
-        report_time("slurm", "spare node started: world of 3 training", None, "", system="torchrun",
-                    outcome=f"did not complete: {found.get('failed', '')[:200]}")
+        report_time(
+            "slurm",
+            "spare node started: world of 3 training",
+            None,
+            "",
+            system="torchrun",
+            outcome=f"did not complete: {found.get('failed', '')[:200]}",
+        )

@@ -2,11 +2,12 @@
 ``load`` reads (the worker side; it imports torch, which only workers have).
 
 A state is what ``model.state_dict()``, ``optimizer.state_dict()``, RNG states and a loop's counters are made of:
-dicts (and OrderedDicts) with keys of plain values, lists, tuples, tensors, numpy arrays, ``None``, booleans,
-numbers, strings, bytes, and torch's dtypes, devices and sizes. :func:`flatten` turns one into a JSON-able tree, in
-which every tensor is a reference into a list of tensors, and that list; :func:`unflatten` builds the state again
-from the tree and the bytes. Nothing is pickled: a value of any other type is refused, by its key path, before a
-byte is written. Tags keep what JSON cannot (dict keys that are not strings, tuples apart from lists):
+dicts (and OrderedDicts) with keys of plain values, lists, tuples, tensors, numpy arrays and scalars, ``None``,
+booleans, numbers, strings, bytes, and torch's dtypes, devices and sizes. :func:`flatten` turns one into a
+JSON-able tree, in which every tensor is a reference into a list of tensors, and that list; :func:`unflatten`
+builds the state again from the tree and the bytes. Nothing is pickled: a value of any other type is refused, by
+its key path, before a byte is written. Tags keep what JSON cannot (dict keys that are not strings, tuples apart
+from lists):
 
     {"D": [[key, value], ...]}  dict          {"O": [...]}  OrderedDict     {"L": [...]}  list
     {"U": [...]}  tuple                       {"T": i}      tensor i        {"N": i}      numpy array i
@@ -60,7 +61,7 @@ def dtype_from_name(name: str) -> torch.dtype:
 
 
 def _path(path: str) -> str:
-    return path or "the state itself"
+    return f"state{path}"
 
 
 def flatten(state: Any) -> tuple[Any, list[Blob]]:
@@ -102,14 +103,17 @@ def flatten(state: Any) -> tuple[Any, list[Blob]]:
                 seen[key] = index
         return {"T": index}
 
-    def array_ref(array: Any, path: str) -> dict[str, int]:
+    def array_ref(array: Any, path: str, *, scalar: bool = False) -> dict[str, int]:
         import numpy
 
         if array.dtype.hasobject:
             raise StateError(f"{_path(path)}: a numpy array of Python objects cannot be saved without pickling")
-        contiguous = numpy.ascontiguousarray(array)
+        contiguous = array if array.flags.c_contiguous else numpy.ascontiguousarray(array)  # (it makes 0-d 1-d)
         data = torch.from_numpy(contiguous.reshape(-1).view(numpy.uint8))
-        blobs.append(Blob(data, {"numpy": contiguous.dtype.str, "shape": list(contiguous.shape)}))
+        info: dict[str, Any] = {"numpy": contiguous.dtype.str, "shape": list(contiguous.shape)}
+        if scalar:
+            info["scalar"] = True
+        blobs.append(Blob(data, info))
         return {"N": len(blobs) - 1}
 
     def walk(value: Any, path: str) -> Any:
@@ -135,8 +139,10 @@ def flatten(state: Any) -> tuple[Any, list[Blob]]:
             return {"size": list(value)}
         if kind.__module__ == "numpy" and kind.__name__ == "ndarray":
             return array_ref(value, path)
-        if kind.__module__ == "numpy" and hasattr(value, "item"):  # a numpy scalar: its Python value
-            return walk(value.item(), path)
+        if kind.__module__ == "numpy" and hasattr(value, "dtype"):  # a numpy scalar: a 0-d array's element
+            import numpy
+
+            return array_ref(numpy.asarray(value), path, scalar=True)
         raise StateError(
             f"{_path(path)}: a {kind.__module__}.{kind.__qualname__} is not a value a checkpoint holds (tensors, "
             "numpy arrays, None, bools, numbers, strings, bytes, dtypes, devices, and dicts, lists and tuples of "
@@ -146,8 +152,8 @@ def flatten(state: Any) -> tuple[Any, list[Blob]]:
     def walk_key(key: Any, path: str) -> Any:
         if type(key) in _PLAIN or type(key) is tuple:
             return walk(key, f"{path} (a key)")
-        raise StateError(f"{path}: the key {key!r} is a {type(key).__name__}: keys are None, bools, numbers, "
-                         "strings or tuples of them")  # fmt: skip
+        raise StateError(f"{_path(path)}: the key {key!r} is a {type(key).__name__}: keys are None, bools, "
+                         "numbers, strings or tuples of them")  # fmt: skip
 
     return walk(state, ""), blobs
 
@@ -178,8 +184,8 @@ def unflatten(
 
             array = numpy.empty(info["shape"], dtype=numpy.dtype(info["numpy"]))
             torch.from_numpy(array.reshape(-1).view(numpy.uint8)).copy_(data)
-            built[index] = array
-            return array
+            built[index] = array[()] if info.get("scalar") else array
+            return built[index]
         dtype, shape = dtype_from_name(info["dtype"]), info["shape"]
         source = data.view(dtype).view(shape) if data.numel() else torch.empty(shape, dtype=dtype)
         if isinstance(target, torch.Tensor):

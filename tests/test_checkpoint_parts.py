@@ -1,0 +1,288 @@
+"""The pure and local parts of in-memory checkpoints, without an agent: a state as JSON and raw bytes
+(``child/tree.py``), the bytes' layout, where a job restores from (``plan.py``) and the checkpoint directory
+(``persist.py``). The agent and real workers are tests/test_checkpoint.py's."""
+
+from __future__ import annotations
+
+import collections
+import math
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy
+import pytest
+import torch
+
+from aelastic.agent.checkpoint.child.layout import ALIGN, DATA_OFFSET, Header, LayoutError, place
+from aelastic.agent.checkpoint.child.tree import StateError, flatten, unflatten
+from aelastic.agent.checkpoint.persist import (
+    CopyStopped,
+    file_name,
+    newest_complete,
+    remove_older,
+    scan,
+    write_checkpoint,
+)
+from aelastic.agent.checkpoint.plan import (
+    Held,
+    Inventory,
+    NodePlan,
+    holders,
+    node_plan,
+    restore_point,
+    saved_rank,
+)
+
+pytestmark = pytest.mark.torch
+
+
+def round_trip(state: Any, **kwargs: Any) -> Any:
+    """``state`` through flatten, a byte buffer laid out as a slot, and unflatten."""
+    tree, blobs = flatten(state)
+    offsets, size = place([b.nbytes for b in blobs])
+    buffer = torch.zeros(DATA_OFFSET + size, dtype=torch.uint8)
+    infos = []
+    for blob, offset in zip(blobs, offsets, strict=True):
+        if blob.nbytes:
+            buffer[offset : offset + blob.nbytes].view(blob.tensor.dtype).view(blob.tensor.shape).copy_(blob.tensor)
+        infos.append({**blob.info, "offset": offset, "nbytes": blob.nbytes})
+    return unflatten(tree, infos, lambda i: buffer[infos[i]["offset"] : infos[i]["offset"] + infos[i]["nbytes"]],
+                     **kwargs)  # fmt: skip
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal in type and value, tensors bitwise (dtype, shape, bytes), NaN equal to NaN."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, torch.Tensor):
+        return a.dtype == b.dtype and a.shape == b.shape and a.cpu().view(-1).view(torch.uint8).equal(
+            b.cpu().reshape(-1).view(torch.uint8))  # fmt: skip
+    if isinstance(a, numpy.ndarray):
+        return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and math.isnan(a):
+        return math.isnan(b)
+    return bool(a == b)
+
+
+def training_state() -> dict[str, Any]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(4, 8)).sum().backward()
+    optimizer.step()
+    return {"model": model.state_dict(), "optim": optimizer.state_dict(), "rng": torch.get_rng_state(), "step": 7}
+
+
+def test_a_training_state_comes_back_bitwise_with_its_types() -> None:
+    state = training_state()
+    state["extra"] = {
+        3: (1, 2.5, None, True, "s", b"\x00\xff"), (1, "a"): [float("nan"), float("inf"), -0.0, 2**70],
+        "dtypes": [torch.bfloat16, torch.device("cpu"), torch.Size([2, 3])],
+        "ordered": collections.OrderedDict([("b", 1), ("a", 2)]),
+        "tensors": [torch.tensor(3.5), torch.empty(0, 5), torch.tensor([True, False]), torch.randn(3, 2).t(),
+                    torch.randn(2, 2, dtype=torch.complex64), torch.arange(6, dtype=torch.bfloat16)],
+        "numpy": [numpy.arange(5, dtype=numpy.int16), numpy.float32(1.5), numpy.random.RandomState(0).get_state()],
+    }  # fmt: skip
+    restored = round_trip(state)
+    assert same(restored, state)
+    assert restored["optim"]["state"][0]["step"].dtype == state["optim"]["state"][0]["step"].dtype
+    assert isinstance(restored["extra"]["ordered"], collections.OrderedDict)
+
+
+def test_the_same_tensor_twice_is_stored_once_and_comes_back_as_one() -> None:
+    weight = torch.randn(4, 4)
+    state = {"embed": weight, "head": weight.detach(), "other": weight.clone()}
+    _, blobs = flatten(state)
+    assert len(blobs) == 2
+    restored = round_trip(state)
+    assert restored["embed"] is restored["head"]
+    assert restored["other"] is not restored["embed"]
+    assert same(restored, state)
+
+
+class Opaque:
+    pass
+
+
+@pytest.mark.parametrize(
+    ("state", "path", "what"),
+    [
+        ({"model": {"w": torch.ones(1)}, "hook": lambda: 0}, "['hook']", "function"),
+        ({"a": [1, {2, 3}]}, "['a'][1]", "builtins.set"),
+        ({"a": {"b": Opaque()}}, "['a']['b']", "Opaque"),
+        ({"a": collections.namedtuple("P", "x")(1)}, "['a']", "P"),
+        ({"s": torch.ones(2, 2).to_sparse()}, "['s']", "sparse"),
+        ({"m": torch.empty(2, device="meta")}, "['m']", "meta"),
+        ({"a": numpy.array([object()])}, "['a']", "Python objects"),
+        ({"k": {torch.ones(1): 1}}, "['k']", "key"),
+    ],
+)
+def test_a_value_a_checkpoint_may_not_hold_is_named_by_its_key_path(state: Any, path: str, what: str) -> None:
+    with pytest.raises(StateError) as raised:
+        flatten(state)
+    assert path in str(raised.value), raised.value
+    assert what in str(raised.value), raised.value
+
+
+def test_load_into_fills_the_given_tensors_in_place_and_refuses_another_shape() -> None:
+    state = training_state()
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    target = {"model": model.state_dict()}
+    restored = round_trip(state, into=target)
+    assert restored["model"]["0.weight"] is target["model"]["0.weight"]
+    assert model[0].weight.equal(state["model"]["0.weight"])  # the module's own parameter, filled
+    wrong = {"model": {**model.state_dict(), "2.bias": torch.zeros(3)}}
+    with pytest.raises(StateError, match=r"\['model'\]\['2.bias'\].*shape \[2\].*shape \[3\]"):
+        round_trip(state, into=wrong)
+
+
+def test_a_cuda_state_needs_cuda_or_a_map_location() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the refusal is for machines without it")
+    tree, blobs = flatten({"w": torch.ones(2)})
+    infos = [{**blobs[0].info, "device": "cuda:0", "offset": DATA_OFFSET, "nbytes": 8}]
+    data = torch.ones(2).view(torch.uint8)
+    with pytest.raises(StateError, match="no CUDA device: load with map_location='cpu'"):
+        unflatten(tree, infos, lambda i: data)
+    assert unflatten(tree, infos, lambda i: data, map_location="cpu")["w"].equal(torch.ones(2))
+
+
+# --- layout -----------------------------------------------------------------------------------------------------------
+
+
+def test_header_round_trip_and_the_bytes_that_are_not_one() -> None:
+    header = Header("dcp", 12, 3, 8, 1000, DATA_OFFSET + 1024, 77)
+    assert Header.decode(header.encode()) == header
+    assert header.total == DATA_OFFSET + 1024 + 77
+    with pytest.raises(LayoutError, match="no checkpoint header"):
+        Header.decode(bytes(4096))
+    with pytest.raises(LayoutError, match="shorter"):
+        Header.decode(header.encode()[:10])
+    newer = bytearray(header.encode())
+    newer[8] = 9
+    with pytest.raises(LayoutError, match="version 9"):
+        Header.decode(bytes(newer))
+
+
+def test_blobs_are_placed_aligned_after_the_header() -> None:
+    offsets, size = place([1, 0, 100, 64])
+    assert offsets[0] == DATA_OFFSET
+    assert all(o % ALIGN == 0 for o in offsets)
+    assert offsets == [DATA_OFFSET, DATA_OFFSET + 64, DATA_OFFSET + 64, DATA_OFFSET + 192]
+    assert size == 256
+
+
+# --- the plan ---------------------------------------------------------------------------------------------------------
+
+
+def inventory(*held: tuple[int, int], world: int = 2, endpoint: str | None = None) -> Inventory:
+    return Inventory(tuple(Held(rank, step, world, 100) for rank, step in held), endpoint)
+
+
+def test_a_worker_fault_restores_the_newest_step_every_rank_holds() -> None:
+    # Rank 0 completed step 25 before rank 1 failed during it: the job restores 24, which both hold.
+    point = restore_point([inventory((0, 25), (0, 24), (1, 24), (1, 23))])
+    assert point is not None
+    assert (point.step, point.world) == (24, 2)
+
+
+def test_a_lost_node_restores_from_the_replica_its_successor_kept() -> None:
+    node0 = inventory((0, 9), (0, 8), (2, 9), world=3, endpoint="a:1")  # its own rank 0, and rank 2's replica
+    node2 = inventory((2, 9), (2, 8), (1, 9), world=3, endpoint="c:1")  # its own rank 2, and lost rank 1's replica
+    point = restore_point([node0, node2])
+    assert point is not None
+    assert (point.step, point.world) == (9, 3)
+    assert point.holders == {0: (0,), 1: (1,), 2: (0, 1)}
+    # The world of 2 that survives: node 1 (old node 2) runs rank 1, restores saved rank 1 from its own replica;
+    # node 0 needs nothing from anyone.
+    assert node_plan(point, [node0, node2], 0, [0], "s").fetch == {}
+    assert node_plan(point, [node0, node2], 1, [1], "s").fetch == {}
+    assert node_plan(point, [node0, node2], 0, [0, 1], "s").fetch == {1: "c:1"}
+    assert holders(point, [node0, node2]) == {"0": "a:1", "1": "c:1", "2": "a:1"}
+
+
+def test_no_step_is_restored_that_a_rank_lacks_or_two_worlds_saved() -> None:
+    assert restore_point([inventory((0, 5)), inventory((2, 5), world=3)]) is None  # two worlds: neither whole
+    assert restore_point([inventory((0, 5), (0, 4))]) is None  # rank 1 of world 2 holds nothing
+    assert restore_point([]) is None
+
+
+def test_the_directory_wins_when_it_is_newer_than_memory() -> None:
+    disk = [Held(0, 30, 2, 0), Held(1, 30, 2, 0)]
+    point = restore_point([inventory((0, 9), (1, 9))], disk)
+    assert point is not None
+    assert point.disk
+    assert point.step == 30
+    assert node_plan(point, [inventory()], 0, [0, 1], "s") == NodePlan(30, 2, {}, True, "s", None)
+    memory = restore_point([inventory((0, 31), (1, 31))], disk)
+    assert memory is not None
+    assert not memory.disk
+    assert memory.step == 31
+
+
+def test_plans_round_trip_as_json_and_name_the_successor() -> None:
+    inventories = [inventory(endpoint="a:1"), inventory(endpoint="b:2"), inventory(endpoint=None)]
+    assert node_plan(None, inventories, 0, [0], "s").replica_to == "b:2"
+    assert node_plan(None, inventories, 1, [1], "s").replica_to is None  # node 2 keeps no replicas
+    assert node_plan(None, inventories[:1], 0, [0], "s").replica_to is None  # one node: no one to send to
+    plan = NodePlan(4, 3, {1: "x:9"}, False, "secret", "b:2")
+    assert NodePlan.from_json(plan.to_json()) == plan
+    assert Inventory.from_json(inventory((0, 1), endpoint="a:1").to_json()) == inventory((0, 1), endpoint="a:1")
+
+
+@pytest.mark.parametrize(("rank", "saved_world", "expected"), [(1, 4, 1), (3, 2, 1), (5, 3, 2), (0, 1, 0)])
+def test_a_rank_of_another_world_restores_its_own_or_rank_modulo(rank: int, saved_world: int, expected: int) -> None:
+    assert saved_rank(rank, saved_world) == expected
+
+
+# --- the directory ----------------------------------------------------------------------------------------------------
+
+
+def memory_file(step: int, rank: int, world: int, payload: bytes) -> tuple[int, Header]:
+    header = Header("state", step, rank, world, len(payload), DATA_OFFSET + len(payload), 0)
+    fd = os.memfd_create("test-checkpoint")
+    os.pwrite(fd, header.encode(), 0)
+    os.pwrite(fd, payload, DATA_OFFSET)
+    return fd, header
+
+
+def write(directory: Path, step: int, rank: int, world: int = 2, payload: bytes = b"x" * 100) -> Path:
+    fd, header = memory_file(step, rank, world, payload)
+    try:
+        return write_checkpoint(directory, fd, header, threading.Event())
+    finally:
+        os.close(fd)
+
+
+def test_files_are_whole_and_older_steps_go_once_a_newer_is_complete(tmp_path: Path) -> None:
+    write(tmp_path, 10, 0)
+    write(tmp_path, 10, 1)
+    path = write(tmp_path, 20, 0, payload=b"y" * 5000)
+    assert path.name == file_name(20, 0)
+    assert path.read_bytes()[DATA_OFFSET:] == b"y" * 5000
+    assert [h.step for h in newest_complete(tmp_path)] == [10, 10]  # 20 lacks rank 1
+    remove_older(tmp_path, 20)  # 20 is not complete: nothing goes
+    assert sorted(scan(tmp_path)) == [10, 20]
+    write(tmp_path, 20, 1)
+    assert [(h.rank, h.step) for h in newest_complete(tmp_path)] == [(0, 20), (1, 20)]
+    remove_older(tmp_path, 20)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [file_name(20, 0), file_name(20, 1)]  # no temporary file
+
+
+def test_a_stopped_copy_leaves_no_file(tmp_path: Path) -> None:
+    fd, header = memory_file(5, 0, 1, b"z" * 1000)
+    stop = threading.Event()
+    stop.set()
+    try:
+        with pytest.raises(CopyStopped):
+            write_checkpoint(tmp_path, fd, header, stop)
+    finally:
+        os.close(fd)
+    assert list(tmp_path.iterdir()) == []
+    assert newest_complete(tmp_path / "absent") == []
