@@ -14,6 +14,9 @@ Scenarios:
   ``time.time()``). torchrun runs with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: by default its restarted workers
   reuse the dead attempt's store and most restarts fail with "Connection refused" (3 of 8 recovered when
   measured), which would leave nothing to time.
+* ``error recovery``: ``recovery`` with an uncaught error instead of ``os._exit(1)`` (the interpreter's teardown,
+  with torch and a gloo group, follows the traceback; an aelastic worker reports its failure before it), measured
+  to the last restarted worker past ``init_process_group`` and a barrier (issue 29).
 * ``respawn``: the launcher's share of ``recovery``: from the crash to the last restarted worker running the first
   line of its script (before it imports torch). The rest of ``recovery`` is the worker's own start: importing torch
   and joining the gloo group, the same under either launcher.
@@ -33,7 +36,8 @@ Scenarios:
   Both launchers get ``last_call_timeout=1`` (torch's default 30 s would dominate the first round of one node).
 
 Targets (issue 4): aelastic ≤ 0.3× torchrun for ``launch`` and ``recovery``; aelastic's agent under 60 MiB.
-Target (issue 13): ``recovery`` with ``--prewarm`` ≤ 0.2× torchrun.
+Target (issue 13): ``recovery`` with ``--prewarm`` ≤ 0.2× torchrun. Target (issue 29): ``error recovery`` with
+``--prewarm`` ≤ 0.1× torchrun.
 
 ``--recovery-only`` runs the recovery scenarios alone (``--first-step`` adds the first-step scenario to them);
 ``--launch-only`` the standalone no-op launch alone (``3 * repeats`` launches of each launcher).
@@ -83,10 +87,14 @@ if attempt == "0":
             time.sleep(0.005)
         with open(os.path.join(sys.argv[1], "crash"), "w") as f:
             f.write(repr(time.time()))
+        if sys.argv[2] == "raise":  # an uncaught error: the interpreter's teardown follows (gloo, torch loaded)
+            raise RuntimeError("the crash the benchmark measures")
         os._exit(1)
     time.sleep(600)  # the agent stops this survivor when its peer crashes
+dist.barrier()
+past_barrier = time.time()
 with open(os.path.join(sys.argv[1], f"init-{attempt}-{rank}"), "w") as f:
-    f.write(f"{started!r} {past_init!r}")
+    f.write(f"{started!r} {past_init!r} {past_barrier!r}")
 dist.barrier()
 dist.destroy_process_group()
 """
@@ -180,6 +188,7 @@ def reaper_of(pid: int) -> int | None:
 class Recovery:
     seconds: float  # crash to every restarted worker past init_process_group
     respawn: float  # crash to every restarted worker running its first line (before it imports torch)
+    barrier: float  # crash to every restarted worker past init_process_group and a barrier
     agent_mib: float
     reaper_mib: float = 0.0
     standby_mib: float | None = None  # median peak RSS of the standbys that stayed idle (--prewarm)
@@ -191,10 +200,10 @@ def scratch() -> Iterator[Path]:
         yield Path(tmp)
 
 
-def recovery_once(system: str, script: Path) -> Recovery:
+def recovery_once(system: str, script: Path, crash: str = "exit") -> Recovery:
     with scratch() as out:
         proc = subprocess.Popen(
-            launcher(system, "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", script, out),
+            launcher(system, "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", script, out, crash),
             env=environment(system), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )  # fmt: skip
         agent_mib = reaper_mib = 0.0
@@ -222,12 +231,13 @@ def recovery_once(system: str, script: Path) -> Recovery:
         inits = sorted(out.glob("init-1-*"))
         if proc.returncode != 0 or len(inits) != 2 or not (out / "crash").exists():
             raise RuntimeError(f"{system} recovery run failed ({proc.returncode}): {stderr[-3000:]}")
-        crash = float((out / "crash").read_text())
-        started, past_init = zip(*(map(float, p.read_text().split()) for p in inits), strict=True)
+        crashed = float((out / "crash").read_text())
+        started, past_init, past_barrier = zip(*(map(float, p.read_text().split()) for p in inits), strict=True)
         workers = {int(p.name.split("-")[1]) for p in out.glob("pid-*")}
         idle = [mib for pid, mib in standbys.items() if pid not in workers and mib > 0]
         standby_mib = statistics.median(idle) if idle else None
-        return Recovery(max(past_init) - crash, max(started) - crash, agent_mib, reaper_mib, standby_mib)
+        return Recovery(max(past_init) - crashed, max(started) - crashed, max(past_barrier) - crashed, agent_mib,
+                        reaper_mib, standby_mib)  # fmt: skip
 
 
 # recvmsg(2): where an idle standby sleeps once its preload is done.
@@ -344,8 +354,8 @@ class Samples:
         self.values.setdefault((scenario, system, param), []).append(value)
 
 
-UNITS = {"launch": "s", "recovery": "s", "first step": "s", "respawn": "s", "agent RSS": "MiB", "standby RSS": "MiB",
-         "c10d launch": "s", "scale-up": "s"}  # fmt: skip
+UNITS = {"launch": "s", "recovery": "s", "error recovery": "s", "first step": "s", "respawn": "s", "agent RSS": "MiB",
+         "standby RSS": "MiB", "c10d launch": "s", "scale-up": "s"}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -388,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
                     samples.add("first step", system, first_step_once(system, first_step))
                 result = recovery_once(system, crash_once)
                 samples.add("recovery", system, result.seconds)
+                samples.add("error recovery", system, recovery_once(system, crash_once, "raise").barrier)
                 samples.add("respawn", system, result.respawn)
                 samples.add("agent RSS", system, result.agent_mib)
                 if system != "torch":

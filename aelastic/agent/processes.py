@@ -61,7 +61,7 @@ import signal
 import subprocess
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Final, NamedTuple
 
 import anyio
@@ -96,6 +96,7 @@ logger = logging.getLogger(__name__)
 # groups is dead by then, so end of file is immediate unless a descendant moved to another group or session and
 # still holds a pipe; its later output is dropped.
 _DRAIN_LIMIT: Final = 5.0
+_LINGERING_NICE: Final = 19  # a worker that reported its end tears down at the lowest priority
 
 
 class StopSignal:
@@ -408,6 +409,9 @@ class Supervisor:
             if self.running is not None:
                 self.running.discard(worker.pid)  # ended, as far as signals forwarded to workers go
             worker.stopping = True
+            # Its teardown is nobody's wait any more: the next attempt's workers, starting now, go first.
+            with suppress(OSError):
+                os.setpriority(os.PRIO_PGRP, worker.pid, _LINGERING_NICE)
             with anyio.move_on_after(self.grace) as waited:
                 await worker.process.wait()
             if waited.cancelled_caught:
@@ -493,8 +497,11 @@ class Supervisor:
         watch: WorkerHook | None = None,
         before_kill: WorkerHook | None = None,
         started: Callable[[Sequence[WorkerProcess]], None] | None = None,
+        refill_after: float = 0.0,
     ) -> GroupOutcome:
-        """One attempt: the parameters and the result of :func:`run_workers` (which see)."""
+        """One attempt: the parameters and the result of :func:`run_workers` (which see); ``refill_after``: the
+        seconds the workers run before the next attempt's standbys start (a restart's workers start up, load
+        their state and allocate their memory, the costliest moments of a recovery, without them)."""
         local_ranks = [c.local_rank for c in commands]
         if len(set(local_ranks)) != len(local_ranks):
             raise ConfigurationError(f"local ranks {local_ranks}: each local rank must appear once")
@@ -514,7 +521,7 @@ class Supervisor:
             except BaseException:
                 await self.stop(workers, self.requested, before_kill)
                 raise
-            first_failure = await self._until_failure(workers, finish, watch, before_kill)
+            first_failure = await self._until_failure(workers, finish, watch, before_kill, refill_after)
             for worker in workers:
                 if worker.reported:  # its traceback, written before its report, belongs in its stderr tail
                     with anyio.move_on_after(_DRAIN_LIMIT):
@@ -526,12 +533,18 @@ class Supervisor:
             if finish is not None:
                 finish.close()
 
+    async def _refill(self, commands: Sequence[WorkerCommand], delay: float) -> None:
+        assert self.standbys is not None
+        await anyio.sleep(delay)
+        await self.standbys.refill(commands)
+
     async def _until_failure(
         self,
         workers: list[_Worker],
         finish: FinishLineServer | None,
         watch: WorkerHook | None,
         before_kill: WorkerHook | None,
+        refill_after: float,
     ) -> _Worker | None:
         first_failure: list[_Worker] = []
 
@@ -555,7 +568,7 @@ class Supervisor:
                 if finish is not None:
                     waiters.start_soon(finish.serve)
                 if self.standbys is not None:  # the next attempt's, preloading while these run
-                    waiters.start_soon(self.standbys.refill, [w.command for w in workers])
+                    waiters.start_soon(self._refill, [w.command for w in workers], refill_after)
                 async with anyio.create_task_group() as exits:
                     for worker in workers:
                         exits.start_soon(wait_worker, worker, waiters.cancel_scope)
