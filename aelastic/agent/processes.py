@@ -466,6 +466,14 @@ class Supervisor:
                 await worker.drained.wait()
                 self._close(worker)
 
+    async def _wait_devices_released(self) -> None:
+        """Wait for the lingering workers that hold a GPU (their teardown frees its memory, which the next
+        attempt's workers will want) to end; the others tear down beside the next attempt."""
+        for worker in list(self._workers):
+            if worker.reported and worker.running() and _holds_device(worker.pid):
+                await worker.reaped.wait()  # at most the grace: then it is killed
+        await anyio.lowlevel.checkpoint()
+
     async def _unregister(self, workers: Sequence[_Worker]) -> None:
         for worker in workers:
             if self.running is not None:
@@ -505,7 +513,7 @@ class Supervisor:
         local_ranks = [c.local_rank for c in commands]
         if len(set(local_ranks)) != len(local_ranks):
             raise ConfigurationError(f"local ranks {local_ranks}: each local rank must appear once")
-        await anyio.lowlevel.checkpoint()
+        await self._wait_devices_released()
         logs.prepare_attempt_dir(local_ranks)
         workers: list[_Worker] = []
         finish = FinishLineServer(local_ranks) if finish_together else None
@@ -577,6 +585,19 @@ class Supervisor:
             # A peer's failure stops the others with SIGTERM (torch does); a cancellation with what was asked.
             await self.stop(workers, signal.SIGTERM if first_failure else self.requested, before_kill)
         return first_failure[0] if first_failure else None
+
+
+def _holds_device(pid: int) -> bool:
+    """Whether process ``pid`` has an NVIDIA device open (a CUDA context: GPU memory to free at its exit)."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        with suppress(OSError):  # closed meanwhile
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/dev/nvidia"):
+                return True
+    return False
 
 
 @asynccontextmanager
