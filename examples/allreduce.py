@@ -1,6 +1,6 @@
 """The seed's gloo demo: every worker joins the group, all-reduces a one, and meets at a barrier.
 
-    aelastic run --standalone --nproc-per-node 2 examples/allreduce.py
+aelastic run --standalone --nproc-per-node 2 examples/allreduce.py
 """
 
 import torch

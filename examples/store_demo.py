@@ -1,7 +1,7 @@
 """A store server and a client in one event loop: what every aelastic node runs for its rendezvous.
 
-    python examples/store_demo.py            # asyncio
-    python examples/store_demo.py trio       # trio
+python examples/store_demo.py            # asyncio
+python examples/store_demo.py trio       # trio
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
-"""A training loop that survives a lost node: a gloo all-reduce per step until the stop file appears.
+"""A training loop that survives a lost node: a gloo all-reduce per step until the stop file appears, and an
+in-memory checkpoint after every step (``aelastic.checkpoint``), so that a new world resumes where the old one was.
 
 Run by ``node_loss.sbatch`` (one ``aelastic run`` per node). Each step appends one JSON line to
-``$TRAIN_LOG/<host>.<pid>.jsonl`` (the wall time, the rank, the world size, the restart count), which is what
-``tests/slurm/test_node_loss.py`` reads; a real job would load its checkpoint at the top and save one every few
-steps, since a new world restarts the workers.
+``$TRAIN_LOG/<host>.<pid>.jsonl`` (the wall time, the rank, the world size, the restart count), and each start
+says what it restored and from where (this agent's memory, another agent's replica, the checkpoint directory):
+``tests/slurm/test_node_loss.py`` reads them.
 """
 
 import json
@@ -28,13 +29,22 @@ record(event="started", at=started, restart=int(os.environ.get("TORCHELASTIC_RES
 import torch  # noqa: E402  (after the start is recorded: how long the import takes is part of a restart)
 import torch.distributed as dist  # noqa: E402
 
+import aelastic.checkpoint as ckpt  # noqa: E402
+
 dist.init_process_group(backend="gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
-step = 0
+state = {"weights": torch.zeros(1024), "step": -1}
+restored = ckpt.load(into=state)
+loaded = ckpt.last_loaded()
+record(event="restored", rank=rank, world=world, loaded=None if loaded is None else loaded._asdict())
+step = 0 if restored is None else restored["step"] + 1
 while not stop.exists():
     value = torch.ones(1)
     dist.all_reduce(value)
     assert value.item() == world, f"all_reduce gave {value.item()}, expected {world}"
+    state["weights"] += value  # the same on every rank: the job's progress, carried across worlds
+    state["step"] = step
+    ckpt.save(state, step=step)
     record(event="step", rank=rank, world=world, step=step)
     step += 1
     time.sleep(0.2)

@@ -60,31 +60,45 @@ def _submit(cluster: SlurmCluster, tmp: Path, launcher: str | None = None) -> st
     return cluster.sbatch(TEMPLATE.read_text(), "-N4", f"--chdir={tmp}", env=env)
 
 
-def _run(cluster: SlurmCluster, tmp: Path, *, silent: bool, launcher: str | None = None) -> dict[str, Any]:
-    """Submit, lose node3 once the world of 3 trains, and measure; returns what happened."""
+def _trained(folder: Path, steps: int) -> bool:
+    """Whether every rank of the world of 3 has completed ``steps`` steps."""
+    done = [r for r in _records(folder) if r["event"] == "step" and r["world"] == 3 and r["step"] >= steps - 1]
+    return len({r["host"] for r in done}) == 3
+
+
+def _run(
+    cluster: SlurmCluster, tmp: Path, *, silent: bool, launcher: str | None = None, lost: str = "node3", steps: int = 1
+) -> dict[str, Any]:
+    """Submit, lose a node (``lost``) once the world of 3 has trained ``steps`` steps, and measure; returns what
+    happened."""
     job = _submit(cluster, tmp, launcher)
     found: dict[str, Any] = {"job": job}
+    survivors = {"node1", "node2", "node3"} - {lost}
     try:
         cluster.wait_for("a world of 3 training", lambda: _first_step(tmp, {"node1", "node2", "node3"}, 3, 0))
+        cluster.wait_for(f"{steps} steps in the world of 3", lambda: _trained(tmp, steps))
         lost_at = time.time()
+        found["last_step_before"] = max(r["step"] for r in _records(tmp) if r["event"] == "step")
         if silent:
-            cluster.partition("node3")
+            cluster.partition(lost)
         else:
-            cluster.kill_node("node3")
+            cluster.kill_node(lost)
         limit = 120 if launcher else (KEEP_ALIVE + 5 if silent else 10) + 30  # fail late, assert on the number
-        steps = cluster.wait_for("a world of 2", lambda: _first_step(tmp, {"node1", "node2"}, 2, lost_at), limit)
+        steps = cluster.wait_for("a world of 2", lambda: _first_step(tmp, survivors, 2, lost_at), limit)
         found["world_of_2_after"] = max(steps.values()) - lost_at
         starts = [r["at"] for r in _records(tmp) if r["event"] == "started" and r["at"] > lost_at]
         found["workers_started_after"] = min(starts) - lost_at if starts else None
+        found["restored"] = {r["rank"]: r["loaded"] for r in _records(tmp) if r["event"] == "restored"
+                             and r["world"] == 2 and r["time"] > lost_at}  # fmt: skip
         if not silent:
             spare_at = time.time()
             (tmp / "spare").touch()
-            hosts = {"node1", "node2", "node4"}
+            hosts = survivors | {"node4"}
             steps = cluster.wait_for("the spare joining", lambda: _first_step(tmp, hosts, 3, spare_at), limit + 60)
             found["spare_joined_after"] = max(steps.values()) - spare_at
         (tmp / "stop").touch()
         rcs = {}
-        for host in ("node1", "node2", *(() if silent else ("node4",))):
+        for host in (*sorted(survivors), *(() if silent else ("node4",))):
             rc = cluster.wait_for(f"{host}'s step to end", lambda h=host: (tmp / f"rc.{h}").exists(), 120)
             assert rc
             rcs[host] = int((tmp / f"rc.{host}").read_text())
@@ -123,6 +137,23 @@ def test_a_partitioned_node_is_survived_within_the_keep_alive_timeout(
                 "both survivors all-reduce in a world of 2, from the partition")  # fmt: skip
     assert found["workers_started_after"] < KEEP_ALIVE + 5, found
     assert found["exit_codes"] == {"node1": 0, "node2": 0}, found
+
+
+def test_the_lost_nodes_rank_resumes_from_the_replica_another_node_kept(
+    slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """node2 (group rank 1) is killed: in the world of 2, node3 runs rank 1 and restores rank 1's state, the lost
+    node's, from the replica its agent kept (each agent keeps the previous node's ranks); node1 restores its own
+    rank from its agent's memory. Both resume at the same step, the last one every rank completed."""
+    found = _run(slurm_cluster, tmp_path, silent=False, lost="node2", steps=5)
+    print(f"[slurm] aelastic, node2 killed, where each rank of the world of 2 restored from: {found['restored']}")
+    restored = found["restored"]
+    assert sorted(restored) == [0, 1], found
+    assert restored[0]["source"] == "memory", restored
+    assert restored[1]["rank"] == 1, restored
+    assert restored[1]["source"].startswith("replica from "), restored
+    assert restored[0]["step"] == restored[1]["step"] >= found["last_step_before"] - 1 >= 3, found
+    assert found["exit_codes"] == {"node1": 0, "node3": 0, "node4": 0}, found
 
 
 @pytest.mark.skipif(
