@@ -234,6 +234,27 @@ def test_elastic_ddp_scales_up_when_a_second_node_joins(start: Start, tmp_path: 
     assert len(re.findall(WARM, both, re.M)) == (6 if prewarm else 0), both
 
 
+# --- checkpoint/ ------------------------------------------------------------------------------------------------------
+
+
+def test_in_memory_checkpoints_lose_only_the_step_a_crash_interrupted(start: Start) -> None:
+    """The README command: rank 1 SIGKILLs itself at step 25; both workers restore step 24 from their agent's memory
+    and the run prints the same steps, with the same losses, as a run without the crash."""
+    command = [AELASTIC, "run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--prewarm",
+               "examples/checkpoint/train.py"]  # fmt: skip
+    crashed = start(*command, "--crash-at-step", "25")
+    assert crashed.wait() == 0, crashed.output
+    clean = start(*command)
+    assert clean.wait() == 0, clean.output
+    restored = re.findall(
+        PREFIX + r"rank (\d) of 2: restored step (\d+) from (\w+) \(restart 1\)$", crashed.output, re.M
+    )
+    assert sorted(restored) == [("0", "24", "memory"), ("1", "24", "memory")], crashed.output
+    steps = step_lines(crashed.output)
+    assert [step for step, _, _ in steps] == [*range(1, 25), *range(25, 41)], crashed.output  # nothing done twice
+    assert steps == step_lines(clean.output)
+
+
 # --- asyncio_orchestrator.py, trio_orchestrator.py --------------------------------------------------------------------
 
 ORCHESTRATORS = ["asyncio_orchestrator.py", "trio_orchestrator.py"]

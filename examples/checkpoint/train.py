@@ -1,0 +1,88 @@
+"""DDP training that checkpoints in memory after every step: a crash costs the step it interrupted, not the steps
+since the last checkpoint on disk, nor a reload from disk.
+
+    aelastic run --standalone --nproc-per-node 2 --max-restarts 1 --prewarm examples/checkpoint/train.py \\
+        --crash-at-step 25
+
+Each step ends with ``aelastic.checkpoint.save`` of the model, the optimizer and the step: a copy of their tensors
+into memory that the worker's agent owns (about a memory copy's time; the agent keeps the last two steps per rank,
+so the memory it takes is two copies of the state). A worker that starts after a failure loads the newest step that
+every rank saved (``aelastic.checkpoint.load``, here into the model's own parameters) and goes on from there: the
+losses are those of a run without the crash. With ``--checkpoint-dir DIR`` the agents also write the latest step
+to ``DIR`` (every ``--checkpoint-persist-every`` steps, when a worker fails, at the end), and a job started again
+(requeued, or on other nodes) resumes from it. Run under torchrun, the script says that it needs aelastic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+import aelastic.checkpoint as ckpt
+
+FEATURES = 8
+
+
+def make_batch(step: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batch of ``step``: a noisy linear target, the same on every rank and in every attempt."""
+    weights = torch.linspace(-1.0, 1.0, FEATURES).unsqueeze(1)
+    generator = torch.Generator().manual_seed(step)
+    x = torch.randn(batch_size, FEATURES, generator=generator)
+    return x, x @ weights + 0.1 * torch.randn(batch_size, 1, generator=generator)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--steps", type=int, default=40, help="train until this step (default: 40)")
+    parser.add_argument("--batch-size", type=int, default=32, help="global batch, split across ranks (default: 32)")
+    parser.add_argument("--step-time", type=float, default=0.0, help="simulated compute seconds per step")
+    parser.add_argument("--crash-at-step", type=int, default=None,
+                        help="in the first attempt, the last rank SIGKILLs itself at this step")  # fmt: skip
+    args = parser.parse_args()
+
+    dist.init_process_group("gloo")
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(FEATURES, 16), nn.Tanh(), nn.Linear(16, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    step = 0
+    restored = ckpt.load(into={"model": model.state_dict()})  # the model's parameters, filled in place
+    if restored is not None:
+        optimizer.load_state_dict(restored["optimizer"])
+        step = restored["step"]
+        loaded = ckpt.last_loaded()
+        print(f"rank {rank} of {world_size}: restored step {step} from {loaded and loaded.source} "
+              f"(restart {restart})", flush=True)  # fmt: skip
+    ddp = DistributedDataParallel(model)
+
+    while step < args.steps:
+        step += 1
+        if step == args.crash_at_step and restart == "0" and rank == world_size - 1:
+            print(f"rank {rank}: crashing at step {step} (SIGKILL)", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        x, y = make_batch(step, args.batch_size)
+        x, y = x.tensor_split(world_size)[rank], y.tensor_split(world_size)[rank]
+        squared_error = ((ddp(x) - y) ** 2).sum() / args.batch_size
+        optimizer.zero_grad()
+        (squared_error * world_size).backward()  # DDP averages gradients over the ranks
+        optimizer.step()
+        time.sleep(args.step_time)
+        loss = squared_error.detach()
+        dist.all_reduce(loss)
+        ckpt.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, step=step)
+        if rank == 0:
+            print(f"step {step} loss {loss.item():.6f} world_size {world_size}", flush=True)
+    del ddp
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
