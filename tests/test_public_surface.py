@@ -60,6 +60,9 @@ SURFACES = {
     "aelastic.rendezvous.backends": RENDEZVOUS_BACKENDS,
     "aelastic.rendezvous.testing": RENDEZVOUS_TESTING,
     "aelastic.etcd": ETCD,
+    # In-memory checkpoints, the worker's side (issue 29).
+    "aelastic.checkpoint": {"CheckpointError", "LoadInfo", "StorageReader", "StorageWriter", "last_loaded", "load",
+                            "save"},  # fmt: skip
     "aelastic.rendezvous": TORCH_RENDEZVOUS | {"check_parameters", "open_rendezvous", "register_backend"},
     "aelastic.agent": TORCH_AGENT,
     "aelastic.store": TORCH_STORE | {
@@ -103,7 +106,7 @@ def test_names_are_the_same_objects_as_in_their_modules() -> None:
 
 def test_importing_the_packages_loads_neither_anyio_nor_torch() -> None:
     code = (
-        "import sys, aelastic, aelastic.agent, aelastic.rendezvous, aelastic.store\n"
+        "import sys, aelastic, aelastic.agent, aelastic.rendezvous, aelastic.store, aelastic.checkpoint\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('anyio', 'torch', 'trio', 'httpx')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
