@@ -233,7 +233,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                      help="kill (its stack dumped first) a worker whose aelastic.worker.heartbeat() calls stop for "
                      "this many seconds; it then fails like any worker (default: off)")  # fmt: skip
     _add_flag(own, "--prewarm", dest="prewarm",
-              help="keep a standby interpreter per local rank that has imported torch (and --prewarm-modules), and "
+              help="keep a standby interpreter per local rank that has imported torch, torch._dynamo (which any "
+              "optimizer imports) and --prewarm-modules, and "
               "start Python workers in it: restarts skip the interpreter start and the imports; --no-python "
               "workers start as usual (default: off)")  # fmt: skip
     _add(own, "--signals-to-forward", dest="signals_to_forward", default=None,

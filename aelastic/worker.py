@@ -30,7 +30,16 @@ The names are those of :mod:`aelastic.agent.timers.child`, where the client live
 
 from __future__ import annotations
 
+from .agent.restart.child import RestartRequested, restartable
 from .agent.timers.child import HEARTBEAT_SCOPE, WATCHDOG_ENV, expires, heartbeat
 from .errors import TimerServerUnavailableError
 
-__all__ = ["HEARTBEAT_SCOPE", "WATCHDOG_ENV", "TimerServerUnavailableError", "expires", "heartbeat"]
+__all__ = [
+    "HEARTBEAT_SCOPE",
+    "WATCHDOG_ENV",
+    "RestartRequested",
+    "TimerServerUnavailableError",
+    "expires",
+    "heartbeat",
+    "restartable",
+]

@@ -268,6 +268,7 @@ if sys.argv[2] == "fail":
     raise RuntimeError("no restarts left")
 if sys.argv[2] == "hang":
     time.sleep(600)
+dist.destroy_process_group()
 """
 
 
@@ -319,6 +320,7 @@ if mode == "load-dir":
     state = {"model": model.state_dict()}
     dcp.load(state, storage_reader=ckpt.StorageReader(sys.argv[3]))
     report("loaded", digest=digest(model), world=world)
+    dist.destroy_process_group()
     raise SystemExit(0)
 start = 0
 if attempt:
@@ -338,6 +340,7 @@ for step in range(start, 12):
     opt.step()
     dcp.save({"model": model.state_dict(), "step": torch.tensor(step)}, storage_writer=ckpt.StorageWriter(step=step))
 report("final", digest=digest(model), world=world)
+dist.destroy_process_group()  # else gloo's threads may abort the interpreter's teardown (under torchrun too)
 """
 
 

@@ -198,6 +198,8 @@ class ElasticAgent:
                 self.recorder.attempt_ended(workers)
                 decision = decide(await self._outcome(workers), self.budget)
                 self.recorder.decided(decision, workers, reason, functools.partial(self._attempt_report, workers))
+                if decision.action not in (Action.RESTART_FAILURE, Action.RESTART_MEMBERSHIP):
+                    await supervisor.release()  # survivors kept for a round that will not come
                 if decision.action is Action.SUCCEED:
                     await self._exit_barrier(info)
                     await self._persist_checkpoints("the end")
@@ -300,7 +302,6 @@ class ElasticAgent:
         logs: LogSpec,
         dumper: StackDumper,
     ) -> tuple[GroupOutcome | None, str | None]:
-        outcome: GroupOutcome | None = None
         reason: str | None = None
 
         async def before_kill(survivors: Sequence[WorkerProcess]) -> None:
@@ -315,10 +316,12 @@ class ElasticAgent:
                 # still finishing, would throw their work away and let the nodes waiting in the barrier go.
                 return await info.store.check([f"{_TERMINAL}/{rank}" for rank in sorted(ranks)])
 
+            changed = anyio.Event()
+
             async def watch() -> None:
                 nonlocal reason
                 reason = await self.handler.wait_for_membership_change(finished)
-                tg.cancel_scope.cancel()
+                changed.set()  # the attempt ends: restartable workers are kept for the next, the others stopped
 
             async def serve_timers(workers: Sequence[WorkerProcess]) -> None:
                 assert timers is not None
@@ -334,9 +337,13 @@ class ElasticAgent:
                 before_kill=before_kill,
                 started=self.recorder.spawned,
                 refill_after=_RESTART_SETTLE if self._attempt else 0.0,
+                keep_on_failure=self.budget.failure_restart_left,
+                interrupt=changed,
             )
             tg.cancel_scope.cancel()
-        return (outcome, None) if reason is None else (None, reason)
+        if outcome.first_failure is not None or reason is None:
+            return outcome, None
+        return None, reason
 
     @asynccontextmanager
     async def _timer_server(self) -> AsyncIterator[FileTimerServer | None]:

@@ -53,7 +53,7 @@ import anyio.abc
 
 from ..errors import ConfigurationError
 
-__all__ = ["ConsoleSinks", "CustomLogs", "LogSpec", "Std", "TextSink", "WorkerLog", "pump"]
+__all__ = ["ConsoleSinks", "CustomLogs", "LogSink", "LogSpec", "Std", "TextSink", "WorkerLog", "pump"]
 
 logger = logging.getLogger(__name__)
 
@@ -623,8 +623,18 @@ class _ConsoleRef:
         return self.target().flush()
 
 
+class LogSink(Protocol):
+    """Where :func:`pump` feeds a stream: a :class:`WorkerLog`, or something that stands for one."""
+
+    async def turn(self, std: Std) -> None: ...
+
+    def feed(self, std: Std, data: bytes) -> None: ...
+
+    def finish(self, std: Std) -> None: ...
+
+
 async def pump(
-    stream: anyio.abc.ByteReceiveStream, log: WorkerLog, std: Std, fed: Callable[[int], None] | None = None
+    stream: anyio.abc.ByteReceiveStream, log: LogSink, std: Std, fed: Callable[[int], None] | None = None
 ) -> None:
     """Feed everything read from ``stream`` into ``log`` as ``std`` until end of stream; ``fed`` is told the size
     of each chunk once it is handled.

@@ -16,7 +16,7 @@ and reaps it. :meth:`Supervisor.stop` stops the workers given (never a lingering
 leader already exited, so a worker's own children die too), wait up to ``grace`` for the leaders, SIGKILL to every
 group, reap every leader. The pumps are shielded, so what the workers wrote before dying reaches the logs; once the
 groups are dead the pipes reach end of file (a descendant that left its group and still holds a pipe is cut off
-after :data:`_DRAIN_LIMIT`). Closing the supervisor stops every worker still running, under a shield, and waits for
+after :data:`DRAIN_LIMIT`). Closing the supervisor stops every worker still running, under a shield, and waits for
 the lingering ones.
 
 :meth:`Supervisor.run` is one attempt: start every worker, wait until all exited 0, or the first failed, or a
@@ -58,11 +58,9 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import subprocess
-import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
-from typing import TYPE_CHECKING, Final, NamedTuple
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 import anyio.abc
@@ -71,19 +69,19 @@ import anyio.lowlevel
 from ..errors import ConfigurationError, ReaperError
 from .finish.parent import FinishLineServer
 from .forward.parent import RunningWorkers
-from .link.parent import LinkService, WorkerLink
+from .link.parent import LinkRefusal, LinkService
 from .logs import LogSpec, Std, WorkerLog, pump
 from .reaper.parent import Reaper
+from .restart.parent import ABORT_GRACE, VICTIM_GRACE, RestartChannel
 from .spawn.parent import (
     PipeReader,
     WorkerCommand,
     WorkerHook,
     WorkerProcess,
-    output_fds,
     signal_group,
-    spawn_process,
-    wait_process,
 )
+from .started import DRAIN_LIMIT, Child, GroupOutcome, LogOf, Tracked, WorkerExit
+from .workers import ATTEMPT_VARIABLES
 
 if TYPE_CHECKING:
     from .prewarm.parent import Standbys  # imported by the launcher only with --prewarm
@@ -92,10 +90,6 @@ __all__ = ["GroupOutcome", "StopSignal", "Supervisor", "WorkerExit", "open_super
 
 logger = logging.getLogger(__name__)
 
-# After the stop, how long the pumps may wait for end of file on the workers' pipes. Every process of the workers'
-# groups is dead by then, so end of file is immediate unless a descendant moved to another group or session and
-# still holds a pipe; its later output is dropped.
-_DRAIN_LIMIT: Final = 5.0
 _LINGERING_NICE: Final = 19  # a worker that reported its end tears down at the lowest priority
 
 
@@ -115,209 +109,6 @@ class StopSignal:
 
     def __repr__(self) -> str:
         return f"<StopSignal {self.signum.name}>"
-
-
-class WorkerExit(NamedTuple):
-    """How one worker ended.
-
-    Attributes:
-        exitcode: the exit status; negative is ``-signal`` (like ``Popen.returncode``), e.g. ``-15`` for a peer
-            the agent stopped with SIGTERM.
-        timestamp: wall-clock time (epoch seconds) when the agent observed the exit.
-        stderr_tail: the last lines the worker wrote to stderr (``LogSpec.stderr_tail_lines``).
-    """
-
-    local_rank: int
-    global_rank: int
-    pid: int
-    exitcode: int
-    timestamp: float
-    stderr_tail: tuple[str, ...] = ()
-
-    @property
-    def failed(self) -> bool:
-        return self.exitcode != 0
-
-
-class GroupOutcome(NamedTuple):
-    """The exits of one worker group, in command order, and the first failure the agent observed."""
-
-    exits: tuple[WorkerExit, ...]
-    first_failure: WorkerExit | None
-
-    @property
-    def succeeded(self) -> bool:
-        return self.first_failure is None and all(not e.failed for e in self.exits)
-
-    @property
-    def failures(self) -> tuple[WorkerExit, ...]:
-        """Every worker that exited non-zero, peers stopped by the agent included (as torch reports them)."""
-        return tuple(e for e in self.exits if e.failed)
-
-
-class _Child:
-    """A started worker's process (spawned, or a standby given the attempt), its pipes, its link and its pidfd."""
-
-    __slots__ = ("_pidfd", "link", "popen", "stderr", "stdout")
-
-    def __init__(self, popen: subprocess.Popen[bytes], stdout: int, stderr: int, link: WorkerLink) -> None:
-        self.popen = popen
-        self.stdout = PipeReader(stdout)
-        self.stderr = PipeReader(stderr)
-        self.link = link
-        self._pidfd = os.pidfd_open(popen.pid)  # not reaped yet, so it cannot fail with ESRCH
-
-    @classmethod
-    async def start(
-        cls,
-        command: WorkerCommand,
-        log: WorkerLog,
-        finish: FinishLineServer | None,
-        standbys: Standbys | None,
-    ) -> _Child:
-        """Start ``command`` with fresh output streams and a link: by its standby where one fits, else spawned."""
-        link = WorkerLink()
-        try:
-            fd_vars = [link.fd_var()] if finish is None else [finish.fd_var(), link.fd_var()]
-            env = {**command.env, **{var.name: var.value(var.fds) for var in fd_vars}}
-            pass_fds = (*command.pass_fds, *(fd for var in fd_vars for fd in var.fds))
-            out_read, out_write = output_fds(log.terminal_size(Std.OUT))
-            try:
-                err_read, err_write = output_fds(log.terminal_size(Std.ERR))
-            except BaseException:
-                os.close(out_read)
-                os.close(out_write)
-                raise
-            try:
-                popen = None
-                if standbys is not None:
-                    popen = await standbys.start(command, env, (out_write, err_write), fd_vars)
-                if popen is None:
-                    popen = spawn_process(command.args, env, out_write, err_write, pass_fds)
-            except BaseException:
-                os.close(out_read)
-                os.close(err_read)
-                raise
-            finally:
-                os.close(out_write)
-                os.close(err_write)
-        except BaseException:
-            link.close()
-            raise
-        link.handed_over()
-        return cls(popen, out_read, err_read, link)
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    async def wait(self) -> int:
-        """Wait for the exit and reap."""
-        return await wait_process(self.popen, self._pidfd)
-
-    async def wait_end(self) -> tuple[int, bool]:
-        """The exit status, and whether the worker reported it over its link before its teardown (the process may
-        still run then) rather than the kernel reaping it."""
-        reaped: int | None = None
-        async with anyio.create_task_group() as tg:
-
-            async def wait_reaped() -> None:
-                nonlocal reaped
-                reaped = await self.wait()
-                tg.cancel_scope.cancel()
-
-            async def wait_reported() -> None:
-                await self.link.exited.wait()
-                tg.cancel_scope.cancel()
-
-            tg.start_soon(wait_reaped)
-            tg.start_soon(wait_reported)
-        if reaped is not None:
-            return reaped, False
-        assert self.link.exit_code is not None  # set before the event
-        return self.link.exit_code, True
-
-    async def wait_output_handled(self) -> None:
-        """Wait until what the worker wrote so far has been handled by its pumps."""
-        for stream in (self.stdout, self.stderr):
-            await stream.wait_handled(stream.handled_so_far + stream.pending())
-
-    def close(self) -> None:
-        """Close the pipes and the pidfd (after the process is reaped and its pumps are done)."""
-        self.stdout.close()
-        self.stderr.close()
-        if self._pidfd >= 0:
-            fd, self._pidfd = self._pidfd, -1
-            os.close(fd)
-
-
-class _Worker:
-    """One started worker as the supervisor tracks it."""
-
-    __slots__ = ("command", "drained", "drains", "ended", "exitcode", "log", "process", "pumping", "reaped",
-                 "reported", "serving", "stopping", "timestamp")  # fmt: skip
-
-    def __init__(self, command: WorkerCommand, process: _Child, log: WorkerLog) -> None:
-        self.command = command
-        self.process = process
-        self.log = log
-        self.exitcode: int | None = None
-        self.timestamp = 0.0
-        self.reported = False  # its exit status came over its link; the process may still be tearing down
-        self.stopping = False  # a stop (or its lingering's end) has taken it over
-        self.ended = anyio.Event()  # the exit status is known
-        self.reaped = anyio.Event()  # the leader is reaped: its group id is no longer its own
-        self.drained = anyio.Event()  # both pumps are done
-        self.drains = (anyio.CancelScope(shield=True), anyio.CancelScope(shield=True))
-        self.pumping = len(self.drains)
-        self.serving = anyio.CancelScope()  # its link's service
-
-    def __repr__(self) -> str:
-        return (
-            f"<worker local_rank={self.command.local_rank} pid={self.pid} exitcode={self.exitcode} "
-            f"reported={self.reported} reaped={self.reaped.is_set()}>"
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def running(self) -> bool:
-        """Whether the leader is not reaped yet (its group id is still this worker's)."""
-        return not self.reaped.is_set()
-
-    def handle(self) -> WorkerProcess:
-        return WorkerProcess(self.command.local_rank, self.command.global_rank, self.pid)
-
-    def observe(self, exitcode: int, *, reported: bool) -> None:
-        if self.exitcode is None:
-            self.exitcode = exitcode
-            self.timestamp = time.time()
-            self.reported = reported
-            self.ended.set()
-
-    def to_exit(self) -> WorkerExit:
-        if self.exitcode is None:  # pragma: no cover - every worker has ended before outcomes are built
-            raise RuntimeError(f"worker pid {self.pid} has not ended")
-        return WorkerExit(
-            local_rank=self.command.local_rank,
-            global_rank=self.command.global_rank,
-            pid=self.pid,
-            exitcode=self.exitcode,
-            timestamp=self.timestamp,
-            stderr_tail=self.log.stderr_tail(),
-        )
-
-    def expire_drains(self) -> None:
-        """The worker's groups are dead: its pumps may wait for end of file only :data:`_DRAIN_LIMIT` more."""
-        deadline = anyio.current_time() + _DRAIN_LIMIT
-        for scope in self.drains:
-            scope.deadline = min(scope.deadline, deadline)
-
-    def close(self) -> None:
-        self.serving.cancel()  # the link's service closes the link as it ends
-        self.log.close()
-        self.process.close()
 
 
 class Supervisor:
@@ -342,8 +133,9 @@ class Supervisor:
         self.standbys = standbys
         self.stop_signal = stop_signal
         self.running = running
-        self.services = services
-        self._workers: list[_Worker] = []  # every worker not closed yet
+        self.services = {**services, "restart": self}  # in-process restarts are the supervisor's own service
+        self._workers: list[Tracked] = []  # every worker not closed yet
+        self._kept: dict[int, Tracked] = {}  # survivors awaiting the next attempt, by local rank
 
     def __repr__(self) -> str:
         return f"<Supervisor workers={self._workers} grace={self.grace:g}>"
@@ -353,16 +145,16 @@ class Supervisor:
         """The signal a cancelled run stops the workers with."""
         return signal.SIGTERM if self.stop_signal is None else self.stop_signal.signum
 
-    async def start(self, command: WorkerCommand, logs: LogSpec, finish: FinishLineServer | None = None) -> _Worker:
+    async def start(self, command: WorkerCommand, logs: LogSpec, finish: FinishLineServer | None = None) -> Tracked:
         """Start one worker and supervise it (see the module doc); a spawn error propagates."""
         log = WorkerLog(logs, command.local_rank, command.global_rank)
         try:
             await anyio.lowlevel.checkpoint()
-            process = await _Child.start(command, log, finish, self.standbys)
+            process = await Child.start(command, log, finish, self.standbys)
         except BaseException:
             log.close()
             raise
-        worker = _Worker(command, process, log)
+        worker = Tracked(command, process, log)
         self._workers.append(worker)
         if self.running is not None:
             self.running.add(process.pid, worker.running)
@@ -380,24 +172,24 @@ class Supervisor:
         logger.debug("started worker local_rank %d (pid %d)", command.local_rank, process.pid)
         return worker
 
-    async def _pump(self, worker: _Worker, stream: PipeReader, std: Std, scope: anyio.CancelScope) -> None:
+    async def _pump(self, worker: Tracked, stream: PipeReader, std: Std, scope: anyio.CancelScope) -> None:
         try:
             with scope:
-                await pump(stream, worker.log, std, stream.handled)
+                await pump(stream, LogOf(worker), std, stream.handled)
         finally:
             worker.pumping -= 1
             if not worker.pumping:
                 worker.drained.set()
 
-    async def _serve(self, worker: _Worker) -> None:
+    async def _serve(self, worker: Tracked) -> None:
         link = worker.process.link
         try:
             with worker.serving:
-                await link.serve(worker.handle(), self.services)
+                await link.serve(worker.handle, self.services)
         finally:
             link.close()
 
-    async def _life(self, worker: _Worker) -> None:
+    async def _life(self, worker: Tracked) -> None:
         """Await the worker's end; a reported one lingers here (its teardown, then kill and reap), under a shield:
         every worker the supervisor started is reaped before it closes."""
         with anyio.CancelScope(shield=True):
@@ -428,7 +220,7 @@ class Supervisor:
             self._close(worker)
 
     async def stop(
-        self, workers: Sequence[_Worker], signum: signal.Signals, before_kill: WorkerHook | None = None
+        self, workers: Sequence[Tracked], signum: signal.Signals, before_kill: WorkerHook | None = None
     ) -> None:
         """``signum`` to every group of ``workers`` (but lingering ones), wait up to ``grace`` for the leaders,
         ``before_kill`` the survivors, KILL every group, reap, wait for their output, close them. Shielded."""
@@ -466,6 +258,81 @@ class Supervisor:
                 await worker.drained.wait()
                 self._close(worker)
 
+    # --- in-process restarts (the "restart" link service; aelastic.agent.restart) ---------------------------------
+
+    async def handle(
+        self, identity: WorkerProcess, op: str, message: Mapping[str, Any], fds: list[int]
+    ) -> tuple[dict[str, Any], Sequence[int]]:
+        for fd in fds:
+            os.close(fd)
+        worker = next((w for w in self._workers if w.pid == identity.pid), None)
+        if worker is None or worker.stopping:
+            raise LinkRefusal("this worker is being stopped")
+        if op == "register":
+            if worker.restart is None:
+                worker.restart = RestartChannel()
+                worker.registered.set()
+            return {}, [worker.restart.worker_fd]
+        if op == "raised" and worker.restart is not None:
+            logger.info("worker local_rank %d (pid %d) raised %s", worker.command.local_rank, worker.pid,
+                        message.get("error", "?"))  # fmt: skip
+            worker.restart.take(message)
+            return await worker.restart.wait_verdict(), ()
+        raise LinkRefusal(f"no restart operation {op!r} for this worker")
+
+    @property
+    def kept(self) -> Mapping[int, WorkerProcess]:
+        """The survivors that wait for the next attempt, by local rank."""
+        return {rank: w.handle() for rank, w in self._kept.items()}
+
+    async def release(self) -> None:
+        """Stop the survivors kept for an attempt that will not come (the job ends)."""
+        kept, self._kept = list(self._kept.values()), {}
+        await self.stop(kept, signal.SIGTERM)
+
+    async def _reassign(self, worker: Tracked, command: WorkerCommand, logs: LogSpec) -> bool:
+        """Give survivor ``worker`` this attempt (``command``'s environment, new log files) as the verdict on its
+        report; ``False`` (it was stopped) if it did not report within the abort's grace."""
+        channel = worker.restart
+        assert channel is not None
+        if channel.report is None:
+            with anyio.move_on_after(ABORT_GRACE):
+                await channel.reported.wait()
+        if channel.report is None or not worker.survives:
+            if worker.running():
+                logger.warning("worker local_rank %d (pid %d) did not let go of its round within %g s of the "
+                               "abort: killing it and starting another", worker.command.local_rank, worker.pid,
+                               ABORT_GRACE)  # fmt: skip
+            await self.stop([worker], signal.SIGKILL)
+            return False
+        old, worker.log = worker.log, WorkerLog(logs, command.local_rank, command.global_rank)
+        for std in (Std.OUT, Std.ERR):
+            old.finish(std)
+        old.close()
+        worker.command = command
+        env = {k: v for k, v in command.env.items() if k in ATTEMPT_VARIABLES}
+        channel.decide({"verdict": "restart", "env": env})
+        logger.debug("local_rank %d (pid %d) goes on in its process as rank %d", command.local_rank, worker.pid,
+                     command.global_rank)  # fmt: skip
+        return True
+
+    async def _judge(self, worker: Tracked, ending: anyio.Event) -> None:
+        """The verdict on a restartable worker's report while its attempt runs (see :mod:`aelastic.agent.restart`);
+        a survivor's comes with the next attempt."""
+        await worker.registered.wait()
+        channel = worker.restart
+        assert channel is not None
+        await channel.reported.wait()
+        if channel.aborted or ending.is_set():
+            return
+        if channel.victim:
+            with anyio.move_on_after(VICTIM_GRACE):
+                await ending.wait()
+            if ending.is_set():
+                return
+        worker.failing = True
+        channel.decide({"verdict": "fail"})
+
     async def _wait_devices_released(self) -> None:
         """Wait for the lingering workers that hold a GPU (their teardown frees its memory, which the next
         attempt's workers will want) to end; the others tear down beside the next attempt."""
@@ -474,7 +341,7 @@ class Supervisor:
                 await worker.reaped.wait()  # at most the grace: then it is killed
         await anyio.lowlevel.checkpoint()
 
-    async def _unregister(self, workers: Sequence[_Worker]) -> None:
+    async def _unregister(self, workers: Sequence[Tracked]) -> None:
         for worker in workers:
             if self.running is not None:
                 self.running.discard(worker.pid)
@@ -484,7 +351,7 @@ class Supervisor:
                 except ReaperError as exc:
                     logger.warning("%s", exc)
 
-    def _close(self, worker: _Worker) -> None:
+    def _close(self, worker: Tracked) -> None:
         worker.close()
         self._workers.remove(worker)
 
@@ -506,20 +373,41 @@ class Supervisor:
         before_kill: WorkerHook | None = None,
         started: Callable[[Sequence[WorkerProcess]], None] | None = None,
         refill_after: float = 0.0,
+        keep_on_failure: bool = False,
+        interrupt: anyio.Event | None = None,
     ) -> GroupOutcome:
-        """One attempt: the parameters and the result of :func:`run_workers` (which see); ``refill_after``: the
-        seconds the workers run before the next attempt's standbys start (a restart's workers start up, load
-        their state and allocate their memory, the costliest moments of a recovery, without them)."""
+        """One attempt: the parameters and the result of :func:`run_workers` (which see), with three more:
+
+        Args:
+            refill_after: the seconds the workers run before the next attempt's standbys start (a restart's
+                workers start up, load their state and allocate their memory, the costliest moments of a
+                recovery, without them).
+            keep_on_failure: a worker's failure ends the attempt and another follows (a failure restart is left):
+                the workers that registered for in-process restarts are aborted and kept for it instead of
+                stopped (:mod:`aelastic.agent.restart`); the others are stopped.
+            interrupt: once set (a membership change), the attempt ends: the restartable workers are aborted and
+                kept for the next one, the others stopped.
+
+        A local rank that has a survivor kept from the previous attempt is given this attempt in its process
+        instead of a new worker. The outcome's exits are those of the workers that ended; survivors are not in it.
+        """
         local_ranks = [c.local_rank for c in commands]
         if len(set(local_ranks)) != len(local_ranks):
             raise ConfigurationError(f"local ranks {local_ranks}: each local rank must appear once")
         await self._wait_devices_released()
         logs.prepare_attempt_dir(local_ranks)
-        workers: list[_Worker] = []
+        workers: list[Tracked] = []
         finish = FinishLineServer(local_ranks) if finish_together else None
+        kept, self._kept = self._kept, {}
         try:
             try:
                 for command in commands:
+                    survivor = kept.pop(command.local_rank, None)
+                    if survivor is not None and finish is None and await self._reassign(survivor, command, logs):
+                        workers.append(survivor)
+                        continue
+                    if survivor is not None:
+                        await self.stop([survivor], signal.SIGTERM)
                     worker = await self.start(command, logs, finish)
                     workers.append(worker)
                 if finish is not None:
@@ -527,15 +415,18 @@ class Supervisor:
                 if started is not None:
                     started([w.handle() for w in workers])
             except BaseException:
-                await self.stop(workers, self.requested, before_kill)
+                await self.stop([*workers, *kept.values()], self.requested, before_kill)
                 raise
-            first_failure = await self._until_failure(workers, finish, watch, before_kill, refill_after)
+            await self.stop(list(kept.values()), signal.SIGTERM)  # survivors of local ranks this attempt lacks
+            first_failure = await self._until_end(workers, finish, watch, before_kill, refill_after,
+                                                  keep_on_failure and finish is None, interrupt)  # fmt: skip
             for worker in workers:
                 if worker.reported:  # its traceback, written before its report, belongs in its stderr tail
-                    with anyio.move_on_after(_DRAIN_LIMIT):
+                    with anyio.move_on_after(DRAIN_LIMIT):
                         await worker.process.wait_output_handled()
-            exits = tuple(w.to_exit() for w in workers)
-            first = None if first_failure is None else exits[workers.index(first_failure)]
+            ended = [w for w in workers if w.ended.is_set()]  # the others are kept for the next attempt
+            exits = tuple(w.to_exit() for w in ended)
+            first = None if first_failure is None else exits[ended.index(first_failure)]
             return GroupOutcome(exits=exits, first_failure=first)
         finally:
             if finish is not None:
@@ -546,28 +437,39 @@ class Supervisor:
         await anyio.sleep(delay)
         await self.standbys.refill(commands)
 
-    async def _until_failure(
+    async def _until_end(
         self,
-        workers: list[_Worker],
+        workers: list[Tracked],
         finish: FinishLineServer | None,
         watch: WorkerHook | None,
         before_kill: WorkerHook | None,
         refill_after: float,
-    ) -> _Worker | None:
-        first_failure: list[_Worker] = []
+        keep_on_failure: bool,
+        interrupt: anyio.Event | None,
+    ) -> Tracked | None:
+        """Until every worker ended, one failed, ``interrupt`` is set or this is cancelled; then the workers are
+        stopped, or kept (see :meth:`run`). Returns the first failure."""
+        first_failure: list[Tracked] = []
+        ending = anyio.Event()  # a failure or an interrupt ends the attempt: a victim's report is a survivor's
 
-        async def wait_worker(worker: _Worker, waiters: anyio.CancelScope) -> None:
+        async def wait_worker(worker: Tracked, waiters: anyio.CancelScope) -> None:
             await worker.ended.wait()
             if finish is not None:
                 finish.finished(worker.command.local_rank)
             if worker.exitcode != 0 and not first_failure:
                 first_failure.append(worker)
+                ending.set()
                 logger.info(
-                    "worker local_rank %d (pid %d) %s %d: stopping the others",
+                    "worker local_rank %d (pid %d) %s %d: ending the attempt",
                     worker.command.local_rank, worker.pid,
                     "reported exit" if worker.reported else "exited with", worker.exitcode,
                 )  # fmt: skip
                 waiters.cancel()
+
+        async def wait_interrupt(event: anyio.Event, waiters: anyio.CancelScope) -> None:
+            await event.wait()
+            ending.set()
+            waiters.cancel()
 
         try:
             async with anyio.create_task_group() as waiters:
@@ -577,14 +479,33 @@ class Supervisor:
                     waiters.start_soon(finish.serve)
                 if self.standbys is not None:  # the next attempt's, preloading while these run
                     waiters.start_soon(self._refill, [w.command for w in workers], refill_after)
+                if interrupt is not None:
+                    waiters.start_soon(wait_interrupt, interrupt, waiters.cancel_scope)
+                for worker in workers:
+                    waiters.start_soon(self._judge, worker, ending)
                 async with anyio.create_task_group() as exits:
                     for worker in workers:
                         exits.start_soon(wait_worker, worker, waiters.cancel_scope)
                 waiters.cancel_scope.cancel()  # every worker exited: the watch ends too
         finally:
+            interrupted = interrupt is not None and interrupt.is_set() and not first_failure
+            if (first_failure and keep_on_failure) or interrupted:
+                reason = "a membership change" if interrupted else f"local rank {first_failure[0].local_rank} failed"
+                self._keep([w for w in workers if w.survives], reason)
             # A peer's failure stops the others with SIGTERM (torch does); a cancellation with what was asked.
-            await self.stop(workers, signal.SIGTERM if first_failure else self.requested, before_kill)
+            signum = signal.SIGTERM if first_failure or interrupted else self.requested
+            await self.stop([w for w in workers if w not in self._kept.values()], signum, before_kill)
         return first_failure[0] if first_failure else None
+
+    def _keep(self, survivors: Sequence[Tracked], reason: str) -> None:
+        """Abort ``survivors`` for the next attempt (they report, then wait for it)."""
+        for worker in survivors:
+            assert worker.restart is not None
+            worker.restart.abort(reason)
+            self._kept[worker.local_rank] = worker
+        if survivors:
+            logger.info("keeping local ranks %s in their processes for the next round (%s)",
+                        sorted(w.local_rank for w in survivors), reason)  # fmt: skip
 
 
 def _holds_device(pid: int) -> bool:

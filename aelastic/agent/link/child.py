@@ -5,9 +5,11 @@ The agent starts every worker holding one end of a ``SOCK_SEQPACKET`` socket pai
 environment and the fd is no longer inherited, so the worker's own children (DataLoader workers, subprocesses) never
 see it; a process whose parent is not the agent (a child forked before that first call) gets ``None``.
 
-Protocol: each request is one message, a JSON object with an ``op`` (and file descriptors as ``SCM_RIGHTS`` where
-an operation passes some), answered by exactly one message: a JSON object, with ``"error"`` holding a one-line
-reason when the agent refused it. Requests from several threads of the worker are serialized.
+Protocol: each request is one message, a JSON object with an ``op`` and an ``id`` (and file descriptors as
+``SCM_RIGHTS`` where an operation passes some), answered by exactly one message: a JSON object with the same ``id``,
+and ``"error"`` holding a one-line reason when the agent refused it. Requests from several threads of the worker are
+serialized. A request cut short after it was sent (an exception raised into the thread: an in-process restart's)
+leaves its answer behind, which the next request recognises by its id and drops.
 
 **Exit reports.** :func:`install_exit_report` chains ``sys.excepthook`` so that a worker ending with an uncaught
 exception tells the agent its exit status (1) right after the traceback is printed, before the interpreter's
@@ -58,6 +60,7 @@ class AgentLink:
     def __init__(self, fd: int) -> None:
         self._socket = socket.socket(fileno=fd)
         self._lock = threading.Lock()
+        self._next_id = 0
 
     def __repr__(self) -> str:
         return f"<AgentLink fd={self._socket.fileno()}>"
@@ -72,21 +75,29 @@ class AgentLink:
             ConnectionError: the agent is gone (its end closed).
             TimeoutError: no answer within ``timeout`` seconds (``None``: wait as long as it takes).
         """
-        message = json.dumps({"op": op, **fields}).encode()
         with self._lock:
+            self._next_id += 1
+            ident = self._next_id
             self._socket.settimeout(timeout)
-            socket.send_fds(self._socket, [message], list(fds))
-            data, received, _, _ = socket.recv_fds(self._socket, MAX_MESSAGE, MAX_FDS)
-        if not data:
-            for fd in received:
-                os.close(fd)
-            raise ConnectionError("the agent closed the link")
-        reply: dict[str, Any] = json.loads(data)
+            socket.send_fds(self._socket, [json.dumps({"op": op, "id": ident, **fields}).encode()], list(fds))
+            while True:
+                data, received, _, _ = socket.recv_fds(self._socket, MAX_MESSAGE, MAX_FDS)
+                if not data:
+                    _close(received)
+                    raise ConnectionError("the agent closed the link")
+                reply: dict[str, Any] = json.loads(data)
+                if reply.get("id") == ident:
+                    break
+                _close(received)  # the answer to a request cut short: nobody waits for it any more
         if "error" in reply:
-            for fd in received:
-                os.close(fd)
+            _close(received)
             raise LinkRefused(reply["error"])
         return reply, received
+
+
+def _close(fds: Sequence[int]) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 _link: AgentLink | None = None

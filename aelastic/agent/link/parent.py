@@ -14,7 +14,7 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from typing import Any, Protocol
 
@@ -67,8 +67,9 @@ class WorkerLink:
             fd, self._worker_fd = self._worker_fd, -1
             os.close(fd)
 
-    async def serve(self, worker: WorkerProcess, services: Mapping[str, LinkService]) -> None:
-        """Answer ``worker``'s requests until it closes its end (it exited) or this is cancelled."""
+    async def serve(self, identity: Callable[[], WorkerProcess], services: Mapping[str, LinkService]) -> None:
+        """Answer the worker's requests until it closes its end (it exited) or this is cancelled; ``identity()`` says
+        who the worker is at each request (a survivor of an in-process restart changes ranks)."""
         while True:
             try:
                 data, fds, _, _ = socket.recv_fds(self._socket, MAX_MESSAGE, MAX_FDS)
@@ -76,28 +77,35 @@ class WorkerLink:
                 await anyio.wait_readable(self._socket)
                 continue
             except OSError as exc:  # ECONNRESET: the worker died
-                logger.debug("link of rank %d: %s", worker.global_rank, exc)
+                logger.debug("link of rank %d: %s", identity().global_rank, exc)
                 return
             if not data:
                 for fd in fds:
                     os.close(fd)
                 return
-            reply, passed = await self._answer(worker, services, data, fds)
-            await self._send(json.dumps(reply).encode(), passed)
+            try:
+                message = json.loads(data)
+                op, ident = str(message["op"]), message.get("id")
+            except (ValueError, KeyError, TypeError, AttributeError):
+                for fd in fds:
+                    os.close(fd)
+                await self._send(json.dumps({"error": "not a request of the link's protocol"}).encode(), ())
+                continue
+            reply, passed = await self._answer(identity(), services, op, message, fds)
+            await self._send(json.dumps({**reply, "id": ident}).encode(), passed)
 
     async def _answer(
-        self, worker: WorkerProcess, services: Mapping[str, LinkService], data: bytes, fds: list[int]
+        self,
+        worker: WorkerProcess,
+        services: Mapping[str, LinkService],
+        op: str,
+        message: Mapping[str, Any],
+        fds: list[int],
     ) -> tuple[dict[str, Any], Sequence[int]]:
-        try:
-            message = json.loads(data)
-            op = str(message["op"])
-        except (ValueError, KeyError, TypeError):
-            for fd in fds:
-                os.close(fd)
-            return {"error": "not a request of the link's protocol"}, ()
         if op == "exit":
-            if self.exit_code is None:
-                self.exit_code = int(message.get("code", 1))
+            code = int(message.get("code", 1))
+            if self.exit_code is None and code:  # only failures are reported (a success ends by the kernel's word)
+                self.exit_code = code
                 self.exited.set()
             return {}, ()
         service_name, _, name = op.partition(".")

@@ -6,8 +6,9 @@ The agent starts it (:mod:`~aelastic.agent.prewarm.parent`) exactly as it starts
 environment minus the per-attempt variables, and with the interpreter options the worker's command line has
 (``-u``), so everything the interpreter decides at start-up (``sys.flags``, the hash seed, the locale, ``sys.path`` from
 ``PYTHONPATH``) is what the worker's own start would decide. It sets ``sys.path[0]`` to the worker's (the script's
-directory, or the working directory for ``-m``), imports the preload list (``torch`` when importable, then the
-user's ``--prewarm-modules``), and blocks reading its control socket.
+directory, or the working directory for ``-m``), imports the preload list (``torch`` and ``torch._dynamo``, which
+every optimizer imports, when importable; then the user's ``--prewarm-modules``), and blocks reading its control
+socket.
 
 The assignment is one ``SOCK_SEQPACKET`` message, read once the preload is done and answered with
 :data:`PRELOADED` (the agent starts the next standbys only then, never beside this one's preload): a versioned
@@ -86,8 +87,9 @@ def set_policy(pid: int, policy: int) -> None:
 
 
 def _preload(modules: Sequence[str]) -> None:
+    torch = importlib.util.find_spec("torch") is not None
     for name in modules:
-        if name == "torch" and importlib.util.find_spec(name) is None:
+        if name.partition(".")[0] == "torch" and not torch:
             continue  # the default preload: only where the workers can import it
         try:
             importlib.import_module(name)

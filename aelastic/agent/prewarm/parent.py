@@ -50,20 +50,19 @@ from ..finish.child import FINISH_FDS_ENV
 from ..link.child import LINK_ENV
 from ..reaper.parent import Reaper
 from ..spawn.parent import FdVar, WorkerCommand, spawn_process, wait_process
+from ..workers import ATTEMPT_VARIABLES
 from . import child as standby_child
 
 __all__ = ["PER_ATTEMPT", "PythonTarget", "Standbys", "StandbysStatistics", "open_standbys", "python_target"]
 
 logger = logging.getLogger(__name__)
 
-# The variables the agent sets per attempt (agent.ElasticAgent._environment, the finish line's fds).
-PER_ATTEMPT: Final = frozenset({
-    "LOCAL_RANK", "RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE",
-    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_ERROR_FILE",
-    "AELASTIC_MEMBERSHIP_RESTARTS", FINISH_FDS_ENV, LINK_ENV,
-})  # fmt: skip
+# The variables the agent sets per attempt, and those that name fds a worker inherits (the finish line, its link).
+PER_ATTEMPT: Final = ATTEMPT_VARIABLES | {FINISH_FDS_ENV, LINK_ENV}
 
-DEFAULT_PRELOAD: Final = ("torch",)  # imported only where the workers' interpreter finds it
+# Imported only where the workers' interpreter finds torch. torch._dynamo too: every optimizer's first construction
+# imports it (1.5 s on a 2-core machine, 70 MiB), which a restarted worker would otherwise pay before its first step.
+DEFAULT_PRELOAD: Final = ("torch", "torch._dynamo")
 
 
 class PythonTarget(NamedTuple):

@@ -1,0 +1,229 @@
+"""``aelastic.worker.restartable``: the worker's side of in-process restarts (see :mod:`aelastic.agent.restart`).
+
+::
+
+    @aelastic.worker.restartable
+    def train():
+        dist.init_process_group("gloo")       # from RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, as always
+        state = ...; aelastic.checkpoint.load(into=state)
+        for step in ...:
+            ...
+
+    train()
+
+Under an aelastic agent, the wrapper registers the worker as restartable and calls the function. When the
+function's call ends with an exception, the wrapper tells the agent what it was and waits for the agent's word:
+
+* *restart*: a peer failed, a node was lost or joined; this worker is a survivor. The wrapper destroys the
+  process groups (aborting them first where the backend can: NCCL), takes the new round's environment (``RANK``,
+  ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT`` of a fresh store, ``TORCHELASTIC_RESTART_COUNT``,
+  ...) into ``os.environ``, and calls the function again, in the same process.
+* *fail*: the exception is this worker's own failure; the wrapper aborts and destroys the process groups (so that
+  the peers blocked on this worker are released at once) and re-raises it: the process ends as it would have, and
+  the agent replaces it with a fresh one.
+
+When the agent decides on a new round while the function runs (a failure elsewhere, a node joining), it sends an
+*abort* on the worker's events socket; a thread of the wrapper then aborts the process groups (NCCL: the blocked
+collective returns) and raises :class:`RestartRequested` into the function's thread, where it surfaces at the next
+Python bytecode (a thread blocked in C, e.g. in a gloo collective, sees it once that call returns: a gloo
+collective returns when the failed peer's connections close; the agent kills a peer that hangs). The function must
+allow being called again in the same process: it keeps no object of the old process group, and it loads its state
+at the top of each call (``aelastic.checkpoint.load``).
+
+Outside an agent (plain ``python``, torchrun), the function is called once, as written.
+
+Protocol, over the worker's link (:mod:`aelastic.agent.link`): ``restart.register`` is answered with one fd, the
+worker's end of an events socket (``SOCK_SEQPACKET``, JSON messages: ``{"event": "abort", "reason": ...}``);
+``restart.raised`` (``error``, ``distributed``: whether it comes from a collective, ``aborted``: whether the agent
+asked for it) is answered once the agent has decided: ``{"verdict": "restart", "env": {...}}`` or ``{"verdict":
+"fail"}``.
+
+Standard library only; torch is used only where the worker already imported it.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any, Final, NamedTuple, TypeVar
+
+from ..link.child import AgentLink, LinkRefused, agent_link
+
+__all__ = ["RestartRequested", "is_distributed_error", "restartable"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# What a collective's failure says when a peer went away (gloo's transport, NCCL's watchdog, torch's store).
+_PEER_FAILURES: Final = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL", "gloo",
+                         "ProcessGroup", "c10d", "Timed out", "timed out")  # fmt: skip
+
+
+class RestartRequested(BaseException):
+    """Raised into the function's thread when the agent ends the current round (a ``BaseException``, as
+    ``KeyboardInterrupt``: an ``except Exception`` in the training code does not swallow it)."""
+
+
+def is_distributed_error(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is a collective's or the store's failure, as a peer's loss makes one."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        kind = type(current)
+        if any(k.__module__.startswith("torch.distributed") or k.__name__.startswith("Dist") for k in kind.__mro__):
+            return True
+        if isinstance(current, (RuntimeError, ConnectionError, TimeoutError)) and any(
+            marker in str(current) for marker in _PEER_FAILURES
+        ):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _teardown(*, destroy: bool) -> None:
+    """Abort every process group of torch.distributed, if it is in use (NCCL's blocked collectives return; gloo's
+    do not: its peers' connections closing releases them), and with ``destroy``, destroy them."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return
+    try:
+        dist.distributed_c10d._abort_process_group()
+    except Exception as exc:  # best effort: destroying follows
+        logger.debug("aborting the process groups: %r", exc)
+    if destroy:
+        try:
+            dist.destroy_process_group()
+        except Exception as exc:
+            logger.warning("aelastic: destroying the process groups failed (%r); going on", exc)
+
+
+class _Session:
+    """This worker's registration with its agent: the events socket, its listener thread, and whether the
+    function runs now (an abort raises into its thread only then)."""
+
+    def __init__(self, link: AgentLink, events: socket.socket) -> None:
+        self.link = link
+        self.events = events
+        self.lock = threading.Lock()
+        self.running: int | None = None  # the thread ident running the function
+        self.listener = threading.Thread(target=self._listen, name="aelastic-restart", daemon=True)
+        self.listener.start()
+
+    def _listen(self) -> None:
+        while True:
+            try:
+                data = self.events.recv(1 << 16)
+            except OSError:
+                return
+            if not data:
+                return  # the agent is gone
+            event = json.loads(data)
+            if event.get("event") == "abort":
+                self._abort(str(event.get("reason", "")))
+
+    def _abort(self, reason: str) -> None:
+        with self.lock:
+            ident = self.running
+            if ident is None:
+                return  # between calls: the agent's word comes as the verdict
+            _teardown(destroy=False)
+            _raise_in(ident, RestartRequested)
+
+    def enter(self) -> None:
+        with self.lock:
+            self.running = threading.get_ident()
+
+    def leave(self) -> None:
+        with self.lock:
+            if self.running is not None:
+                _raise_in(self.running, None)  # withdraw one that was not raised yet
+            self.running = None
+
+    def ask(self, exc: BaseException) -> dict[str, str] | None:
+        """The agent's word on ``exc``: the new round's environment, or ``None`` (fail)."""
+        error = f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}"[:4000]
+        aborted = isinstance(exc, RestartRequested)
+        try:
+            reply, _ = self.link.request("restart.raised", error=error, distributed=is_distributed_error(exc),
+                                         aborted=aborted)  # fmt: skip
+        except (OSError, LinkRefused) as failure:
+            logger.warning("aelastic: no word from the agent on %s (%s): failing", error, failure)
+            return None
+        if reply.get("verdict") != "restart":
+            return None
+        env: dict[str, str] = reply["env"]
+        return env
+
+
+def _raise_in(ident: int, kind: type[BaseException] | None) -> None:
+    """Have thread ``ident`` raise ``kind`` at its next bytecode (``None``: withdraw a pending one)."""
+    import ctypes  # only a restartable worker pays for it
+
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), None if kind is None else ctypes.py_object(kind))
+
+
+_session: _Session | None = None
+_session_lock = threading.Lock()
+
+
+def _register(link: AgentLink) -> _Session | None:
+    global _session
+    with _session_lock:
+        if _session is None:
+            try:
+                _, fds = link.request("restart.register")
+            except (OSError, LinkRefused) as exc:
+                logger.warning("aelastic: this worker could not register for in-process restarts (%s): it runs its "
+                               "function once", exc)  # fmt: skip
+                return None
+            _session = _Session(link, socket.socket(fileno=fds[0]))
+        return _session
+
+
+class _Returned(NamedTuple):
+    value: Any
+
+
+def _call(session: _Session, fn: Callable[..., Any], args: Any, kwargs: Any) -> _Returned | dict[str, str]:
+    """One call of ``fn``: what it returned, or the environment of the round to call it again in."""
+    try:
+        try:
+            session.enter()
+            return _Returned(fn(*args, **kwargs))
+        finally:
+            session.leave()
+    except (KeyboardInterrupt, SystemExit):
+        raise  # the agent stops the worker (SIGINT), or the function exits on purpose: not a restart
+    except BaseException as exc:
+        env = session.ask(exc)
+        _teardown(destroy=True)
+        if env is None:
+            raise
+        return env
+
+
+def restartable(fn: Callable[..., T]) -> Callable[..., T]:
+    """Run ``fn`` so that a new round of the job calls it again in this process; see the module doc."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> T:
+        link = agent_link()
+        session = None if link is None else _register(link)
+        if session is None:
+            return fn(*args, **kwargs)
+        while True:
+            outcome = _call(session, fn, args, kwargs)
+            if isinstance(outcome, _Returned):
+                value: T = outcome.value
+                return value
+            os.environ.update(outcome)
+
+    return wrapper

@@ -1,0 +1,88 @@
+"""The agent's side of in-process restarts (see :mod:`aelastic.agent.restart`; the protocol is in :mod:`.child`).
+
+A worker that registers (``restart.register``) gets a :class:`RestartChannel`: the events socket its agent aborts
+it on, and the place where the report of its function's exception waits for the agent's verdict. The supervisor
+(:mod:`aelastic.agent.processes`) decides, per report:
+
+* the worker's agent asked for it (an abort), or the report arrives once the round is known to end (a local
+  failure, a membership change): the worker is a *survivor*; its verdict is the next round's environment;
+* the exception comes from a collective or the store (a peer went away) and nothing is known yet: the worker may
+  be a victim of a failure elsewhere, whose news is on its way; it waits up to :data:`VICTIM_GRACE` for the round to
+  end, and fails after that;
+* any other exception is the worker's own failure: its verdict is to fail, and it is replaced.
+
+A survivor that does not report within :data:`ABORT_GRACE` of its abort (blocked in a call that does not return) is
+killed and replaced like a failed worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Mapping
+from contextlib import suppress
+from typing import Any, Final
+
+import anyio
+
+__all__ = ["ABORT_GRACE", "VICTIM_GRACE", "RestartChannel"]
+
+VICTIM_GRACE: Final = 10.0  # seconds a worker whose collective failed waits for the news of a failure elsewhere
+ABORT_GRACE: Final = 10.0  # seconds an aborted survivor has to report before it is killed and replaced
+
+
+class RestartChannel:
+    """The agent's end of one restartable worker's events socket, and its report awaiting a verdict."""
+
+    def __init__(self) -> None:
+        agent_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        agent_end.setblocking(False)
+        self._socket = agent_end
+        self.worker_fd = worker_end.detach()  # passed once, then closed by the caller
+        self.report: Mapping[str, Any] | None = None
+        self.reported = anyio.Event()
+        self.aborted = False
+        self._verdict: dict[str, Any] = {}
+        self._decided = anyio.Event()
+
+    def __repr__(self) -> str:
+        return f"<RestartChannel aborted={self.aborted} report={self.report is not None}>"
+
+    @property
+    def victim(self) -> bool:
+        """Whether the pending report is a collective's failure the agent did not ask for."""
+        return self.report is not None and bool(self.report.get("distributed")) and not self.report.get("aborted")
+
+    def abort(self, reason: str) -> None:
+        """Ask the worker to end its function's call (it reports, then waits for the next round)."""
+        if self.aborted:
+            return
+        self.aborted = True
+        with suppress(OSError):  # a full socket or a dead worker: it reports anyway, or its end is seen
+            self._socket.send(json.dumps({"event": "abort", "reason": reason}).encode())
+
+    def take(self, report: Mapping[str, Any]) -> None:
+        """The worker's report of its function's exception."""
+        self.report = report
+        self.reported.set()
+
+    def decide(self, verdict: dict[str, Any]) -> None:
+        """The agent's word on the pending report (``{"verdict": "restart", "env": ...}`` or ``"fail"``)."""
+        self._verdict = verdict
+        self._decided.set()
+
+    async def wait_verdict(self) -> dict[str, Any]:
+        """The verdict on the report just taken; then the channel is ready for the next round's."""
+        await self._decided.wait()
+        verdict = self._verdict
+        self.report, self.reported, self.aborted = None, anyio.Event(), False
+        self._decided = anyio.Event()
+        return verdict
+
+    def close(self) -> None:
+        if self.worker_fd >= 0:
+            fd, self.worker_fd = self.worker_fd, -1
+            os.close(fd)
+        with suppress(OSError):
+            self._socket.close()
