@@ -150,10 +150,17 @@ class Cluster:
     def build(self) -> None:
         _ip("link", "add", self.bridge, "type", "bridge")
         _ip("link", "set", self.bridge, "up")
+        # Every host's name resolves inside every namespace, as a cluster's DNS would answer: `ip netns exec`
+        # mounts /etc/netns/<name>/hosts over /etc/hosts. Without it torch's TCPStore client looks its peer's
+        # address up in this machine's unreachable DNS and waits out the resolver's timeout (5 s and more).
+        names = "".join(f"{h.addr} {h.name}\n" for h in self.hosts)
         for host in self.hosts:
             host.dir.mkdir()
             _ip("netns", "add", host.netns)
             self._namespaces.append(host.netns)
+            etc = Path("/etc/netns") / host.netns
+            etc.mkdir(parents=True, exist_ok=True)
+            (etc / "hosts").write_text(f"127.0.0.1 localhost\n::1 localhost ip6-localhost\n{names}")
             _ip("link", "add", host.link, "type", "veth", "peer", "name", "eth0", "netns", host.netns)
             _ip("link", "set", host.link, "master", self.bridge, "up")
             _ip("-n", host.netns, "addr", "add", f"{host.addr}/24", "dev", "eth0")
@@ -193,6 +200,7 @@ class Cluster:
                     break
                 time.sleep(0.05)  # SIGKILLed workers of SIGKILLed agents: reaped by init, no event here
             subprocess.run(["ip", "netns", "del", netns], capture_output=True, check=False)
+            shutil.rmtree(Path("/etc/netns") / netns, ignore_errors=True)
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, check=False)
 
     # --- processes -----------------------------------------------------------------------------------------------

@@ -98,7 +98,7 @@ def _teardown(*, destroy: bool) -> None:
         dist.distributed_c10d._abort_process_group()
     except Exception as exc:  # best effort: destroying follows
         logger.debug("aborting the process groups: %r", exc)
-    if destroy:
+    if destroy and dist.is_initialized():  # an abort may have destroyed them already
         try:
             dist.destroy_process_group()
         except Exception as exc:

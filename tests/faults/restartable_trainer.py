@@ -1,0 +1,105 @@
+"""The fault suite's restartable worker: training that keeps its process across rounds (``aelastic.worker.
+restartable``), with an in-memory checkpoint every step, and faults injected on a schedule.
+
+argv: OUT. Environment (set on the agent, inherited): FAULTS_HOST names the host, FAULTS_STEP_PAUSE is the pause after
+each step, FAULTS_STEPS the steps to train, FAULTS_SCHEDULE the path of a JSON list of faults ``[step, rank, kind]``
+(kind: raise, kill, exit, stop; the step ``"go"``: the first step once ``OUT/go`` exists), each injected once in the
+whole job (a marker file, created exclusively, says it
+was), during its step: after the gradients' all-reduce, before the optimizer's step, so the other ranks complete the
+step and save it, and the job must restore the step before.
+
+Each call of the training function reports ``start-<pid>-<call>.json`` (its rank, world, the step it starts at, what
+it loaded); each step replaces ``progress-<pid>.json``; a fault writes ``fault-<index>.json`` just before it
+happens; rank 0 writes ``final.json`` (a digest of the parameters) at the end.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import aelastic.checkpoint as ckpt
+from aelastic.worker import restartable
+
+OUT = Path(sys.argv[1])
+HOST_DIR = OUT / os.environ["FAULTS_HOST"]
+STEP_PAUSE = float(os.environ["FAULTS_STEP_PAUSE"])
+STEPS = int(os.environ["FAULTS_STEPS"])
+SCHEDULE = json.loads(Path(os.environ["FAULTS_SCHEDULE"]).read_text()) if os.environ.get("FAULTS_SCHEDULE") else []
+calls = 0
+
+
+def write(target: Path, event: str, **fields: object) -> None:
+    """``target``, replaced atomically with a JSON record of ``event``."""
+    record = {"event": event, "host": os.environ["FAULTS_HOST"], "pid": os.getpid(), "time": time.time(), **fields}
+    tmp = target.with_name(f".{target.name}.tmp")
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, target)
+
+
+def fault(step: int, rank: int) -> None:
+    for index, (at, who, kind) in enumerate(SCHEDULE):
+        due = at == step or (at == "go" and (OUT / "go").exists())  # "go": once the test says so
+        if not due or who != rank:
+            continue
+        try:
+            os.close(os.open(OUT / f"fault-{index}.done", os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            continue  # injected before: a fault happens once
+        write(OUT / f"fault-{index}.json", "fault", step=step, rank=rank, kind=kind)
+        if kind == "raise":
+            raise RuntimeError(f"fault {index} at step {step}")
+        if kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if kind == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        os._exit(3)
+
+
+@restartable
+def train() -> None:
+    global calls
+    calls += 1
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    state = {"model": model.state_dict(), "step": -1}
+    restored = ckpt.load(into=state)
+    if restored is not None:
+        optimizer.load_state_dict(restored["optimizer"])
+    loaded = ckpt.last_loaded()
+    start = 0 if restored is None else restored["step"] + 1
+    write(HOST_DIR / f"start-{os.getpid()}-{calls}.json", "start", call=calls, rank=rank, world=world, start=start,
+          loaded=None if loaded is None else loaded._asdict())  # fmt: skip
+    for step in range(start, STEPS):
+        x = torch.randn(16, 32, generator=torch.Generator().manual_seed(step * 1000 + rank))
+        loss = model(x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= world
+        fault(step, rank)
+        optimizer.step()
+        ckpt.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, step=step)
+        write(HOST_DIR / f"progress-{os.getpid()}.json", "progress", rank=rank, world_size=world, step=step,
+              call=calls)  # fmt: skip
+        time.sleep(STEP_PAUSE)
+    if rank == 0:
+        digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
+        write(OUT / "final.json", "final", digest=digest)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    train()
