@@ -52,7 +52,7 @@ from .link.parent import LinkService
 from .logs import LogSpec
 from .logs_specs import LogsSpecs, reify
 from .policy import Action, Budget, Decision, Outcome, decide
-from .processes import GroupOutcome, StopSignal, Supervisor, open_supervisor
+from .processes import GroupOutcome, Interrupt, StopSignal, Supervisor, open_supervisor
 from .ranks import RankAssignment, RoleInfo, exchange_ranks
 from .reaper.parent import Reaper
 from .spawn.parent import WorkerCommand, WorkerProcess
@@ -316,12 +316,13 @@ class ElasticAgent:
                 # still finishing, would throw their work away and let the nodes waiting in the barrier go.
                 return await info.store.check([f"{_TERMINAL}/{rank}" for rank in sorted(ranks)])
 
-            changed = anyio.Event()
+            changed = Interrupt()
 
             async def watch() -> None:
                 nonlocal reason
                 reason = await self.handler.wait_for_membership_change(finished)
-                changed.set()  # the attempt ends: restartable workers are kept for the next, the others stopped
+                # The attempt ends: restartable workers are kept for the next, the others stopped.
+                changed.set(peers_lost=getattr(reason, "lost", True))
 
             async def serve_timers(workers: Sequence[WorkerProcess]) -> None:
                 assert timers is not None

@@ -72,7 +72,7 @@ from .forward.parent import RunningWorkers
 from .link.parent import LinkRefusal, LinkService
 from .logs import LogSpec, Std, WorkerLog, pump
 from .reaper.parent import Reaper
-from .restart.parent import ABORT_GRACE, VICTIM_GRACE, RestartChannel
+from .restart.parent import ABORT_GRACE, LOST_ABORT_GRACE, VICTIM_GRACE, RestartChannel
 from .spawn.parent import (
     PipeReader,
     WorkerCommand,
@@ -86,7 +86,7 @@ from .workers import ATTEMPT_VARIABLES
 if TYPE_CHECKING:
     from .prewarm.parent import Standbys  # imported by the launcher only with --prewarm
 
-__all__ = ["GroupOutcome", "StopSignal", "Supervisor", "WorkerExit", "open_supervisor", "run_workers"]
+__all__ = ["GroupOutcome", "Interrupt", "StopSignal", "Supervisor", "WorkerExit", "open_supervisor", "run_workers"]
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +109,25 @@ class StopSignal:
 
     def __repr__(self) -> str:
         return f"<StopSignal {self.signum.name}>"
+
+
+class Interrupt:
+    """What ends an attempt from outside (a membership change): see :meth:`Supervisor.run`. ``peers_lost``:
+    members left the round, so survivors blocked in a collective with one of them may never let go by themselves
+    (they are given :data:`~aelastic.agent.restart.parent.LOST_ABORT_GRACE` to report)."""
+
+    __slots__ = ("event", "peers_lost")
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+        self.peers_lost = False
+
+    def __repr__(self) -> str:
+        return f"<Interrupt set={self.event.is_set()} peers_lost={self.peers_lost}>"
+
+    def set(self, *, peers_lost: bool) -> None:
+        self.peers_lost = peers_lost
+        self.event.set()
 
 
 class Supervisor:
@@ -296,13 +315,13 @@ class Supervisor:
         channel = worker.restart
         assert channel is not None
         if channel.report is None:
-            with anyio.move_on_after(ABORT_GRACE):
+            with anyio.move_on_after(channel.grace):
                 await channel.reported.wait()
         if channel.report is None or not worker.survives:
             if worker.running():
                 logger.warning("worker local_rank %d (pid %d) did not let go of its round within %g s of the "
                                "abort: killing it and starting another", worker.command.local_rank, worker.pid,
-                               ABORT_GRACE)  # fmt: skip
+                               channel.grace)  # fmt: skip
             await self.stop([worker], signal.SIGKILL)
             return False
         old, worker.log = worker.log, WorkerLog(logs, command.local_rank, command.global_rank)
@@ -374,7 +393,7 @@ class Supervisor:
         started: Callable[[Sequence[WorkerProcess]], None] | None = None,
         refill_after: float = 0.0,
         keep_on_failure: bool = False,
-        interrupt: anyio.Event | None = None,
+        interrupt: Interrupt | None = None,
     ) -> GroupOutcome:
         """One attempt: the parameters and the result of :func:`run_workers` (which see), with three more:
 
@@ -386,7 +405,7 @@ class Supervisor:
                 the workers that registered for in-process restarts are aborted and kept for it instead of
                 stopped (:mod:`aelastic.agent.restart`); the others are stopped.
             interrupt: once set (a membership change), the attempt ends: the restartable workers are aborted and
-                kept for the next one, the others stopped.
+                kept for the next one, the others stopped (see :class:`Interrupt`).
 
         A local rank that has a survivor kept from the previous attempt is given this attempt in its process
         instead of a new worker. The outcome's exits are those of the workers that ended; survivors are not in it.
@@ -445,7 +464,7 @@ class Supervisor:
         before_kill: WorkerHook | None,
         refill_after: float,
         keep_on_failure: bool,
-        interrupt: anyio.Event | None,
+        interrupt: Interrupt | None,
     ) -> Tracked | None:
         """Until every worker ended, one failed, ``interrupt`` is set or this is cancelled; then the workers are
         stopped, or kept (see :meth:`run`). Returns the first failure."""
@@ -480,7 +499,7 @@ class Supervisor:
                 if self.standbys is not None:  # the next attempt's, preloading while these run
                     waiters.start_soon(self._refill, [w.command for w in workers], refill_after)
                 if interrupt is not None:
-                    waiters.start_soon(wait_interrupt, interrupt, waiters.cancel_scope)
+                    waiters.start_soon(wait_interrupt, interrupt.event, waiters.cancel_scope)
                 for worker in workers:
                     waiters.start_soon(self._judge, worker, ending)
                 async with anyio.create_task_group() as exits:
@@ -488,20 +507,21 @@ class Supervisor:
                         exits.start_soon(wait_worker, worker, waiters.cancel_scope)
                 waiters.cancel_scope.cancel()  # every worker exited: the watch ends too
         finally:
-            interrupted = interrupt is not None and interrupt.is_set() and not first_failure
+            interrupted = interrupt is not None and interrupt.event.is_set() and not first_failure
             if (first_failure and keep_on_failure) or interrupted:
                 reason = "a membership change" if interrupted else f"local rank {first_failure[0].local_rank} failed"
-                self._keep([w for w in workers if w.survives], reason)
+                lost = interrupted and interrupt is not None and interrupt.peers_lost
+                self._keep([w for w in workers if w.survives], reason, LOST_ABORT_GRACE if lost else ABORT_GRACE)
             # A peer's failure stops the others with SIGTERM (torch does); a cancellation with what was asked.
             signum = signal.SIGTERM if first_failure or interrupted else self.requested
             await self.stop([w for w in workers if w not in self._kept.values()], signum, before_kill)
         return first_failure[0] if first_failure else None
 
-    def _keep(self, survivors: Sequence[Tracked], reason: str) -> None:
-        """Abort ``survivors`` for the next attempt (they report, then wait for it)."""
+    def _keep(self, survivors: Sequence[Tracked], reason: str, grace: float) -> None:
+        """Abort ``survivors`` for the next attempt (they report, within ``grace``, then wait for it)."""
         for worker in survivors:
             assert worker.restart is not None
-            worker.restart.abort(reason)
+            worker.restart.abort(reason, grace)
             self._kept[worker.local_rank] = worker
         if survivors:
             logger.info("keeping local ranks %s in their processes for the next round (%s)",

@@ -27,6 +27,7 @@ from .state import Action, NodeDesc, NodeTimers, RendezvousSettings, RendezvousS
 __all__ = [
     "Finished",
     "JoinObserver",
+    "MembershipChange",
     "RendezvousHandler",
     "RendezvousInfo",
     "RendezvousParameters",
@@ -194,6 +195,19 @@ class RendezvousStatistics:
     join_requests: int = 0
     folds: int = 0
     requests_folded: int = 0
+
+
+class MembershipChange(str):
+    """Why a round must be redone, as :meth:`RendezvousHandler.wait_for_membership_change` says it (the text is for
+    people); ``lost``: members left the round (found dead, or gone to restart), rather than nodes waiting to join
+    or the rendezvous closed."""
+
+    lost: bool
+
+    def __new__(cls, text: str, *, lost: bool = False) -> MembershipChange:
+        change = super().__new__(cls, text)
+        change.lost = lost
+        return change
 
 
 class RendezvousHandler(abc.ABC):

@@ -65,7 +65,15 @@ from ..errors import (
 )
 from ..events import record_rendezvous
 from ..store.server import StoreServer
-from .api import Finished, JoinObserver, RendezvousHandler, RendezvousInfo, RendezvousStatistics, View
+from .api import (
+    Finished,
+    JoinObserver,
+    MembershipChange,
+    RendezvousHandler,
+    RendezvousInfo,
+    RendezvousStatistics,
+    View,
+)
 from .backends.base import RendezvousBackend, Versioned
 from .bootstrap import BootstrapStores
 from .codec import (
@@ -633,7 +641,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         if self._round is None:
             return None
         if s.round != self._round:
-            return f"round {self._round} is over (now round {s.round})"
+            return MembershipChange(f"round {self._round} is over (now round {s.round})", lost=True)
         if len(s.participants) < self._world:  # who left is in the whole state only
             whole = await self._whole()
             if whole.round != self._round or not whole.complete:
@@ -644,7 +652,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 return await self._restart_reason(finished, excused)  # the state may have moved meanwhile
             if gone:
                 names = ", ".join(sorted(whole.rank_order[rank].id for rank in gone))
-                return f"round {self._round} lost {len(gone)} member(s): {names}"
+                return MembershipChange(f"round {self._round} lost {len(gone)} member(s): {names}", lost=True)
         if len(s.wait_list):
             return f"{len(s.wait_list)} node(s) waiting to join"
         return None

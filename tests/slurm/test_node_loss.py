@@ -1,11 +1,15 @@
 """Node loss on the real Slurm cluster: ``examples/slurm/node_loss.sbatch`` (one ``aelastic run`` step per node,
 ``--no-kill``, ``--nnodes 2:3``, c10d on the first node, default settings) runs ``examples/slurm/train.py`` (a gloo
-all-reduce per step) on node1..node3; node4 is the spare.
+all-reduce per step, an in-memory checkpoint after each, the loop in ``aelastic.worker.restartable``) on
+node1..node3; node4 is the spare.
 
 * node3 is killed (its slurmd, agent and workers die; its network stays up, so its kernel closes the connections):
-  node1 and node2 train in a world of 2 within 10 s of the kill, the spare joins (a world of 3 again), and the
-  survivors' steps exit 0;
-* node3 is partitioned instead (silent): the survivors carry on within the keep-alive timeout (15 s) + 5 s.
+  node1 and node2 train in a world of 2 within 5 s of the kill, with the processes that trained the world of 3; the
+  spare joins (a world of 3 again) without stopping them, and the survivors' steps exit 0;
+* node2 is killed: node3's worker takes its rank, and restores its state from the replica node3's agent kept;
+* node3 is partitioned instead (silent): the survivors carry on within the keep-alive timeout (15 s) + 5 s (their
+  workers, blocked in a gloo all-reduce with the vanished node, are replaced 2 s after the loss is known: gloo has
+  no abort).
 
 torchrun in the same template (``LAUNCHER=torchrun``) is measured beside it and printed (not asserted): RESULTS.md.
 Times are the workers' own records (every namespace shares the machine's clock) against the test's kill time.
@@ -111,18 +115,36 @@ def _run(
     return found
 
 
+def _pids(folder: Path, world: int, after: float) -> dict[str, set[int]]:
+    """The pids of the workers that did a step in a world of ``world`` after ``after``, by host."""
+    found: dict[str, set[int]] = {}
+    for r in _records(folder):
+        if r["event"] == "step" and r["world"] == world and r["time"] > after:
+            found.setdefault(r["host"], set()).add(r["pid"])
+    return found
+
+
 def test_a_killed_node_leaves_a_world_of_2_within_10s_and_a_spare_joins(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
+    """The survivors' workers keep their processes (``restartable``): the world of 2, and the world of 3 the spare
+    makes, are trained by the very processes that trained the first world of 3."""
     found = _run(slurm_cluster, tmp_path, silent=False)
     print(f"[slurm] aelastic, node3 killed: {found}")
     report_time("slurm", "node killed (3 nodes, 2:3): survivors training", found["world_of_2_after"],
-                "both survivors all-reduce in a world of 2, from the kill")  # fmt: skip
+                "both survivors all-reduce in a world of 2, from the kill; their workers keep their "
+                "processes")  # fmt: skip
     report_time("slurm", "spare node started: world of 3 training", found["spare_joined_after"],
-                "the spare and the survivors all-reduce in a world of 3, from its start")  # fmt: skip
-    assert found["world_of_2_after"] < 10, found
+                "the spare and the survivors all-reduce in a world of 3, from its start; the survivors' workers "
+                "keep their processes")  # fmt: skip
+    assert found["world_of_2_after"] < 5, found
     assert found["exit_codes"] == {"node1": 0, "node2": 0, "node4": 0}, found
     assert found["job"] == "COMPLETED", found
+    first, smaller, grown = (_pids(tmp_path, world, 0) for world in (3, 2, 3))
+    assert smaller["node1"] == first["node1"], found  # one process per survivor, from the first world to the last
+    assert smaller["node2"] == first["node2"], found
+    assert grown["node1"] == first["node1"], found
+    assert grown["node2"] == first["node2"], found
 
 
 def test_a_partitioned_node_is_survived_within_the_keep_alive_timeout(

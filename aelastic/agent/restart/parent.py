@@ -12,7 +12,9 @@ it on, and the place where the report of its function's exception waits for the 
 * any other exception is the worker's own failure: its verdict is to fail, and it is replaced.
 
 A survivor that does not report within :data:`ABORT_GRACE` of its abort (blocked in a call that does not return) is
-killed and replaced like a failed worker.
+killed and replaced like a failed worker; within :data:`LOST_ABORT_GRACE` when members left the round: a survivor
+blocked in a collective with a peer that vanished without closing its connections (a partitioned node) is released
+by nothing but its own death (gloo has no abort; NCCL's returns at once).
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ from typing import Any, Final
 
 import anyio
 
-__all__ = ["ABORT_GRACE", "VICTIM_GRACE", "RestartChannel"]
+__all__ = ["ABORT_GRACE", "LOST_ABORT_GRACE", "VICTIM_GRACE", "RestartChannel"]
 
 VICTIM_GRACE: Final = 10.0  # seconds a worker whose collective failed waits for the news of a failure elsewhere
 ABORT_GRACE: Final = 10.0  # seconds an aborted survivor has to report before it is killed and replaced
+LOST_ABORT_GRACE: Final = 2.0  # the same, when members left the round
 
 
 class RestartChannel:
@@ -43,6 +46,7 @@ class RestartChannel:
         self.report: Mapping[str, Any] | None = None
         self.reported = anyio.Event()
         self.aborted = False
+        self.grace = ABORT_GRACE  # how long the last abort lets it take to report
         self._verdict: dict[str, Any] = {}
         self._decided = anyio.Event()
 
@@ -54,11 +58,12 @@ class RestartChannel:
         """Whether the pending report is a collective's failure the agent did not ask for."""
         return self.report is not None and bool(self.report.get("distributed")) and not self.report.get("aborted")
 
-    def abort(self, reason: str) -> None:
-        """Ask the worker to end its function's call (it reports, then waits for the next round)."""
+    def abort(self, reason: str, grace: float) -> None:
+        """Ask the worker to end its function's call (it reports, then waits for the next round) within
+        ``grace`` seconds."""
         if self.aborted:
             return
-        self.aborted = True
+        self.aborted, self.grace = True, grace
         with suppress(OSError):  # a full socket or a dead worker: it reports anyway, or its end is seen
             self._socket.send(json.dumps({"event": "abort", "reason": reason}).encode())
 
