@@ -122,7 +122,9 @@ class Job:
         path.write_text(REPORT + body)
         return path
 
-    async def agent(self, *args: str | os.PathLike[str], cwd: Path | None = None) -> Agent:
+    async def agent(
+        self, *args: str | os.PathLike[str], cwd: Path | None = None, env: dict[str, str] | None = None
+    ) -> Agent:
         log = self.tmp_path / f"agent{len(self.agents)}.log"
         with log.open("wb") as f:
             process = await anyio.open_process(
@@ -130,7 +132,7 @@ class Job:
                 stdin=subprocess.DEVNULL,
                 stdout=f,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
                 cwd=cwd,
             )
         agent = Agent(process, log)

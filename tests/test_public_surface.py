@@ -61,8 +61,9 @@ SURFACES = {
     "aelastic.rendezvous.testing": RENDEZVOUS_TESTING,
     "aelastic.etcd": ETCD,
     # In-memory checkpoints, the worker's side (issue 29).
-    "aelastic.checkpoint": {"CheckpointError", "LoadInfo", "StorageReader", "StorageWriter", "last_loaded", "load",
-                            "save"},  # fmt: skip
+    "aelastic.checkpoint": {
+        "CheckpointError", "LoadInfo", "StorageReader", "StorageWriter", "last_loaded", "load", "save",
+    },
     "aelastic.rendezvous": TORCH_RENDEZVOUS | {"check_parameters", "open_rendezvous", "register_backend"},
     "aelastic.agent": TORCH_AGENT,
     "aelastic.store": TORCH_STORE | {

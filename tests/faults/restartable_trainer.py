@@ -3,10 +3,10 @@ restartable``), with an in-memory checkpoint every step, and faults injected on 
 
 argv: OUT. Environment (set on the agent, inherited): FAULTS_HOST names the host, FAULTS_STEP_PAUSE is the pause after
 each step, FAULTS_STEPS the steps to train, FAULTS_SCHEDULE the path of a JSON list of faults ``[step, rank, kind]``
-(kind: raise, kill, exit, stop; the step ``"go"``: the first step once ``OUT/go`` exists), each injected once in the
-whole job (a marker file, created exclusively, says it
-was), during its step: after the gradients' all-reduce, before the optimizer's step, so the other ranks complete the
-step and save it, and the job must restore the step before.
+(kind: raise, kill, exit, stop, sleep; the step ``"go"``: the first step once ``OUT/go`` exists), each injected once
+in the whole job (a marker file, created exclusively, says it was), during its step: after the gradients'
+all-reduce, before the optimizer's step, so the other ranks complete the step and save it, and the job must restore
+the step before.
 
 Each call of the training function reports ``start-<pid>-<call>.json`` (its rank, world, the step it starts at, what
 it loaded); each step replaces ``progress-<pid>.json``; a fault writes ``fault-<index>.json`` just before it
@@ -61,6 +61,8 @@ def fault(step: int, rank: int) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         if kind == "stop":
             os.kill(os.getpid(), signal.SIGSTOP)
+        if kind == "sleep":
+            time.sleep(3600)  # a C call that does not return: an exception raised into the thread waits for it
         os._exit(3)
 
 

@@ -1,0 +1,117 @@
+"""In-process restarts on one node (``aelastic.worker.restartable``): real agents on asyncio and trio, real gloo
+workers (the fault suite's ``restartable_trainer.py``), faults injected on a schedule; and the wrapper outside an
+agent. Across hosts: tests/faults/test_survivors.py; under Slurm: tests/slurm/test_node_loss.py."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import test_agent_e2e
+from test_agent_e2e import Job, common
+
+from aelastic.agent.restart.child import is_distributed_error
+
+pytestmark = [pytest.mark.anyio, pytest.mark.torch]
+
+job = test_agent_e2e.job
+TRAINER = Path(__file__).resolve().parent / "faults" / "restartable_trainer.py"
+
+
+def starts(job: Job) -> list[dict[str, Any]]:
+    return [json.loads(p.read_text()) for p in sorted((job.out / "h0").glob("start-*.json"))]
+
+
+async def train(job: Job, schedule: list[list[Any]], steps: int, *flags: str, pause: float = 0.02) -> Any:
+    (job.out / "h0").mkdir(exist_ok=True)
+    path = job.out / "schedule.json"
+    path.write_text(json.dumps(schedule))
+    env = {"FAULTS_HOST": "h0", "FAULTS_STEP_PAUSE": str(pause), "FAULTS_STEPS": str(steps),
+           "FAULTS_SCHEDULE": str(path)}  # fmt: skip
+    restarts = str(len(schedule) + 1)
+    agent = await job.agent("--standalone", *common(4, "--max-restarts", restarts), *flags, TRAINER, job.out, env=env)
+    assert await agent.wait() == 0, agent.output[-5000:]
+    return json.loads((job.out / "final.json").read_text())["digest"]
+
+
+async def test_a_raising_worker_is_replaced_and_its_peers_keep_their_processes(job: Job) -> None:
+    await train(job, [[30, 1, "raise"]], 60, "--prewarm")
+    records = starts(job)
+    first = {r["rank"]: r["pid"] for r in records if r["call"] == 1 and r["start"] == 0}
+    second = {r["rank"]: (r["pid"], r["call"], r["start"], r["loaded"]["source"]) for r in records if r["start"] == 30}
+    assert second[1][0] != first[1]  # replaced, and its replacement's first call
+    assert second[1][1:] == (1, 30, "memory")
+    for rank in (0, 2, 3):  # the others went on in their processes, in a second call, from the same step
+        assert second[rank] == (first[rank], 2, 30, "memory"), (first, second)
+
+
+async def test_faults_at_a_hundred_random_steps_change_nothing_of_the_final_model(job: Job) -> None:
+    rng = random.Random(30)
+    steps = 400
+    schedule = [
+        [s, rng.randrange(4), rng.choice(["raise", "kill", "exit"])] for s in sorted(rng.sample(range(1, steps), 100))
+    ]
+    faulty = await train(job, schedule, steps, "--prewarm")
+    assert len(list(job.out.glob("fault-*.json"))) == 100
+    for path in (*job.out.glob("fault-*"), job.out / "final.json"):
+        path.unlink()
+    clean = await train(job, [], steps)
+    assert faulty == clean
+
+
+@pytest.mark.parametrize(
+    ("error", "distributed"),
+    [
+        (RuntimeError("[../gloo/transport/tcp/pair.cc:553] Connection closed by peer [10.0.0.2]:1234"), True),
+        (ConnectionResetError("Connection reset by peer"), True),
+        (ValueError("a bug of the training code"), False),
+        (KeyError("step"), False),
+    ],
+)
+def test_a_collectives_failure_is_told_from_the_training_codes(error: BaseException, distributed: bool) -> None:
+    assert is_distributed_error(error) is distributed
+    chained = ValueError("while handling it")
+    chained.__cause__ = error
+    assert is_distributed_error(chained) is distributed  # what caused it counts
+
+
+def test_outside_an_agent_the_function_runs_once(tmp_path: Path) -> None:
+    script = tmp_path / "once.py"
+    script.write_text(
+        "from aelastic.worker import restartable\n"
+        "calls = []\n"
+        "@restartable\n"
+        "def f(x):\n"
+        "    calls.append(x)\n"
+        "    if len(calls) == 2:\n"
+        "        raise ValueError('the second call fails')\n"
+        "    return x * 2\n"
+        "assert f(21) == 42\n"
+        "try:\n    f(1)\nexcept ValueError:\n    print('raised once', calls)\n"
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "raised once [21, 1]"
+    torchrun = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+                               str(script)], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert torchrun.returncode == 0, torchrun.stderr
+    assert "raised once [21, 1]" in torchrun.stdout
+
+
+async def test_a_survivor_that_does_not_let_go_is_killed_and_replaced(job: Job) -> None:
+    """Rank 0 is in a C call that does not return (a long sleep: the abort's exception waits for it to return) when
+    rank 1 fails at the same step: rank 0 is killed once the abort's grace is over, and replaced; ranks 2 and 3 keep
+    their processes."""
+    await train(job, [[20, 0, "sleep"], [20, 1, "raise"]], 30)
+    agent_log = job.agents[0].output
+    assert "did not let go of its round within 10 s of the abort: killing it and starting another" in agent_log
+    records = starts(job)
+    first = {r["rank"]: r["pid"] for r in records if r["start"] == 0}
+    second = {r["rank"]: r["pid"] for r in records if r["start"] == 20}
+    assert second[0] != first[0]
+    assert second[1] != first[1]
+    assert (second[2], second[3]) == (first[2], first[3])
