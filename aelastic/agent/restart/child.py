@@ -14,13 +14,13 @@
 Under an aelastic agent, the wrapper registers the worker as restartable and calls the function. When the
 function's call ends with an exception, the wrapper tells the agent what it was and waits for the agent's word:
 
-* *restart*: a peer failed, a node was lost or joined; this worker is a survivor. The wrapper destroys the
-  process groups (aborting them first where the backend can: NCCL), takes the new round's environment (``RANK``,
+* *restart*: a peer failed, a node was lost or joined; this worker is a survivor. The wrapper destroyed the
+  process groups before it asked (aborting them first where the backend can: NCCL): a peer blocked in a collective
+  with this worker is released only when its connections close. It takes the new round's environment (``RANK``,
   ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT`` of a fresh store, ``TORCHELASTIC_RESTART_COUNT``,
   ...) into ``os.environ``, and calls the function again, in the same process.
-* *fail*: the exception is this worker's own failure; the wrapper aborts and destroys the process groups (so that
-  the peers blocked on this worker are released at once) and re-raises it: the process ends as it would have, and
-  the agent replaces it with a fresh one.
+* *fail*: the exception is this worker's own failure; the wrapper re-raises it: the process ends as it would have,
+  and the agent replaces it with a fresh one.
 
 When the agent decides on a new round while the function runs (a failure elsewhere, a node joining), it sends an
 *abort* on the worker's events socket; a thread of the wrapper then aborts the process groups (NCCL: the blocked
@@ -50,6 +50,7 @@ import os
 import socket
 import sys
 import threading
+import traceback
 from collections.abc import Callable
 from typing import Any, Final, NamedTuple, TypeVar
 
@@ -88,17 +89,25 @@ def is_distributed_error(exc: BaseException) -> bool:
     return False
 
 
-def _teardown(*, destroy: bool) -> None:
-    """Abort every process group of torch.distributed, if it is in use (NCCL's blocked collectives return; gloo's
-    do not: its peers' connections closing releases them), and with ``destroy``, destroy them."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_available() or not dist.is_initialized():
-        return
+def _abort_groups(dist: Any) -> None:
+    """Abort the process groups where the backend can release a blocked collective that way (NCCL). gloo's abort
+    releases nothing (its collectives return when the peers' connections close) and may wait for the collective
+    under way, so it is not called."""
     try:
+        if "nccl" not in str(dist.get_backend()):
+            return
         dist.distributed_c10d._abort_process_group()
     except Exception as exc:  # best effort: destroying follows
         logger.debug("aborting the process groups: %r", exc)
-    if destroy and dist.is_initialized():  # an abort may have destroyed them already
+
+
+def _teardown() -> None:
+    """Abort (NCCL) and destroy every process group of torch.distributed, if it is in use."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return
+    _abort_groups(dist)
+    if dist.is_initialized():  # an abort may have destroyed them already
         try:
             dist.destroy_process_group()
         except Exception as exc:
@@ -134,8 +143,11 @@ class _Session:
             ident = self.running
             if ident is None:
                 return  # between calls: the agent's word comes as the verdict
-            _teardown(destroy=False)
             _raise_in(ident, RestartRequested)
+        # Outside the lock: the function's thread takes it on its way out, which a blocked abort must not hold up.
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            _abort_groups(dist)
 
     def enter(self) -> None:
         with self.lock:
@@ -203,8 +215,13 @@ def _call(session: _Session, fn: Callable[..., Any], args: Any, kwargs: Any) -> 
     except (KeyboardInterrupt, SystemExit):
         raise  # the agent stops the worker (SIGINT), or the function exits on purpose: not a restart
     except BaseException as exc:
+        # The groups go first: a peer blocked in a collective with this worker is released only when this worker's
+        # connections close, and the next round waits for that peer. gloo closes them when the group's last
+        # reference goes, and the finished frames of the traceback hold some (the collective's ``group``, the
+        # training code's objects): their locals are cleared (the traceback still prints as it would).
+        traceback.clear_frames(exc.__traceback__)
+        _teardown()
         env = session.ask(exc)
-        _teardown(destroy=True)
         if env is None:
             raise
         return env
