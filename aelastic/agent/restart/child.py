@@ -23,17 +23,19 @@ function's call ends with an exception, the wrapper tells the agent what it was 
   and the agent replaces it with a fresh one.
 
 When the agent decides on a new round while the function runs (a failure elsewhere, a node joining), it sends an
-*abort* on the worker's events socket; a thread of the wrapper then aborts the process groups (NCCL: the blocked
-collective returns) and raises :class:`RestartRequested` into the function's thread, where it surfaces at the next
-Python bytecode (a thread blocked in C, e.g. in a gloo collective, sees it once that call returns: a gloo
-collective returns when the failed peer's connections close; the agent kills a peer that hangs). The function must
-allow being called again in the same process: it keeps no object of the old process group, and it loads its state
-at the top of each call (``aelastic.checkpoint.load``).
+*abort* (with the seconds it has to let go) on the worker's events socket; a thread of the wrapper then aborts the
+process groups (NCCL: the blocked collective returns) and raises :class:`RestartRequested` into the function's
+thread, where it surfaces at the next Python bytecode (a thread blocked in C, e.g. in a gloo collective, sees it once
+that call returns: a gloo collective returns when the failed peer's connections close; the agent kills a peer that
+hangs). A worker still held halfway through its grace writes its threads' stacks to stderr (the worker's log) first.
+The function must allow being called again in the same process: it keeps no object of the old process group, and it
+loads its state at the top of each call (``aelastic.checkpoint.load``).
 
 Outside an agent (plain ``python``, torchrun), the function is called once, as written.
 
 Protocol, over the worker's link (:mod:`aelastic.agent.link`): ``restart.register`` is answered with one fd, the
-worker's end of an events socket (``SOCK_SEQPACKET``, JSON messages: ``{"event": "abort", "reason": ...}``);
+worker's end of an events socket (``SOCK_SEQPACKET``, JSON messages: ``{"event": "abort", "reason": ..., "grace":
+seconds}``);
 ``restart.raised`` (``error``, ``distributed``: whether it comes from a collective, ``aborted``: whether the agent
 asked for it) is answered once the agent has decided: ``{"verdict": "restart", "env": {...}}`` or ``{"verdict":
 "fail"}``.
@@ -43,6 +45,8 @@ Standard library only; torch is used only where the worker already imported it.
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import functools
 import json
 import logging
@@ -123,6 +127,8 @@ class _Session:
         self.events = events
         self.lock = threading.Lock()
         self.running: int | None = None  # the thread ident running the function
+        self.calls = 0  # the function's calls so far
+        self.asked = 0  # the last call whose end was reported to the agent
         self.listener = threading.Thread(target=self._listen, name="aelastic-restart", daemon=True)
         self.listener.start()
 
@@ -136,22 +142,38 @@ class _Session:
                 return  # the agent is gone
             event = json.loads(data)
             if event.get("event") == "abort":
-                self._abort(str(event.get("reason", "")))
+                self._abort(str(event.get("reason", "")), float(event.get("grace", 10.0)))
 
-    def _abort(self, reason: str) -> None:
+    def _abort(self, reason: str, grace: float) -> None:
         with self.lock:
             ident = self.running
             if ident is None:
                 return  # between calls: the agent's word comes as the verdict
             _raise_in(ident, RestartRequested)
+            calls = self.calls
+        # Half the grace later, a call that has not let go says where it is held, before the agent kills it.
+        timer = threading.Timer(grace / 2, self._report_held, args=(calls, reason, grace))
+        timer.daemon = True
+        timer.start()
         # Outside the lock: the function's thread takes it on its way out, which a blocked abort must not hold up.
         dist = sys.modules.get("torch.distributed")
         if dist is not None and dist.is_available() and dist.is_initialized():
             _abort_groups(dist)
 
+    def _report_held(self, calls: int, reason: str, grace: float) -> None:
+        with self.lock:
+            if self.asked >= calls:
+                return  # it let go
+            sys.stderr.write(f"aelastic: this worker has not let go of its function {grace / 2:g}s after the agent "
+                             f"ended the round ({reason}); it is killed at {grace:g}s. Its threads:\n")  # fmt: skip
+            sys.stderr.flush()
+            with contextlib.suppress(Exception):  # a stderr without a file descriptor
+                faulthandler.dump_traceback(sys.stderr, all_threads=True)
+
     def enter(self) -> None:
         with self.lock:
             self.running = threading.get_ident()
+            self.calls += 1
 
     def leave(self) -> None:
         with self.lock:
@@ -163,6 +185,8 @@ class _Session:
         """The agent's word on ``exc``: the new round's environment, or ``None`` (fail)."""
         error = f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}"[:4000]
         aborted = isinstance(exc, RestartRequested)
+        with self.lock:
+            self.asked = self.calls
         try:
             reply, _ = self.link.request("restart.raised", error=error, distributed=is_distributed_error(exc),
                                          aborted=aborted)  # fmt: skip

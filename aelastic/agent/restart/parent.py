@@ -65,7 +65,7 @@ class RestartChannel:
             return
         self.aborted, self.grace = True, grace
         with suppress(OSError):  # a full socket or a dead worker: it reports anyway, or its end is seen
-            self._socket.send(json.dumps({"event": "abort", "reason": reason}).encode())
+            self._socket.send(json.dumps({"event": "abort", "reason": reason, "grace": grace}).encode())
 
     def take(self, report: Mapping[str, Any]) -> None:
         """The worker's report of its function's exception."""
