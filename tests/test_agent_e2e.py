@@ -102,8 +102,8 @@ class Agent:
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
-    async def wait(self) -> int:
-        with anyio.fail_after(DEADLINE):
+    async def wait(self, deadline: float = DEADLINE) -> int:
+        with anyio.fail_after(deadline):
             return await self.process.wait()
 
 

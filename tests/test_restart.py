@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import test_agent_e2e
-from test_agent_e2e import Job, common
+from test_agent_e2e import DEADLINE, Job, common
 
 from aelastic.agent.restart.child import is_distributed_error
 
@@ -27,7 +27,9 @@ def starts(job: Job) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted((job.out / "h0").glob("start-*.json"))]
 
 
-async def train(job: Job, schedule: list[list[Any]], steps: int, *flags: str, pause: float = 0.02) -> Any:
+async def train(
+    job: Job, schedule: list[list[Any]], steps: int, *flags: str, pause: float = 0.02, deadline: float = DEADLINE
+) -> Any:
     (job.out / "h0").mkdir(exist_ok=True)
     path = job.out / "schedule.json"
     path.write_text(json.dumps(schedule))
@@ -35,12 +37,12 @@ async def train(job: Job, schedule: list[list[Any]], steps: int, *flags: str, pa
            "FAULTS_SCHEDULE": str(path)}  # fmt: skip
     restarts = str(len(schedule) + 1)
     agent = await job.agent("--standalone", *common(4, "--max-restarts", restarts), *flags, TRAINER, job.out, env=env)
-    assert await agent.wait() == 0, agent.output[-5000:]
+    assert await agent.wait(deadline) == 0, agent.output[-5000:]
     return json.loads((job.out / "final.json").read_text())["digest"]
 
 
 async def test_a_raising_worker_is_replaced_and_its_peers_keep_their_processes(job: Job) -> None:
-    await train(job, [[30, 1, "raise"]], 60, "--prewarm")
+    await train(job, [[30, 1, "raise"], [40, 2, "raise"]], 60, "--prewarm")
     records = starts(job)
     first = {r["rank"]: r["pid"] for r in records if r["call"] == 1 and r["start"] == 0}
     second = {r["rank"]: (r["pid"], r["call"], r["start"], r["loaded"]["source"]) for r in records if r["start"] == 30}
@@ -48,6 +50,11 @@ async def test_a_raising_worker_is_replaced_and_its_peers_keep_their_processes(j
     assert second[1][1:] == (1, 30, "memory")
     for rank in (0, 2, 3):  # the others went on in their processes, in a second call, from the same step
         assert second[rank] == (first[rank], 2, 30, "memory"), (first, second)
+    # Rank 2 then raised in its second call: its traceback reads as a first call's would (torch's excepthook, which
+    # init_process_group installs on every call, prefixes each line once).
+    output = job.agents[0].output
+    assert "[rank2]: RuntimeError: fault 1 at step 40" in output
+    assert "[rank2]: [rank2]:" not in output
 
 
 async def test_faults_at_a_hundred_random_steps_change_nothing_of_the_final_model(job: Job) -> None:
@@ -56,7 +63,7 @@ async def test_faults_at_a_hundred_random_steps_change_nothing_of_the_final_mode
     schedule = [
         [s, rng.randrange(4), rng.choice(["raise", "kill", "exit"])] for s in sorted(rng.sample(range(1, steps), 100))
     ]
-    faulty = await train(job, schedule, steps, "--prewarm")
+    faulty = await train(job, schedule, steps, "--prewarm", deadline=900)
     assert len(list(job.out.glob("fault-*.json"))) == 100
     for path in (*job.out.glob("fault-*"), job.out / "final.json"):
         path.unlink()

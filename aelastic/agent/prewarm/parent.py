@@ -3,14 +3,15 @@
 Theory of operation
 -------------------
 :func:`open_standbys` gives the agent a :class:`Standbys` pool holding at most one idle interpreter per local rank
-(:mod:`aelastic.agent.prewarm.child`). Beside an attempt's running workers, :meth:`Standbys.refill` starts the next
-attempt's standbys the way workers start (:func:`~aelastic.agent.spawn.parent.spawn_process`: a session of their own,
-the parent-death signal, registered with the reaper), so a standby never outlives the agent and, once it becomes a
-worker, is supervised like any other: nothing of the no-orphan guarantees changes. The first attempt's standbys
-start before its rendezvous. Each preloads, then sleeps; one that dies idle is replaced once. Starting an attempt,
-:meth:`Standbys.start` hands each standby the attempt (environment, arguments, the attempt's fresh stdout and
-stderr over ``SCM_RIGHTS``) instead of spawning a process; the standby runs the script as ``python script.py``
-would, from its first line.
+(:mod:`aelastic.agent.prewarm.child`); a worker takes its own local rank's, else any idle one fit for it (a worker
+replaced alone does not wait for its rank's refill). Beside an attempt's running workers, :meth:`Standbys.refill` starts
+the next attempt's standbys the way workers start (:func:`~aelastic.agent.spawn.parent.spawn_process`: a session of
+their own, the parent-death signal, registered with the reaper), so a standby never outlives the agent and, once it
+becomes a worker, is supervised like any other: nothing of the no-orphan guarantees changes. The first attempt's
+standbys start before its rendezvous. Each preloads, then sleeps; one that dies idle is replaced once. Starting an
+attempt, :meth:`Standbys.start` hands each standby the attempt (environment, arguments, the attempt's fresh stdout and
+stderr over ``SCM_RIGHTS``) instead of spawning a process; the standby runs the script as ``python script.py`` would,
+from its first line.
 
 Only Python entry points have a standby: ``python [-u] script args`` and ``python [-u] -m module args`` (callables
 are ``-m aelastic.agent.callables.child``). Anything else (``--no-python``, other interpreter options, a directory or
@@ -181,7 +182,8 @@ class Standbys:
         streams: tuple[int, int],
         fd_vars: Sequence[FdVar] = (),
     ) -> subprocess.Popen[bytes] | None:
-        """Hand ``command`` to its local rank's standby; ``None`` when there is none fit for it (start it cold).
+        """Hand ``command`` to a standby (its local rank's, else another fit one); ``None`` when there is none fit
+        for it (start it cold).
 
         Args:
             command: the worker (its ``args`` and local rank; ``env`` is the one to run with).
@@ -190,24 +192,19 @@ class Standbys:
             fd_vars: fds the worker inherits (the finish line's, its link), each named by a variable that the
                 standby sets with their numbers there.
         """
-        standby = self._idle.pop(command.local_rank, None)
-        if standby is not None:
-            standby.watch.cancel()  # from here on its exit is a worker's (or the retirement's)
         target = python_target(command.args)
+        standby = None if target is None else self._take(command.local_rank, _identity(target, env))
         if standby is None or target is None:
             self.cold += 1
-            if standby is not None:
-                await self._retire(standby)
-            return None
-        if standby.popen.poll() is not None or standby.identity != _identity(target, env):
-            if standby.popen.returncode is not None:
+            own = self._idle.pop(command.local_rank, None)
+            if own is not None and own.popen.poll() is not None:
                 logger.warning("standby of local_rank %d (pid %d) exited with %d: starting the worker cold",
-                               command.local_rank, standby.popen.pid, standby.popen.returncode)  # fmt: skip
-            else:
+                               command.local_rank, own.popen.pid, own.popen.returncode)  # fmt: skip
+            elif own is not None:
                 logger.info("standby of local_rank %d: environment or command changed, starting cold",
                             command.local_rank)  # fmt: skip
-            self.cold += 1
-            await self._retire(standby)
+            if own is not None:
+                await self._retire(own)
             return None
         assignment = {
             "version": standby_child.VERSION,
@@ -237,6 +234,19 @@ class Standbys:
         self.handed_off += 1
         logger.debug("local_rank %d started in its standby (pid %d)", command.local_rank, standby.popen.pid)
         return standby.popen
+
+    def _take(self, local_rank: int, identity: tuple[object, ...]) -> _Standby | None:
+        """An idle, live standby fit for ``identity``, out of the pool: ``local_rank``'s own, else any other's (the
+        per-attempt variables, the local rank among them, arrive with the assignment, so a worker replaced alone
+        need not wait for its own rank's refill)."""
+        own = self._idle.get(local_rank)
+        candidates = ([] if own is None else [(local_rank, own)]) + [i for i in self._idle.items() if i[1] is not own]
+        for rank, standby in candidates:
+            if standby.identity == identity and standby.popen.poll() is None:
+                del self._idle[rank]
+                standby.watch.cancel()  # from here on its exit is a worker's (or the retirement's)
+                return standby
+        return None
 
     async def refill(self, commands: Sequence[WorkerCommand], *, beside_workers: bool = True) -> None:
         """Have a standby, fit for the next attempt of each of ``commands``, started or kept idle.

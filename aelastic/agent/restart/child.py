@@ -230,6 +230,9 @@ class _Returned(NamedTuple):
 
 def _call(session: _Session, fn: Callable[..., Any], args: Any, kwargs: Any) -> _Returned | dict[str, str]:
     """One call of ``fn``: what it returned, or the environment of the round to call it again in."""
+    # torch's init_process_group wraps sys.excepthook (to prefix its lines with "[rank<N>]:") on every call and
+    # never unwraps it: each round's call would add a prefix, with the rank of its round.
+    hook = sys.excepthook
     try:
         try:
             session.enter()
@@ -248,6 +251,7 @@ def _call(session: _Session, fn: Callable[..., Any], args: Any, kwargs: Any) -> 
         env = session.ask(exc)
         if env is None:
             raise
+        sys.excepthook = hook
         return env
 
 
