@@ -31,6 +31,7 @@ from .config.values import (
     parse_log_level,
     parse_port,
     parse_positive,
+    parse_seconds,
     parse_size,
     pet_default,
     pet_flag,
@@ -73,6 +74,7 @@ def _arg_type(convert: Callable[[str], Any]) -> Callable[[str], Any]:
 _comma_list = _arg_type(comma_list)
 _port = _arg_type(parse_port)
 _positive = _arg_type(parse_positive)
+_seconds = _arg_type(parse_seconds)
 _size = _arg_type(parse_size)
 
 
@@ -229,9 +231,14 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     _add(own, "--metrics-port", dest="metrics_port", default=None, type=_port,
          help="serve this agent's Prometheus /metrics and /health on this port (0: a free one, logged); needs "
          "aelastic[metrics]. TORCHELASTIC_HEALTH_CHECK_PORT serves /health alone (default: off)")  # fmt: skip
-    own.add_argument("--watchdog-timeout", dest="watchdog_timeout", default=None, type=float, action=_Store,
+    own.add_argument("--watchdog-timeout", dest="watchdog_timeout", default=None, type=_seconds, action=_Store,
                      help="kill (its stack dumped first) a worker whose aelastic.worker.heartbeat() calls stop for "
                      "this many seconds; it then fails like any worker (default: off)")  # fmt: skip
+    _add(own, "--hang-timeout", dest="hang_timeout", default=None, type=_seconds,
+         help="a job hangs when none of its ranks has used CPU time for this many seconds (every node agrees, "
+         "through the rendezvous store; no heartbeat in the script): every rank's stack is dumped, torch's Flight "
+         "Recorder (turned on for the workers) asked for a dump, the odd ranks named (stopped, outside the "
+         "collective the others wait in) and killed, and the attempt fails as any does (default: off)")  # fmt: skip
     _add_flag(own, "--prewarm", dest="prewarm",
               help="keep a standby interpreter per local rank that has imported torch, torch._dynamo (which any "
               "optimizer imports) and --prewarm-modules, and "

@@ -223,6 +223,7 @@ async def _run_agent(
             stop_signal=control.stop_signal,
             running=control.running,
             checkpoints=checkpoints,
+            hang_timeout=config.hang_timeout,
         )
         try:
             if ports:

@@ -48,6 +48,7 @@ from ..metrics import AgentMetrics
 from ..rendezvous.api import RendezvousHandler, RendezvousInfo
 from .errors import ChildFailedError, ProcessFailure
 from .forward.parent import RunningWorkers
+from .hang.parent import HangWatch, flight_recorder_env
 from .link.parent import LinkService
 from .logs import LogSpec
 from .logs_specs import LogsSpecs, reify
@@ -104,10 +105,12 @@ class _Timeouts:
     shutdown: float  # from SIGTERM to SIGKILL when the workers are stopped
     watchdog: float | None  # aelastic.worker's progress watchdog (None: off)
     stack_dump: float  # the most a stack dump of the workers may take
+    hang: float | None  # no progress on any rank of the job for this long is a hang (None: not watched)
 
     def __post_init__(self) -> None:
-        if self.watchdog is not None and self.watchdog <= 0:
-            raise AelasticError(f"watchdog_timeout={self.watchdog!r}: must be > 0 seconds")
+        for name, value in (("watchdog_timeout", self.watchdog), ("hang_timeout", self.hang)):
+            if value is not None and value <= 0:
+                raise AelasticError(f"{name}={value!r}: must be > 0 seconds")
 
 
 class ElasticAgent:
@@ -131,13 +134,16 @@ class ElasticAgent:
         stop_signal: StopSignal | None = None,
         running: RunningWorkers | None = None,
         checkpoints: Keeper | None = None,
+        hang_timeout: float | None = None,
     ) -> None:
         self.spec = spec
         self.handler = handler
         self.logs = logs
         self.reaper = reaper
         self.run_dir = run_dir
-        self.timeouts = _Timeouts(exit_barrier_timeout, shutdown_timeout, watchdog_timeout, stack_dump_timeout)
+        self.timeouts = _Timeouts(
+            exit_barrier_timeout, shutdown_timeout, watchdog_timeout, stack_dump_timeout, hang_timeout
+        )
         self.base_env = dict(os.environ if base_env is None else base_env)
         self.logs_specs = logs_specs  # a custom torch LogsSpecs (--logs-specs): reify() routes each attempt's logs
         self.standbys = standbys
@@ -309,6 +315,11 @@ class ElasticAgent:
                 dumper.note(worker.pid, f"did not exit within {self.timeouts.shutdown:g} s of the stop: SIGKILLed")
             await dumper.dump(survivors, f"still running {self.timeouts.shutdown:g} s after the stop; SIGKILL next")
 
+        hang = None
+        if self.timeouts.hang is not None:
+            pipe = commands[0].env.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE")  # ours, or the user's own
+            world = self.group.workers[0].world_size
+            hang = HangWatch(self.timeouts.hang, info.store, info.rank, info.world_size, world, dumper, pipe)
         async with self._timer_server() as timers, anyio.create_task_group() as tg:
 
             async def finished(ranks: frozenset[int]) -> bool:
@@ -324,9 +335,12 @@ class ElasticAgent:
                 # The attempt ends: restartable workers are kept for the next, the others stopped.
                 changed.set(peers_lost=getattr(reason, "lost", True))
 
-            async def serve_timers(workers: Sequence[WorkerProcess]) -> None:
-                assert timers is not None
-                await timers.serve(workers, functools.partial(self._on_expired, dumper))
+            async def watch_workers(workers: Sequence[WorkerProcess]) -> None:
+                async with anyio.create_task_group() as watches:
+                    if timers is not None:
+                        watches.start_soon(timers.serve, workers, functools.partial(self._on_expired, dumper))
+                    if hang is not None:
+                        watches.start_soon(hang.run, workers)
 
             tg.start_soon(watch)
             self.recorder.running(len(commands), anyio.current_time())
@@ -334,7 +348,7 @@ class ElasticAgent:
                 commands,
                 logs,
                 finish_together=callable(self.spec.entrypoint),  # as torch's multiprocessing runs functions
-                watch=None if timers is None else serve_timers,
+                watch=None if timers is None and hang is None else watch_workers,
                 before_kill=before_kill,
                 started=self.recorder.spawned,
                 refill_after=_RESTART_SETTLE if self._attempt else 0.0,
@@ -342,6 +356,8 @@ class ElasticAgent:
                 interrupt=changed,
             )
             tg.cancel_scope.cancel()
+        if hang is not None and outcome.succeeded and reason is None:
+            await hang.finished()
         if outcome.first_failure is not None or reason is None:
             return outcome, None
         return None, reason
@@ -415,7 +431,15 @@ class ElasticAgent:
             env[FILE_ENV] = str(self.timer_file)
         if self.timeouts.watchdog is not None:
             env[WATCHDOG_ENV] = repr(self.timeouts.watchdog)
+        if self.timeouts.hang is not None:
+            dumps = None if logs.log_dir is None else Path(logs.log_dir) / "flight_recorder_rank_"
+            env.update(flight_recorder_env(self.base_env, self._flight_recorder_pipe, dumps))
         return env
+
+    @property
+    def _flight_recorder_pipe(self) -> Path:
+        """The prefix of the workers' Flight Recorder pipes (NCCL's: ``<prefix><rank>.pipe``)."""
+        return self.run_dir / "flight_recorder_pipe_rank_"
 
     async def _exit_barrier(self, info: RendezvousInfo) -> None:
         """Wait until every node's workers are done, so no node tears down a store others still use."""

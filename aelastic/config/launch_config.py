@@ -98,6 +98,9 @@ class LaunchConfig:
     checkpoint_dir: str | Path | None = None
     checkpoint_persist_every: int = 50
     checkpoint_replicas: bool = True
+    # aelastic's: the seconds without CPU progress on every rank of the job that make a hang (None: not watched;
+    # aelastic.agent.hang).
+    hang_timeout: float | None = None
     shutdown_grace: float = field(init=False)
 
     def __post_init__(self) -> None:
@@ -113,8 +116,10 @@ class LaunchConfig:
         grace = environ.shutdown_timeout() if self.shutdown_timeout is None else self.shutdown_timeout
         check_at_least(grace, 0, f"LaunchConfig shutdown_timeout={grace!r}")  # torch's rule: 0 kills at once
         object.__setattr__(self, "shutdown_grace", float(grace))
-        if self.watchdog_timeout is not None and self.watchdog_timeout <= 0:
-            raise ConfigurationError(f"LaunchConfig watchdog_timeout={self.watchdog_timeout!r}: must be > 0")
+        for name in ("watchdog_timeout", "hang_timeout"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ConfigurationError(f"LaunchConfig {name}={value!r}: must be > 0 seconds")
         parse_signals(self.signals_to_handle, "LaunchConfig signals_to_handle")
         resolve_forwarded(self.signals_to_forward, self.signals_to_handle, _FORWARD_LABELS)
         check_module_names(self.prewarm_modules, "LaunchConfig prewarm_modules")

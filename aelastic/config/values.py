@@ -8,6 +8,7 @@ The parsers raise :class:`~aelastic.errors.ConfigurationError`; the command line
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import tempfile
@@ -234,6 +235,17 @@ def parse_positive(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise ConfigurationError(f"{text!r} is not a positive integer")
     return int(text)
+
+
+def parse_seconds(text: str) -> float:
+    """A duration in seconds, more than 0 (a decimal fraction or not)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigurationError(f"{text!r} is not a number of seconds more than 0")
+    return value
 
 
 _SIZE_UNITS: Final = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}

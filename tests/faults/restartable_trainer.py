@@ -3,10 +3,12 @@ restartable``), with an in-memory checkpoint every step, and faults injected on 
 
 argv: OUT. Environment (set on the agent, inherited): FAULTS_HOST names the host, FAULTS_STEP_PAUSE is the pause after
 each step, FAULTS_STEPS the steps to train, FAULTS_SCHEDULE the path of a JSON list of faults ``[step, rank, kind]``
-(kind: raise, kill, exit, stop, sleep; the step ``"go"``: the first step once ``OUT/go`` exists), each injected once
-in the whole job (a marker file, created exclusively, says it was), during its step: after the gradients'
-all-reduce, before the optimizer's step, so the other ranks complete the step and save it, and the job must restore
-the step before.
+(kind: raise, kill, exit, sleep, busy; the step ``"go"``: the step ``OUT/go`` holds, or, if it is empty, the first step
+once it exists), each injected once in the whole job (a marker file, created exclusively, says it was), during its step:
+after the gradients' all-reduce, before the optimizer's step, so the other ranks complete the step and save it, and the
+job must restore the step before. A ``busy`` rank computes for FAULTS_BUSY seconds (default 20) and goes on. A ``stop``
+(a step every rank knows: a number, or "go" with the step in ``OUT/go``) happens inside a collective: every rank
+all-reduces 16 MiB at that step, and the faulting rank SIGSTOPs itself 10 ms into it.
 
 Each call of the training function reports ``start-<pid>-<call>.json`` (its rank, world, the step it starts at, what
 it loaded); each step replaces ``progress-<pid>.json``; a fault writes ``fault-<index>.json`` just before it
@@ -20,6 +22,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -33,6 +36,7 @@ OUT = Path(sys.argv[1])
 HOST_DIR = OUT / os.environ["FAULTS_HOST"]
 STEP_PAUSE = float(os.environ["FAULTS_STEP_PAUSE"])
 STEPS = int(os.environ["FAULTS_STEPS"])
+BUSY = float(os.environ.get("FAULTS_BUSY", "20"))  # the seconds of a "busy" fault
 SCHEDULE = json.loads(Path(os.environ["FAULTS_SCHEDULE"]).read_text()) if os.environ.get("FAULTS_SCHEDULE") else []
 calls = 0
 
@@ -47,23 +51,50 @@ def write(target: Path, event: str, **fields: object) -> None:
 
 def fault(step: int, rank: int) -> None:
     for index, (at, who, kind) in enumerate(SCHEDULE):
-        due = at == step or (at == "go" and (OUT / "go").exists())  # "go": once the test says so
-        if not due or who != rank:
+        due = at == step or (at == "go" and went(step))
+        if kind == "stop" and due:
+            stop_in_collective(index, step, rank, who)
+        if not due or who != rank or kind == "stop" or not once(index):
             continue
-        try:
-            os.close(os.open(OUT / f"fault-{index}.done", os.O_CREAT | os.O_EXCL))
-        except FileExistsError:
-            continue  # injected before: a fault happens once
         write(OUT / f"fault-{index}.json", "fault", step=step, rank=rank, kind=kind)
         if kind == "raise":
             raise RuntimeError(f"fault {index} at step {step}")
         if kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
-        if kind == "stop":
-            os.kill(os.getpid(), signal.SIGSTOP)
         if kind == "sleep":
             time.sleep(3600)  # a C call that does not return: an exception raised into the thread waits for it
+        if kind == "busy":
+            until = time.monotonic() + BUSY
+            while time.monotonic() < until:  # a long step: CPU time moves, the others wait in the collective
+                pass
+            continue
         os._exit(3)
+
+
+def went(step: int) -> bool:
+    """Whether the test said go for ``step``: ``OUT/go`` holds that step, or exists empty (any step from now)."""
+    try:
+        text = (OUT / "go").read_text().strip()
+    except FileNotFoundError:
+        return False
+    return not text or int(text) == step
+
+
+def once(index: int) -> bool:
+    """Whether fault ``index`` is injected now: a marker file, created exclusively, says it was before."""
+    try:
+        os.close(os.open(OUT / f"fault-{index}.done", os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return False
+    return True
+
+
+def stop_in_collective(index: int, step: int, rank: int, who: int) -> None:
+    """Every rank all-reduces 16 MiB at the step of a ``stop``; rank ``who`` SIGSTOPs itself 10 ms into it (once)."""
+    if rank == who and once(index):
+        write(OUT / f"fault-{index}.json", "fault", step=step, rank=rank, kind="stop")
+        threading.Timer(0.01, os.kill, (os.getpid(), signal.SIGSTOP)).start()
+    dist.all_reduce(torch.zeros(1 << 22))
 
 
 @restartable

@@ -37,9 +37,10 @@ from typing import Final
 
 import anyio
 
+from ..procfs import process_state
 from ..spawn.parent import WorkerCommand, WorkerProcess
 
-__all__ = ["STACKS_ENV", "STACKS_SIGNAL", "FaultStacks", "fault_top_frames", "process_state"]
+__all__ = ["STACKS_ENV", "STACKS_SIGNAL", "FaultStacks", "fault_top_frames"]
 
 STACKS_ENV: Final = "AELASTIC_STACKS"
 STACKS_SIGNAL: Final = int(signal.SIGRTMIN) + 5
@@ -132,16 +133,6 @@ class FaultStacks:
             os.close(read_end)
             os.close(write_end)
         self._pipes.clear()
-
-
-def process_state(pid: int) -> str:
-    """The state letter of ``pid`` in ``/proc/<pid>/stat`` (``R``, ``S``, ``T`` stopped, ``Z`` exited, ...); ``""``
-    if there is no such process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    return stat[stat.rindex(")") + 2 :][:1]
 
 
 def _read_available(fd: int) -> bytes:

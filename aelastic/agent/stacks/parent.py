@@ -32,8 +32,9 @@ from typing import Final
 import anyio
 
 from ..logs import LogSpec
+from ..procfs import process_state
 from ..spawn.parent import WorkerCommand, WorkerProcess
-from .fallback import FaultStacks, fault_top_frames, process_state
+from .fallback import FaultStacks, fault_top_frames
 
 __all__ = ["DEFAULT_DUMP_TIMEOUT", "StackDumper", "find_py_spy", "top_frames"]
 
@@ -41,7 +42,8 @@ logger = logging.getLogger(__name__)
 
 # Long enough for py-spy on a busy 2-core machine (about 50 ms idle), short against any kill it precedes.
 DEFAULT_DUMP_TIMEOUT: Final = 2.0
-_TOP_FRAMES: Final = 5
+_TOP_FRAMES: Final = 5  # in the failure report
+_ALL: Final = 200  # frames of a stack taken whole (a deeper one is cut there)
 _MISSING: Final = "py-spy is not installed (pip install 'aelastic[stacks]')"
 
 
@@ -105,12 +107,15 @@ class StackDumper:
 
     async def dump(
         self, workers: Sequence[WorkerProcess], reason: str, *, report: Collection[int] | None = None
-    ) -> None:
+    ) -> dict[int, list[str]]:
         """Capture the stacks of ``workers`` (concurrently, within ``timeout``) and write them to the log dir.
 
         Args:
             reason: the header line in ``stacks.txt`` (why the agent is about to kill).
             report: the pids whose top frames go into the failure report; ``None``: every worker's.
+
+        Returns:
+            Each worker's main-thread frames, innermost first (``function (file:line)``; none without a dump).
         """
         if self._py_spy is None and not StackDumper._warned_missing:
             StackDumper._warned_missing = True
@@ -121,18 +126,21 @@ class StackDumper:
             async with anyio.create_task_group() as tg:
                 for worker in workers:
                     tg.start_soon(self._dump_one, worker, dumps)
+        stacks: dict[int, list[str]] = {}
         for worker in workers:
             text = dumps.get(worker.pid)
             if text is None:
                 text = f"no stack dump: {tool} did not finish within {self.timeout:g} s" if scope.cancel_called else ""
             self._write(worker, reason, text)
+            frames = top_frames(text, _ALL) if self._py_spy is not None else fault_top_frames(text, _ALL)
+            stacks[worker.pid] = frames
             if report is None or worker.pid in report:
-                frames = top_frames(text) if self._py_spy is not None else fault_top_frames(text, _TOP_FRAMES)
                 if frames:
                     self.note(worker.pid, f"top frames (innermost first, {tool}):")
-                    self._notes[worker.pid].extend(f"  {frame}" for frame in frames)
+                    self._notes[worker.pid].extend(f"  {frame}" for frame in frames[:_TOP_FRAMES])
                 else:
                     self.note(worker.pid, text.strip().splitlines()[0] if text.strip() else "no stack dump")
+        return stacks
 
     async def _dump_one(self, worker: WorkerProcess, dumps: dict[int, str]) -> None:
         if self._py_spy is None:

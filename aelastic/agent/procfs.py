@@ -1,0 +1,69 @@
+"""What ``/proc`` says of a worker the agent supervises: its scheduler state and the CPU time of its process tree.
+
+Linux only, as the rest of supervision; a process that is gone reads as ``""`` and no time.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Final, NamedTuple
+
+__all__ = ["ProcessTimes", "process_state", "tree_times"]
+
+_TICK: Final = 1.0 / os.sysconf("SC_CLK_TCK")
+
+
+class ProcessTimes(NamedTuple):
+    """A process tree as the kernel accounts it: the root's state letter and the CPU seconds of the tree."""
+
+    state: str  # "R" running, "S" sleeping, "D" uninterruptible, "T" stopped, "Z" exited, "" gone
+    cpu: float  # user + system time of the root, its live descendants and the children they reaped
+
+
+def _read(path: str) -> str:
+    """The text of a ``/proc`` file; ``""`` when its process is gone."""
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (which may hold spaces and parentheses)."""
+    stat = _read(f"/proc/{pid}/stat")
+    return stat[stat.rindex(")") + 2 :].split() if stat else None
+
+
+def process_state(pid: int) -> str:
+    """The state letter of ``pid`` (``R``, ``S``, ``D``, ``T`` stopped, ``Z`` exited, ...); ``""`` if it is gone."""
+    fields = _stat_fields(pid)
+    return "" if not fields else fields[0]
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    return [int(child) for task in tasks for child in _read(f"/proc/{pid}/task/{task}/children").split()]
+
+
+def tree_times(pid: int) -> ProcessTimes:
+    """``pid``'s state and the CPU seconds its tree has used (a DataLoader's workers count as its worker's)."""
+    fields = _stat_fields(pid)
+    if not fields:
+        return ProcessTimes("", 0.0)
+    ticks = 0
+    pending, seen = [pid], set()
+    while pending:
+        current = pending.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        stat = fields if current == pid else _stat_fields(current)
+        if stat:
+            # utime, stime, cutime, cstime: fields 14-17 of proc(5), 11-14 after the name.
+            ticks += sum(int(value) for value in stat[11:15])
+            pending.extend(_children(current))
+    return ProcessTimes(fields[0], ticks * _TICK)
