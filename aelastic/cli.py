@@ -21,6 +21,7 @@ from ._eventloop import run_options
 from ._groups import leaves, single_error
 from ._net import format_address
 from .agent.errors import ChildFailedError
+from .agent.processes import UNKILLABLE_TIMEOUT
 from .config import DEFAULT_FORWARDED, DEFAULT_SIGNALS, LIST_LIMIT
 from .config.command import RunCommand, resolve
 from .config.environ import export_run_environment
@@ -234,6 +235,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     own.add_argument("--watchdog-timeout", dest="watchdog_timeout", default=None, type=_seconds, action=_Store,
                      help="kill (its stack dumped first) a worker whose aelastic.worker.heartbeat() calls stop for "
                      "this many seconds; it then fails like any worker (default: off)")  # fmt: skip
+    _add(own, "--unkillable-timeout", dest="unkillable_timeout", default=UNKILLABLE_TIMEOUT, type=_seconds,
+         help="a worker still alive this many seconds after SIGKILL (uninterruptible sleep: a dead mount, a wedged "
+         "device) is reported and the agent exits with status 4, so that the scheduler replaces the node "
+         "(default: %(default)s)")  # fmt: skip
     _add(own, "--hang-timeout", dest="hang_timeout", default=None, type=_seconds,
          help="a job hangs when none of its ranks has used CPU time for this many seconds (every node agrees, "
          "through the rendezvous store; no heartbeat in the script): every rank's stack is dumped, torch's Flight "
@@ -349,7 +354,7 @@ async def _run_job(command: RunCommand) -> int:
             except ChildFailedError as exc:
                 print(exc.format_report(), file=sys.stderr, flush=True)
                 tg.cancel_scope.cancel()
-                return 1
+                return exc.exit_code
         tg.cancel_scope.cancel()
     return 128 + received[0] if received else 0
 
@@ -509,7 +514,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         for error in dict.fromkeys(str(e) for e in errors):
             print(f"{prog}: error: {error}", file=sys.stderr)
-        return 2 if all(isinstance(e, ConfigurationError) for e in errors) else 1
+        return max(getattr(e, "exit_code", 1) for e in errors)
 
 
 if __name__ == "__main__":

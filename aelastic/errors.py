@@ -3,6 +3,12 @@
 Every error aelastic raises on purpose derives from :class:`AelasticError`. Foreign exceptions (``OSError``
 from a socket, a malformed reply) are translated once, where they enter aelastic, with ``raise ... from exc``.
 Messages name the value, the rule and, where there is one, the remedy.
+
+``aelastic run`` exits with the ``exit_code`` of the error that ended it: 0 when the job succeeded, 1 when it failed
+(a worker's failure with no restart left: ``ChildFailedError``; any other aelastic error), 2 on bad input
+(:class:`ConfigurationError`: nothing was started), 3 when the job made no progress (``NoProgressError``: its last
+attempts failed the same way; requeueing it would fail again), 4 when a worker outlived SIGKILL
+(:class:`UnkillableWorkerError`: replace the node), 128+N when signal N stopped it.
 """
 
 from __future__ import annotations
@@ -30,15 +36,20 @@ __all__ = [
     "StoreError",
     "StoreProtocolError",
     "TimerServerUnavailableError",
+    "UnkillableWorkerError",
 ]
 
 
 class AelasticError(Exception):
     """Base class of every error aelastic raises on purpose."""
 
+    exit_code: int = 1  # what ``aelastic run`` exits with when this error ends it
+
 
 class ConfigurationError(AelasticError, ValueError):
     """A value given by the user breaks a rule; the message names the value and the rule."""
+
+    exit_code = 2
 
 
 class StoreError(AelasticError):
@@ -123,6 +134,13 @@ class EtcdLeaseExpiredError(EtcdError):
 
 class ReaperError(AelasticError):
     """The reaper sidecar is gone: worker groups can no longer be registered for cleanup after an agent crash."""
+
+
+class UnkillableWorkerError(AelasticError):
+    """A worker outlived SIGKILL (uninterruptible sleep: a dead mount, a wedged device): the agent cannot free its
+    node, and leaves so that the scheduler replaces it. ``aelastic run`` exits with status 4."""
+
+    exit_code = 4
 
 
 class CheckpointError(AelasticError):

@@ -224,6 +224,7 @@ async def _run_agent(
             running=control.running,
             checkpoints=checkpoints,
             hang_timeout=config.hang_timeout,
+            unkillable_timeout=config.unkillable_timeout,
         )
         try:
             if ports:

@@ -53,7 +53,7 @@ from .link.parent import LinkService
 from .logs import LogSpec
 from .logs_specs import LogsSpecs, reify
 from .policy import Action, Budget, Decision, Outcome, decide
-from .processes import GroupOutcome, Interrupt, StopSignal, Supervisor, open_supervisor
+from .processes import UNKILLABLE_TIMEOUT, GroupOutcome, Interrupt, StopSignal, Supervisor, open_supervisor
 from .ranks import RankAssignment, RoleInfo, exchange_ranks
 from .reaper.parent import Reaper
 from .spawn.parent import WorkerCommand, WorkerProcess
@@ -106,6 +106,7 @@ class _Timeouts:
     watchdog: float | None  # aelastic.worker's progress watchdog (None: off)
     stack_dump: float  # the most a stack dump of the workers may take
     hang: float | None  # no progress on any rank of the job for this long is a hang (None: not watched)
+    unkillable: float  # a worker that outlives SIGKILL this long ends the agent (UnkillableWorkerError)
 
     def __post_init__(self) -> None:
         for name, value in (("watchdog_timeout", self.watchdog), ("hang_timeout", self.hang)):
@@ -135,6 +136,7 @@ class ElasticAgent:
         running: RunningWorkers | None = None,
         checkpoints: Keeper | None = None,
         hang_timeout: float | None = None,
+        unkillable_timeout: float = UNKILLABLE_TIMEOUT,
     ) -> None:
         self.spec = spec
         self.handler = handler
@@ -142,7 +144,12 @@ class ElasticAgent:
         self.reaper = reaper
         self.run_dir = run_dir
         self.timeouts = _Timeouts(
-            exit_barrier_timeout, shutdown_timeout, watchdog_timeout, stack_dump_timeout, hang_timeout
+            exit_barrier_timeout,
+            shutdown_timeout,
+            watchdog_timeout,
+            stack_dump_timeout,
+            hang_timeout,
+            unkillable_timeout,
         )
         self.base_env = dict(os.environ if base_env is None else base_env)
         self.logs_specs = logs_specs  # a custom torch LogsSpecs (--logs-specs): reify() routes each attempt's logs
@@ -191,6 +198,7 @@ class ElasticAgent:
             stop_signal=self.stop_signal,
             running=self.running,
             services=self.services,
+            unkillable=self.timeouts.unkillable,
         ) as supervisor:
             if self.standbys is not None:
                 await self._prewarm(self.standbys)
@@ -319,7 +327,8 @@ class ElasticAgent:
         if self.timeouts.hang is not None:
             pipe = commands[0].env.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE")  # ours, or the user's own
             world = self.group.workers[0].world_size
-            hang = HangWatch(self.timeouts.hang, info.store, info.rank, info.world_size, world, dumper, pipe)
+            hang = HangWatch(self.timeouts.hang, info.store, info.rank, info.world_size, world, dumper, pipe,
+                             supervisor.kill)  # fmt: skip
         async with self._timer_server() as timers, anyio.create_task_group() as tg:
 
             async def finished(ranks: frozenset[int]) -> bool:

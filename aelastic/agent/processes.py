@@ -66,14 +66,16 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from ..errors import ConfigurationError, ReaperError
+from ..errors import ConfigurationError, ReaperError, UnkillableWorkerError
 from .finish.parent import FinishLineServer
 from .forward.parent import RunningWorkers
 from .link.parent import LinkRefusal, LinkService
 from .logs import LogSpec, Std, WorkerLog, pump
+from .procfs import process_state, wait_channel
 from .reaper.parent import Reaper
 from .restart.parent import ABORT_GRACE, LOST_ABORT_GRACE, VICTIM_GRACE, RestartChannel
 from .spawn.parent import (
+    ATTEMPT_VARIABLES,
     PipeReader,
     WorkerCommand,
     WorkerHook,
@@ -81,7 +83,6 @@ from .spawn.parent import (
     signal_group,
 )
 from .started import DRAIN_LIMIT, Child, GroupOutcome, LogOf, Tracked, WorkerExit
-from .workers import ATTEMPT_VARIABLES
 
 if TYPE_CHECKING:
     from .prewarm.parent import Standbys  # imported by the launcher only with --prewarm
@@ -91,6 +92,19 @@ __all__ = ["GroupOutcome", "Interrupt", "StopSignal", "Supervisor", "WorkerExit"
 logger = logging.getLogger(__name__)
 
 _LINGERING_NICE: Final = 19  # a worker that reported its end tears down at the lowest priority
+# A SIGKILLed process normally ends within milliseconds; a large one's teardown (a GPU context, dirty pages) within
+# seconds. One still there after this long is held by the kernel (uninterruptible sleep on a dead mount or device).
+UNKILLABLE_TIMEOUT: Final = 30.0
+
+
+def _unkillable(worker: Tracked, bound: float) -> str:
+    state = process_state(worker.pid)
+    where = wait_channel(worker.pid)
+    return (
+        f"worker local_rank {worker.local_rank} (rank {worker.command.global_rank}, pid {worker.pid}) outlived SIGKILL "
+        f"for {bound:g} s (state {state or '?'}{', waiting in the kernel at ' + where if where else ''}): this node "
+        f"cannot free it or what it holds; the agent leaves so that the node is replaced"
+    )
 
 
 class StopSignal:
@@ -143,11 +157,13 @@ class Supervisor:
         stop_signal: StopSignal | None,
         running: RunningWorkers | None,
         services: Mapping[str, LinkService],
+        unkillable: float = UNKILLABLE_TIMEOUT,
     ) -> None:
         if grace < 0:
             raise ConfigurationError(f"grace {grace}: must be >= 0 seconds")
         self._tg = tg
         self.grace = grace
+        self.unkillable = unkillable  # how long a SIGKILLed worker may live on before the node is given up
         self.reaper = reaper
         self.standbys = standbys
         self.stop_signal = stop_signal
@@ -210,8 +226,8 @@ class Supervisor:
 
     async def _life(self, worker: Tracked) -> None:
         """Await the worker's end; a reported one lingers here (its teardown, then kill and reap), under a shield:
-        every worker the supervisor started is reaped before it closes."""
-        with anyio.CancelScope(shield=True):
+        every worker the supervisor started is reaped before it closes (or given up: :meth:`_abandon`)."""
+        with worker.life:
             code, reported = await worker.process.wait_end()
             worker.observe(code, reported=reported)
             if not reported:
@@ -231,7 +247,11 @@ class Supervisor:
                     "sending SIGKILL", worker.command.local_rank, worker.pid, code, self.grace,
                 )  # fmt: skip
             signal_group(worker.pid, signal.SIGKILL)  # its group's leftovers too, as a stop does
-            await worker.process.wait()
+            with anyio.move_on_after(self.unkillable) as killed:
+                await worker.process.wait()
+            if killed.cancelled_caught:
+                self._abandon(worker)
+                raise UnkillableWorkerError(_unkillable(worker, self.unkillable))
             worker.reaped.set()
             await self._unregister([worker])
             worker.expire_drains()
@@ -268,14 +288,51 @@ class Supervisor:
                                          [w.command.local_rank for w in survivors])  # fmt: skip
             for worker in targets:
                 signal_group(worker.pid, signal.SIGKILL)
-            for worker in targets:
-                await worker.reaped.wait()
+            with anyio.move_on_after(self.unkillable):
+                for worker in targets:
+                    await worker.reaped.wait()
+            stuck = [w for w in targets if not w.reaped.is_set()]
+            for worker in stuck:
+                self._abandon(worker)
+            targets = [w for w in targets if w not in stuck]
             await self._unregister(targets)
             for worker in targets:
                 worker.expire_drains()
             for worker in targets:
                 await worker.drained.wait()
                 self._close(worker)
+            if stuck:
+                raise UnkillableWorkerError("; ".join(_unkillable(w, self.unkillable) for w in stuck))
+
+    def kill(self, pid: int) -> None:
+        """SIGKILL worker ``pid``'s group now (a hang's verdict); it then ends as a failed worker, or, if it outlives
+        the kill by ``unkillable`` seconds, the supervisor fails with :class:`UnkillableWorkerError`."""
+        worker = next((w for w in self._workers if w.pid == pid and w.running()), None)
+        if worker is None:
+            return
+        signal_group(pid, signal.SIGKILL)
+        self._tg.start_soon(self._outlives, worker)
+
+    async def _outlives(self, worker: Tracked) -> None:
+        with anyio.move_on_after(self.unkillable):
+            await worker.ended.wait()
+            return
+        if not worker.ended.is_set():
+            self._abandon(worker)
+            raise UnkillableWorkerError(_unkillable(worker, self.unkillable))
+
+    def _abandon(self, worker: Tracked) -> None:
+        """Give up on a worker the kernel does not end (uninterruptible sleep): nothing waits for it any more, and
+        it leaves the supervisor's books (the reaper still kills its group when the agent exits)."""
+        worker.stopping = True
+        worker.life.cancel()
+        worker.observe(-signal.SIGKILL, reported=False)
+        worker.reaped.set()
+        worker.expire_drains()
+        if self.running is not None:
+            self.running.discard(worker.pid)
+        if worker in self._workers:
+            self._close(worker)
 
     # --- in-process restarts (the "restart" link service; aelastic.agent.restart) ---------------------------------
 
@@ -550,15 +607,17 @@ async def open_supervisor(
     stop_signal: StopSignal | None = None,
     running: RunningWorkers | None = None,
     services: Mapping[str, LinkService] | None = None,
+    unkillable: float = UNKILLABLE_TIMEOUT,
 ) -> AsyncIterator[Supervisor]:
     """A :class:`Supervisor` for the body's length; on exit every worker still running is stopped (with
     ``stop_signal``, SIGTERM by default) and every lingering one waited for, under a shield.
 
-    Args: as :func:`run_workers`'s; ``services``: what the workers may ask over their links, by service name.
+    Args: as :func:`run_workers`'s; ``services``: what the workers may ask over their links, by service name;
+    ``unkillable``: the seconds a worker may outlive SIGKILL before :class:`UnkillableWorkerError` ends supervision.
     """
     async with anyio.create_task_group() as tg:
         supervisor = Supervisor(tg, grace=grace, reaper=reaper, standbys=standbys, stop_signal=stop_signal,
-                                running=running, services=services or {})  # fmt: skip
+                                running=running, services=services or {}, unkillable=unkillable)  # fmt: skip
         try:
             yield supervisor
         finally:

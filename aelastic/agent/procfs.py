@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Final, NamedTuple
 
-__all__ = ["ProcessTimes", "process_state", "tree_times"]
+__all__ = ["ProcessTimes", "process_state", "tree_times", "wait_channel"]
 
 _TICK: Final = 1.0 / os.sysconf("SC_CLK_TCK")
 
@@ -67,3 +67,9 @@ def tree_times(pid: int) -> ProcessTimes:
             ticks += sum(int(value) for value in stat[11:15])
             pending.extend(_children(current))
     return ProcessTimes(fields[0], ticks * _TICK)
+
+
+def wait_channel(pid: int) -> str:
+    """The kernel function ``pid`` sleeps in (``/proc/<pid>/wchan``), ``""`` if running, gone or not shown."""
+    channel = _read(f"/proc/{pid}/wchan")
+    return "" if channel == "0" else channel

@@ -165,7 +165,7 @@ class Child:
 class Tracked:
     """One started worker as the supervisor tracks it."""
 
-    __slots__ = ("command", "drained", "drains", "ended", "exitcode", "failing", "log", "process", "pumping",
+    __slots__ = ("command", "drained", "drains", "ended", "exitcode", "failing", "life", "log", "process", "pumping",
                  "reaped", "registered", "reported", "restart", "serving", "stopping", "timestamp")  # fmt: skip
 
     def __init__(self, command: WorkerCommand, process: Child, log: WorkerLog) -> None:
@@ -185,6 +185,8 @@ class Tracked:
         self.drains = (anyio.CancelScope(shield=True), anyio.CancelScope(shield=True))
         self.pumping = len(self.drains)
         self.serving = anyio.CancelScope()  # its link's service
+        # Its life's wait for its end: shielded, cancelled only when the kernel will not end it (unkillable).
+        self.life = anyio.CancelScope(shield=True)
 
     def __repr__(self) -> str:
         return (

@@ -11,21 +11,12 @@ import enum
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any
 
 from ..errors import AelasticError
 from .errors import ProcessFailure
 
-__all__ = ["ATTEMPT_VARIABLES", "RunResult", "Worker", "WorkerGroup", "WorkerSpec", "WorkerState"]
-
-# The variables of a worker's environment that the agent sets for each attempt (ElasticAgent._environment): a
-# standby starts without them (aelastic.agent.prewarm), and a survivor of an in-process restart takes the next
-# attempt's (aelastic.agent.restart).
-ATTEMPT_VARIABLES: Final = frozenset({
-    "LOCAL_RANK", "RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE",
-    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_ERROR_FILE",
-    "AELASTIC_MEMBERSHIP_RESTARTS",
-})  # fmt: skip
+__all__ = ["RunResult", "Worker", "WorkerGroup", "WorkerSpec", "WorkerState"]
 
 
 class WorkerState(str, enum.Enum):

@@ -53,6 +53,7 @@ _AS_GIVEN = (
     "role", "max_restarts", "monitor_interval", "start_method", "log_dir", "local_addr", "shutdown_timeout",
     "signals_to_handle", "event_log_handler", "metrics_port", "virtual_local_rank", "watchdog_timeout", "prewarm",
     "checkpoint_memory", "checkpoint_dir", "checkpoint_persist_every", "hang_timeout",
+    "unkillable_timeout",
 )  # fmt: skip
 
 

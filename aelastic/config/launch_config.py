@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..agent.logs import Std, StdSpec
+from ..agent.processes import UNKILLABLE_TIMEOUT
 from ..errors import ConfigurationError
 from ..rendezvous.api import RendezvousParameters
 from . import environ
@@ -101,6 +102,8 @@ class LaunchConfig:
     # aelastic's: the seconds without CPU progress on every rank of the job that make a hang (None: not watched;
     # aelastic.agent.hang).
     hang_timeout: float | None = None
+    # aelastic's: a worker alive this long after SIGKILL ends the agent (UnkillableWorkerError, exit status 4).
+    unkillable_timeout: float = UNKILLABLE_TIMEOUT
     shutdown_grace: float = field(init=False)
 
     def __post_init__(self) -> None:
@@ -116,7 +119,7 @@ class LaunchConfig:
         grace = environ.shutdown_timeout() if self.shutdown_timeout is None else self.shutdown_timeout
         check_at_least(grace, 0, f"LaunchConfig shutdown_timeout={grace!r}")  # torch's rule: 0 kills at once
         object.__setattr__(self, "shutdown_grace", float(grace))
-        for name in ("watchdog_timeout", "hang_timeout"):
+        for name in ("watchdog_timeout", "hang_timeout", "unkillable_timeout"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ConfigurationError(f"LaunchConfig {name}={value!r}: must be > 0 seconds")

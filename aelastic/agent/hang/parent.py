@@ -26,9 +26,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from pathlib import Path
 from typing import Final
@@ -79,7 +78,8 @@ class HangWatch:
         store: the round's store (every node of the round sees the same keys).
         node: this node's rank in the round; ``nodes``: the round's size; ``world_size``: the job's ranks.
         dumper: the attempt's stack dumper (the failure report's notes go through it).
-        pipe_prefix: the workers' ``TORCH_NCCL_DEBUG_INFO_PIPE_FILE`` (``None``: the user's own, or none).
+        pipe_prefix: the workers' ``TORCH_NCCL_DEBUG_INFO_PIPE_FILE`` (``None``: none).
+        kill: SIGKILLs a worker by pid (the supervisor's: it bounds how long the worker may outlive it).
     """
 
     def __init__(
@@ -91,12 +91,14 @@ class HangWatch:
         world_size: int,
         dumper: StackDumper,
         pipe_prefix: str | None,
+        kill: Callable[[int], None],
     ) -> None:
         self.timeout = timeout
         self.store = store.prefixed(_PREFIX)
         self.node, self.nodes, self.world_size = node, nodes, world_size
         self.dumper = dumper
         self.pipe_prefix = pipe_prefix
+        self.kill = kill
         self.host = socket.gethostname()
 
     def __repr__(self) -> str:
@@ -167,8 +169,7 @@ class HangWatch:
                 for frame in frames[:5]:
                     self.dumper.note(worker.pid, f"  {frame}")
             self.dumper.note(worker.pid, "SIGKILLed by its agent")
-            with suppress(ProcessLookupError):
-                os.kill(worker.pid, signal.SIGKILL)
+            self.kill(worker.pid)
         if targets:
             logger.warning("hang: killing local ranks %s (SIGKILL): the attempt fails",
                            sorted(w.local_rank for w in targets))  # fmt: skip

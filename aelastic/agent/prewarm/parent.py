@@ -50,8 +50,7 @@ from ...errors import ReaperError
 from ..finish.child import FINISH_FDS_ENV
 from ..link.child import LINK_ENV
 from ..reaper.parent import Reaper
-from ..spawn.parent import FdVar, WorkerCommand, spawn_process, wait_process
-from ..workers import ATTEMPT_VARIABLES
+from ..spawn.parent import ATTEMPT_VARIABLES, FdVar, WorkerCommand, spawn_process, wait_process
 from . import child as standby_child
 
 __all__ = ["PER_ATTEMPT", "PythonTarget", "Standbys", "StandbysStatistics", "open_standbys", "python_target"]

@@ -23,7 +23,7 @@ import termios
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 import anyio
 import anyio.abc
@@ -32,6 +32,7 @@ import anyio.lowlevel
 from ...errors import ConfigurationError
 
 __all__ = [
+    "ATTEMPT_VARIABLES",
     "FdVar",
     "PipeReader",
     "WorkerCommand",
@@ -84,6 +85,16 @@ class FdVar:
 
     def value(self, numbers: Sequence[int]) -> str:
         return self.template.format(*numbers)
+
+
+# The variables of a worker's environment that the agent sets for each attempt (ElasticAgent._environment): a
+# standby starts without them (aelastic.agent.prewarm), and a survivor of an in-process restart takes the next
+# attempt's (aelastic.agent.restart).
+ATTEMPT_VARIABLES: Final = frozenset({
+    "LOCAL_RANK", "RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE",
+    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_ERROR_FILE",
+    "AELASTIC_MEMBERSHIP_RESTARTS",
+})  # fmt: skip
 
 
 class WorkerProcess(NamedTuple):
