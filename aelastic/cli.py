@@ -20,7 +20,7 @@ import anyio
 from ._eventloop import run_options
 from ._groups import leaves, single_error
 from ._net import format_address
-from .agent.errors import ChildFailedError
+from .agent.errors import ChildFailedError, propagate_root_cause
 from .agent.processes import UNKILLABLE_TIMEOUT
 from .config import DEFAULT_FORWARDED, DEFAULT_SIGNALS, LIST_LIMIT
 from .config.command import RunCommand, resolve
@@ -353,6 +353,7 @@ async def _run_job(command: RunCommand) -> int:
                 await launch(command.config, command.entrypoint, *command.args, control=control)
             except ChildFailedError as exc:
                 print(exc.format_report(), file=sys.stderr, flush=True)
+                propagate_root_cause(exc)
                 tg.cancel_scope.cancel()
                 return exc.exit_code
         tg.cancel_scope.cancel()

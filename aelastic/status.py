@@ -27,11 +27,12 @@ from typing import Any, Final
 
 import anyio
 
+from .agent.rootcause import CAUSE_KEY, FailureRecord
 from .config import LIST_LIMIT, parse_nnodes, parse_rdzv_conf
 from .errors import ConfigurationError, RendezvousConnectionError, StoreConnectionError
 from .rendezvous.api import RendezvousParameters
 from .rendezvous.backends.base import StateReader, Versioned
-from .rendezvous.dynamic import state_of
+from .rendezvous.dynamic import round_prefix, state_of
 from .rendezvous.registry import check_parameters, lookup, readable_backends
 from .rendezvous.state import (
     NodeDesc,
@@ -159,6 +160,7 @@ class RendezvousView:
     clock: str | None  # whose clock timed the seconds left: "node" (its own), "viewer" (--watch), None
     timing: str
     reason: str
+    last_failure: dict[str, Any] | None = None  # the root cause of the run's last failed round, as its agents named it
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -202,6 +204,10 @@ class RendezvousView:
         if self.join_seconds_left is not None:
             lines.append(f"  join timeout: {self.join_seconds_left:.1f}s left")
         lines.append(f"  time: {self.timing}")
+        if self.last_failure is not None:
+            f = self.last_failure
+            lines.append(f"  last failure (round {f['round']}): rank {f['rank']} on node {f['node']} ({f['host']}): "
+                         f"exitcode {f['exitcode']}: {f['message']}")  # fmt: skip
         return "\n".join(lines)
 
 
@@ -276,6 +282,7 @@ def describe(
     timers: NodeTimers | None = None,
     watch: Watch | None = None,
     now: float | None = None,
+    last_failure: dict[str, Any] | None = None,
 ) -> RendezvousView:
     """The view of ``state`` (None: no node opened the run yet) at ``now``, with time left from ``timers`` (a
     node's own, on its monotonic clock) or from ``watch`` (a viewer's, on its clock); with neither, or without
@@ -315,6 +322,7 @@ def describe(
         clock=clock,
         timing=timing + _windows(settings),
         reason=waiting_reason(state if exists else None, settings, timers, now),
+        last_failure=last_failure,
     )
 
 
@@ -350,6 +358,20 @@ class RendezvousReader:
         """Return once the state moved past ``seen`` (a server-side wait or a watch). Join requests appended
         meanwhile wake no one: only a later read shows them."""
         await self.backend.wait_for_change(seen)
+
+    async def last_failure(self, run_id: str, state: RendezvousState | None) -> dict[str, Any] | None:
+        """The root cause the agents named for the run's last failed round (this round or the one before), as
+        :mod:`aelastic.agent.rootcause` keeps it; None if there is none."""
+        if state is None:
+            return None
+        for round in (state.round, state.round - 1):
+            data = await self.backend.read_key(f"{round_prefix(run_id, round)}/{CAUSE_KEY}") if round >= 0 else None
+            if data is not None:
+                record = FailureRecord.from_json(json.loads(data))
+                failure = record.failure
+                return {"round": round, "rank": failure.global_rank, "node": record.node, "host": record.host,
+                        "kind": record.kind, "exitcode": failure.exitcode, "message": failure.message}  # fmt: skip
+        return None
 
 
 @asynccontextmanager
@@ -423,8 +445,11 @@ async def _show(
     limit = None if show_all else LIST_LIMIT
     if not follow:
         with _answer_within(params, read_seconds):
-            state = await read_rendezvous(params)
-        view = describe(state, settings, run_id=params.run_id, backend=params.backend, endpoint=params.endpoint)
+            async with open_reader(params) as reader:
+                state = state_or_none(await reader.read())
+                failure = await reader.last_failure(params.run_id, state)
+        view = describe(state, settings, run_id=params.run_id, backend=params.backend, endpoint=params.endpoint,
+                        last_failure=failure)  # fmt: skip
         print(json.dumps(view.to_json(), indent=2) if as_json else view.render(limit), flush=True)
         return 0
     watch = Watch(settings)
@@ -439,8 +464,10 @@ async def _show(
             state, now = state_or_none(seen), anyio.current_time()
             watch.observe(state, now)
             if terminal or state != shown:
+                with _answer_within(params, read_seconds):
+                    failure = await reader.last_failure(params.run_id, state)
                 view = describe(state, settings, run_id=params.run_id, backend=params.backend,
-                                endpoint=params.endpoint, watch=watch, now=now)  # fmt: skip
+                                endpoint=params.endpoint, watch=watch, now=now, last_failure=failure)  # fmt: skip
                 if as_json:
                     text = json.dumps(view.to_json())
                 else:

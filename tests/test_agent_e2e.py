@@ -331,10 +331,14 @@ async def test_a_node_out_of_restarts_ends_the_job_on_every_node(job: Job, rende
     agents = [await job.agent(*args) for _ in range(2)]
     codes = [await a.wait() for a in agents]
     assert codes == [1, 1], [a.output for a in agents]
-    failed = next(a.output for a in agents if "FAILED" in a.output)
-    other = next(a.output for a in agents if "FAILED" not in a.output)
-    assert "exitcode  : 4" in failed
-    assert "was closed by another node" in other
+    failed = next(a.output for a in agents if "was closed by another node" not in a.output)
+    other = next(a.output for a in agents if "was closed by another node" in a.output)
+    for output in (failed, other):  # both reports name node 1's worker as the job's root cause
+        root = output[output.index("Root Cause (first observed failure):") :]
+        assert "rank      : 1 (local_rank: 0)" in root, output
+        assert "exitcode  : 4" in root, output
+    assert re.search(r"host      : .* \(node 1\)", other), other  # the other node's report says where it was
+    assert "aelastic: stopped by its agent after the job's root cause, rank 1 on node 1" in other
     assert "restarting workers" not in other
     assert not [pid for pid in (r["pid"] for r in job.records("started")) if alive(pid)]
 

@@ -30,15 +30,17 @@ change for the nodes whose workers still run: its work was done, so they finish 
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
+import signal
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from string import Template
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import anyio
 
@@ -46,7 +48,7 @@ from .. import events
 from ..errors import AelasticError, RendezvousClosedError, StoreConnectionError
 from ..metrics import AgentMetrics
 from ..rendezvous.api import RendezvousHandler, RendezvousInfo
-from .errors import ChildFailedError, ProcessFailure
+from .errors import ChildFailedError, FailedElsewhereError, ProcessFailure
 from .forward.parent import RunningWorkers
 from .hang.parent import HangWatch, flight_recorder_env
 from .link.parent import LinkService
@@ -56,6 +58,7 @@ from .policy import Action, Budget, Decision, Outcome, decide
 from .processes import UNKILLABLE_TIMEOUT, GroupOutcome, Interrupt, StopSignal, Supervisor, open_supervisor
 from .ranks import RankAssignment, RoleInfo, exchange_ranks
 from .reaper.parent import Reaper
+from .rootcause import FailureRecord, JobFailures, as_reported, first_cause, kind_of, with_cause
 from .spawn.parent import WorkerCommand, WorkerProcess
 from .stacks.parent import DEFAULT_DUMP_TIMEOUT, StackDumper
 from .status_events import AgentSnapshot, record_agent, record_started, record_workers
@@ -71,11 +74,13 @@ __all__ = ["ElasticAgent"]
 
 logger = logging.getLogger(__name__)
 
-_TERMINAL = "torchelastic/agent/terminal_state"
+_TERMINAL = "torchelastic/agent/terminal_state"  # the exit barrier's keys in the round store, as torch names them
 # After a restart, the next attempt's standbys start this many seconds after the workers, which have the CPUs to
 # themselves for their start-up and restore (measured: a restore of 256 MiB per rank took 0.3-0.5 s longer beside
 # two standbys importing torch, even at idle priority, on 2 cores).
-_RESTART_SETTLE = 3.0  # the exit barrier's keys in the round store, as torch names them
+_RESTART_SETTLE = 3.0
+_CAUSE_WAIT = 5.0  # seconds a node ending the job waits for the others' failures, to name the same root cause
+_STOPPED = (signal.SIGTERM, signal.SIGKILL)  # the signals that stop a worker that did not fail itself
 
 
 def visible_devices(env: Mapping[str, str]) -> list[str]:
@@ -170,6 +175,7 @@ class ElasticAgent:
         self._attempt = 0
         self._finished: RendezvousInfo | None = None  # the round in which every node's workers succeeded
         self._dumper: StackDumper | None = None  # the last attempt's: its notes go into the failure report
+        self._stopped: GroupOutcome | None = None  # the last attempt's workers, when a membership change ended it
 
     def __repr__(self) -> str:
         g, budget = self.group, self.budget
@@ -211,6 +217,9 @@ class ElasticAgent:
                 workers, reason = await self._attempt_once(supervisor, info, assignment)
                 self.recorder.attempt_ended(workers)
                 decision = decide(await self._outcome(workers), self.budget)
+                job: list[FailureRecord] = []
+                if decision.action in (Action.STOP_FAILED, Action.STOP_CLOSED):  # every node names the same cause
+                    job = await self._job_failures(info, workers or self._stopped)
                 self.recorder.decided(decision, workers, reason, functools.partial(self._attempt_report, workers))
                 if decision.action not in (Action.RESTART_FAILURE, Action.RESTART_MEMBERSHIP):
                     await supervisor.release()  # survivors kept for a round that will not come
@@ -221,15 +230,11 @@ class ElasticAgent:
                     return self._finish(WorkerState.SUCCEEDED, workers)
                 if decision.action is Action.STOP_FAILED:
                     await self._persist_checkpoints("the end")
-                    return self._finish(WorkerState.FAILED, workers)
+                    return self._finish(WorkerState.FAILED, workers, first_cause(job))
                 if decision.action is Action.RESTART_FAILURE and self.checkpoints is not None:
                     self.checkpoints.persist("a worker failed")  # in the background: the restart goes on
                 if decision.action is Action.STOP_CLOSED:
-                    raise RendezvousClosedError(
-                        f"rendezvous {self.handler.get_run_id()!r} was closed by another node while this node's "
-                        "workers ran (its job ended: a worker failed with no restarts left, or it was stopped); "
-                        "this node's workers were stopped"
-                    )
+                    self._closed(first_cause(job))
                 self._attempt += 1
 
     async def _persist_checkpoints(self, reason: str) -> None:
@@ -241,16 +246,44 @@ class ElasticAgent:
                 logger.warning("[%s] checkpoints: not every one was written to %s within %g s", self.spec.role,
                                self.checkpoints.directory, self.timeouts.exit_barrier)  # fmt: skip
 
+    async def _job_failures(self, info: RendezvousInfo, outcome: GroupOutcome | None) -> list[FailureRecord]:
+        """Publish this node's failures of the attempt to the job, and read every node's (:mod:`.rootcause`)."""
+        job = JobFailures(info.store, info.rank, info.world_size)
+        local = []
+        if outcome is not None:
+            first = outcome.first_failure
+            for exit, failure in zip(outcome.failures, self._failures(outcome).values(), strict=True):
+                local.append((failure, kind_of(failure, stopped=exit != first and -exit.exitcode in _STOPPED)))
+        await job.publish(local)
+        return await job.collect(_CAUSE_WAIT)
+
+    def _closed(self, cause: FailureRecord | None) -> NoReturn:
+        """The rendezvous was closed by another node: the job's failure there, as a report, if it is known."""
+        message = (
+            f"rendezvous {self.handler.get_run_id()!r} was closed by another node while this node's workers ran (its "
+            "job ended: a worker failed with no restarts left, or it was stopped); this node's workers were stopped"
+        )
+        if cause is None:
+            raise RendezvousClosedError(message)
+        logger.error("[%s] %s; the job's root cause: %s", self.spec.role, message, cause.describe())
+        stopped = {} if self._stopped is None else self._failures(self._stopped)
+        failures = {cause.failure.global_rank: as_reported(cause)}
+        failures |= {rank: with_cause(f, "stopped", cause) for rank, f in stopped.items()}
+        raise FailedElsewhereError(self.spec.get_entrypoint_name(), failures, root_rank=cause.failure.global_rank)
+
     async def _outcome(self, workers: GroupOutcome | None) -> Outcome:
         """The policy's name for how an attempt ended; ``workers`` is ``None`` when the watcher ended it."""
         if workers is None:
             return Outcome.CLOSED if await self.handler.is_closed() else Outcome.MEMBERSHIP_CHANGED
         return Outcome.SUCCEEDED if workers.succeeded else Outcome.FAILED
 
-    def _finish(self, state: WorkerState, workers: GroupOutcome | None) -> RunResult:
-        """The run's result, recorded as torch's SUCCEEDED or FAILED agent event."""
-        result = self._result(state, workers)
-        self.recorder.finished(state)
+    def _finish(
+        self, state: WorkerState, workers: GroupOutcome | None, cause: FailureRecord | None = None
+    ) -> RunResult:
+        """The run's result, recorded as torch's SUCCEEDED or FAILED agent event; ``cause``: the job's root cause,
+        which the result's failure report names (on this node or another)."""
+        result = self._result(state, workers, cause)
+        self.recorder.finished(state, cause)
         return result
 
     async def _prewarm(self, standbys: Standbys) -> None:
@@ -294,6 +327,7 @@ class ElasticAgent:
         self, supervisor: Supervisor, info: RendezvousInfo, assignment: RankAssignment
     ) -> tuple[GroupOutcome | None, str | None]:
         logs = replace(self.logs, attempt=self._attempt)
+        self._stopped = None
         envs = {worker.local_rank: self._environment(worker, logs) for worker in self.group.workers}
         if self.logs_specs is not None:
             for env in envs.values():
@@ -369,6 +403,7 @@ class ElasticAgent:
             await hang.finished()
         if outcome.first_failure is not None or reason is None:
             return outcome, None
+        self._stopped = outcome
         return None, reason
 
     @asynccontextmanager
@@ -511,7 +546,9 @@ class ElasticAgent:
                     logger.debug("[%s] closing barrier: %s", self.spec.role, exc)
         return closed
 
-    def _result(self, state: WorkerState, outcome: GroupOutcome | None) -> RunResult:
+    def _result(
+        self, state: WorkerState, outcome: GroupOutcome | None, cause: FailureRecord | None = None
+    ) -> RunResult:
         values: dict[int, Any] = {}
         if state is WorkerState.SUCCEEDED and callable(self.spec.entrypoint):
             from .callables.parent import read_result
@@ -521,15 +558,16 @@ class ElasticAgent:
             values = {w.global_rank: None for w in self.group.workers}
         failures = {} if outcome is None else self._failures(outcome)
         first = None if outcome is None else outcome.first_failure
+        root = None if first is None else first.global_rank
+        if cause is not None and failures:  # the job's root cause, wherever it was, and what the others are
+            failures = {
+                rank: with_cause(f, kind_of(f, stopped=rank != root and -f.exitcode in _STOPPED), cause)
+                for rank, f in failures.items()
+            }
+            failures.setdefault(cause.failure.global_rank, as_reported(cause))
+            root = cause.failure.global_rank
         budget = self.budget
-        return RunResult(
-            state,
-            values,
-            failures,
-            budget.failure_restarts,
-            budget.membership_restarts,
-            None if first is None else first.global_rank,
-        )
+        return RunResult(state, values, failures, budget.failure_restarts, budget.membership_restarts, root)
 
     def _failures(self, outcome: GroupOutcome) -> dict[int, ProcessFailure]:
         dumper = self._dumper
@@ -640,7 +678,11 @@ class _Recorder:
             self.metrics.run_finished(succeeded=action is Action.SUCCEED)
         # STOP_CLOSED changes nothing here: the agent raises RendezvousClosedError.
 
-    def finished(self, state: WorkerState) -> None:
-        """The run is over (after the exit barrier, when it succeeded): torch's agent-level event."""
+    def finished(self, state: WorkerState, cause: FailureRecord | None = None) -> None:
+        """The run is over (after the exit barrier, when it succeeded): torch's agent-level event; a failed job's
+        carries its root cause (``raw_error``: rank, node, host, exit code, message)."""
         if events.active() is not None:
-            record_agent(self.snapshot(), state.value)
+            raw = None if cause is None else json.dumps({"root_cause": {
+                "rank": cause.failure.global_rank, "node": cause.node, "host": cause.host,
+                "exitcode": cause.failure.exitcode, "message": cause.failure.message}})  # fmt: skip
+            record_agent(self.snapshot(), state.value, raw_error=raw)

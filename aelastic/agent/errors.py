@@ -31,12 +31,12 @@ from pathlib import Path
 from string import Template
 from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar
 
-from ..errors import AelasticError
+from ..errors import AelasticError, RendezvousClosedError
 
 if TYPE_CHECKING:
     from .processes import WorkerExit
 
-__all__ = ["ChildFailedError", "ProcessFailure", "record"]
+__all__ = ["ChildFailedError", "FailedElsewhereError", "ProcessFailure", "propagate_root_cause", "record"]
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +88,7 @@ class ProcessFailure:
         message: one line: ``"<Type>: <msg>"`` from the error file, torch's signal line, or the exit code.
         traceback: the report's ``traceback`` field, already indented for it.
         error_data: the error file's JSON (``{}`` without one).
+        host: the host it ran on, where not the reporting agent's own (the job's root cause on another node).
     """
 
     local_rank: int
@@ -99,6 +100,7 @@ class ProcessFailure:
     message: str
     traceback: str
     error_data: Mapping[str, Any]
+    host: str = ""
 
     @classmethod
     def from_exit(
@@ -262,7 +264,7 @@ class ChildFailedError(AelasticError):
         fmt = Template(_FAILURE_FORMAT_TEMPLATE).substitute(
             idx=idx,
             time=failure.timestamp_isoformat(),
-            hostname=self.hostname,
+            hostname=failure.host or self.hostname,
             rank=rank,
             local_rank=failure.local_rank,
             exitcode=failure.exitcode,
@@ -272,6 +274,11 @@ class ChildFailedError(AelasticError):
             message=failure.traceback,
         )
         return fmt, max(len(line) for line in fmt.split("\n"))
+
+
+class FailedElsewhereError(ChildFailedError, RendezvousClosedError):
+    """The job failed on another node, which closed the rendezvous (no restart left there): this node's workers were
+    stopped. The report names the job's root cause on its node, and this node's workers as stopped."""
 
 
 def _error_file_path() -> str | None:
@@ -304,8 +311,10 @@ def _record_exception(exc: BaseException) -> None:
     )
 
 
-def _propagate_child_failure(exc: ChildFailedError) -> None:
-    # Like torch: a nested agent's root cause becomes this process's error file, with the child's exit code.
+def propagate_root_cause(exc: ChildFailedError) -> None:
+    """Write the root cause of ``exc`` to this process's own ``TORCHELASTIC_ERROR_FILE``, if it has one, with the
+    worker's exit code, as torch's ``record`` (on torchrun's ``main``) does: a scheduler or an outer agent reads
+    it. The root cause may be another node's (its error file's JSON travelled with its record)."""
     _, root = exc.get_first_failure()
     path = _error_file_path()
     if path is None or root.error_file == NOT_AVAILABLE:
@@ -338,7 +347,7 @@ def record(fn: Callable[_P, _R]) -> Callable[_P, _R | None]:
                 return None
             raise
         except ChildFailedError as exc:
-            _propagate_child_failure(exc)
+            propagate_root_cause(exc)
             raise
         except Exception as exc:
             _record_exception(exc)

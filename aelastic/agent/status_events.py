@@ -76,9 +76,12 @@ def _metadata(
     }
 
 
-def record_agent(snapshot: AgentSnapshot, state: str, *, duration_ms: float | None = None) -> None:
+def record_agent(
+    snapshot: AgentSnapshot, state: str, *, duration_ms: float | None = None, raw_error: str | None = None
+) -> None:
+    """torch's agent-level event; ``raw_error``: a failed job's root cause, as JSON (aelastic's)."""
     if events.active() is not None:
-        metadata = _metadata(snapshot, state, duration_ms=duration_ms)
+        metadata = _metadata(snapshot, state, duration_ms=duration_ms, raw_error=raw_error)
         events.record(f"torchelastic.worker.status.{state}", EventSource.AGENT, metadata)
 
 

@@ -107,6 +107,7 @@ __all__ = [
     "HandlerOptions",
     "committed_state",
     "open_dynamic_rendezvous",
+    "round_prefix",
     "state_of",
 ]
 
@@ -154,6 +155,11 @@ class FoldCache:
 
 
 _NO_DIGEST = Digest(b"", ())  # what a backend without digests is handed
+
+
+def round_prefix(run_id: str, round: int) -> str:
+    """The prefix of round ``round``'s keys in the run's store (torch's name for it)."""
+    return f"torch.rendezvous.{run_id}.{round}"
 
 
 def state_of(seen: Versioned) -> RendezvousState:
@@ -591,7 +597,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         rank = state.rank_of(node)
         if rank is None:  # the state machine finishes a join only as a member of a complete round
             raise RendezvousClosedError(f"rendezvous {settings.run_id!r}: join finished without a rank")
-        round_store = self.backend.store.prefixed(f"torch.rendezvous.{settings.run_id}.{state.round}")
+        round_store = self.backend.store.prefixed(round_prefix(settings.run_id, state.round))
         bootstrap = await self._bootstrap.start_round(rank, state.master, serve=self._share_store)
         self._round, self._world = state.round, state.world_size
         record_rendezvous(

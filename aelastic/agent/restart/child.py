@@ -67,7 +67,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 # What a collective's failure says when a peer went away (gloo's transport, NCCL's watchdog, torch's store).
-_PEER_FAILURES: Final = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL", "gloo",
+PEER_FAILURE_MARKERS: Final = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL", "gloo",
                          "ProcessGroup", "c10d", "Timed out", "timed out")  # fmt: skip
 
 
@@ -86,7 +86,7 @@ def is_distributed_error(exc: BaseException) -> bool:
         if any(k.__module__.startswith("torch.distributed") or k.__name__.startswith("Dist") for k in kind.__mro__):
             return True
         if isinstance(current, (RuntimeError, ConnectionError, TimeoutError)) and any(
-            marker in str(current) for marker in _PEER_FAILURES
+            marker in str(current) for marker in PEER_FAILURE_MARKERS
         ):
             return True
         current = current.__cause__ or current.__context__

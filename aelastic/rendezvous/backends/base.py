@@ -73,6 +73,11 @@ class StateReader(abc.ABC):
         """Return once the state has moved past ``seen``'s version (at once if it already has); join requests
         appended meanwhile do not count."""
 
+    async def read_key(self, key: str) -> bytes | None:
+        """A key of the run's store that the nodes wrote (a round's failures), or None: it neither waits nor
+        creates. A backend without a store has none."""
+        return None
+
 
 class RendezvousBackend(StateReader):
     """An async driver for one run id's shared rendezvous state."""
@@ -90,6 +95,9 @@ class RendezvousBackend(StateReader):
     async def read_state(self) -> Versioned:
         """The current state for an observer; a backend whose ``get_state`` may create or block overrides it."""
         return await self.get_state()
+
+    async def read_key(self, key: str) -> bytes | None:
+        return await self.store.get(key) if await self.store.check([key]) else None
 
     @abc.abstractmethod
     async def set_state(self, data: bytes, expected: Versioned, digest: Digest) -> tuple[Versioned, bool]:
