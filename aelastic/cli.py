@@ -235,6 +235,15 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     own.add_argument("--watchdog-timeout", dest="watchdog_timeout", default=None, type=_seconds, action=_Store,
                      help="kill (its stack dumped first) a worker whose aelastic.worker.heartbeat() calls stop for "
                      "this many seconds; it then fails like any worker (default: off)")  # fmt: skip
+    _add(own, "--max-restarts-scope", dest="max_restarts_scope", default="node", choices=["node", "job"],
+         help="node: --max-restarts counts this node's failure restarts, as torchrun's; job: it counts the job's, "
+         "once per restart whichever node failed (every node reads one count in the rendezvous store) "
+         "(default: %(default)s)")  # fmt: skip
+    _add(own, "--max-repeated-failures", dest="max_repeated_failures", default=0, type=int,
+         help="stop the job, restarts left or not, when this many attempts in a row failed the same way (the same "
+         "rank and error, at the same checkpointed step or as long after the start): it makes no progress; the "
+         "report says so and aelastic run exits with status 3, which a requeue script can read as 'do not "
+         "requeue'. 0: off (default: %(default)s)")  # fmt: skip
     _add(own, "--unkillable-timeout", dest="unkillable_timeout", default=UNKILLABLE_TIMEOUT, type=_seconds,
          help="a worker still alive this many seconds after SIGKILL (uninterruptible sleep: a dead mount, a wedged "
          "device) is reported and the agent exits with status 4, so that the scheduler replaces the node "

@@ -36,7 +36,7 @@ from . import events
 from ._eventloop import run_options
 from ._groups import single_error
 from .agent.agent import ElasticAgent
-from .agent.errors import ChildFailedError
+from .agent.errors import ChildFailedError, NoProgressError
 from .agent.forward.parent import RunningWorkers, Witness, open_witness, sender_name
 from .agent.logs import LogSpec
 from .agent.processes import StopSignal
@@ -187,6 +187,9 @@ async def launch(
         shutil.rmtree(run_dir, ignore_errors=True)
     if result is None:
         return {}
+    if result.is_failed() and result.no_progress is not None:
+        raise NoProgressError(spec.get_entrypoint_name(), result.failures, root_rank=result.first_failure_rank,
+                              reason=result.no_progress)  # fmt: skip
     if result.is_failed():
         raise ChildFailedError(spec.get_entrypoint_name(), result.failures, root_rank=result.first_failure_rank)
     return dict(result.return_values)
@@ -225,6 +228,8 @@ async def _run_agent(
             checkpoints=checkpoints,
             hang_timeout=config.hang_timeout,
             unkillable_timeout=config.unkillable_timeout,
+            job_restarts=config.max_restarts_scope == "job",
+            max_repeated_failures=config.max_repeated_failures,
         )
         try:
             if ports:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aelastic.agent.policy import RULES, Action, Budget, Decision, Outcome, decide
+from aelastic.agent.policy import RULES, Action, Budget, Decision, FailureMark, Outcome, decide
 from aelastic.errors import AelasticError
 
 
@@ -40,7 +40,58 @@ def test_decisions(outcome: Outcome, budget: Budget, action: Action, after: Budg
 
 def test_the_table_has_a_row_for_every_pair_and_reaches_every_action() -> None:
     assert set(RULES) == set(itertools.product(Outcome, (True, False)))
-    assert set(RULES.values()) == set(Action)
+    assert set(RULES.values()) == set(Action) - {Action.STOP_NO_PROGRESS}  # the repeat rule's, before the table
+
+
+AT_STEP_4 = FailureMark(2, "RuntimeError: the batch is corrupt", 4, 30.0)
+
+
+def test_the_same_failure_three_times_in_a_row_stops_with_restarts_left() -> None:
+    budget = Budget(10, max_repeated=3)
+    actions = []
+    for _ in range(3):
+        decision = decide(Outcome.FAILED, budget, AT_STEP_4)
+        actions.append(decision.action)
+        budget = decision.budget
+    assert actions == [Action.RESTART_FAILURE, Action.RESTART_FAILURE, Action.STOP_NO_PROGRESS]
+    assert (budget.failure_restarts, budget.repeated, budget.last_failure) == (2, 3, AT_STEP_4)
+
+
+def test_a_failure_that_differs_starts_the_count_again_and_off_never_stops() -> None:
+    budget = decide(Outcome.FAILED, Budget(10, max_repeated=2), AT_STEP_4).budget
+    later = AT_STEP_4._replace(step=9)  # it got further: progress
+    assert decide(Outcome.FAILED, budget, later).action is Action.RESTART_FAILURE
+    assert decide(Outcome.FAILED, budget, later).budget.repeated == 1
+    membership = decide(Outcome.MEMBERSHIP_CHANGED, budget).budget  # a node joining between them changes nothing
+    assert decide(Outcome.FAILED, membership, AT_STEP_4).action is Action.STOP_NO_PROGRESS
+    off = Budget(10)
+    for _ in range(5):
+        off = decide(Outcome.FAILED, off, AT_STEP_4).budget
+    assert off.failure_restarts == 5
+
+
+@pytest.mark.parametrize(
+    ("other", "same"),
+    [
+        (AT_STEP_4, True),
+        (AT_STEP_4._replace(seconds=500.0), True),  # a step says it: the time does not matter
+        (AT_STEP_4._replace(step=5), False),
+        (AT_STEP_4._replace(rank=3), False),
+        (AT_STEP_4._replace(error="KeyError: 'x'"), False),
+        (AT_STEP_4._replace(step=None), False),
+    ],
+)
+def test_a_failure_is_the_same_at_the_same_step(other: FailureMark, same: bool) -> None:
+    assert AT_STEP_4.same_as(other) is same
+
+
+@pytest.mark.parametrize(
+    ("first", "then", "same"), [(100.0, 31.0, False), (100.0, 95.0, True), (100.0, 110.0, True), (100.0, 115.0, False),
+                                (3.0, 4.5, True), (3.0, 5.5, False)],  # within 10 %, or 2 s for short attempts
+)  # fmt: skip
+def test_without_steps_a_failure_is_the_same_as_long_after_the_start(first: float, then: float, same: bool) -> None:
+    at = FailureMark(0, "RuntimeError: x", None, first)
+    assert at.same_as(at._replace(seconds=then)) is same
 
 
 @pytest.mark.parametrize(

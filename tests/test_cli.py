@@ -164,6 +164,8 @@ BAD_INPUTS: list[tuple[list[str], dict[str, str], list[str]]] = [
     (["--logs-specs", "custom"], {}, ["--logs-specs 'custom'", "'torchrun.logs_specs'", "installed: default"]),
     (["-m", "--no-python"], {}, ["-m/--module and --no-python", "cannot be used together"]),
     (["--hang-timeout", "0"], {}, ["--hang-timeout", "'0' is not a number of seconds more than 0"]),
+    (["--max-repeated-failures", "-1"], {}, ["--max-repeated-failures -1", ">= 0"]),
+    (["--max-restarts-scope", "world"], {}, ["--max-restarts-scope", "invalid choice: 'world'"]),
     (["--watchdog-timeout", "nan"], {}, ["--watchdog-timeout", "'nan' is not a number of seconds more than 0"]),
     ([], {"PET_HANG_TIMEOUT": "soon"}, ["--hang-timeout", "'soon' is not a number of seconds more than 0"]),
     ([], {"PET_NNODES": "4:2"}, ["--nnodes '4:2'", "MIN must be <= MAX"]),

@@ -54,11 +54,11 @@ from .hang.parent import HangWatch, flight_recorder_env
 from .link.parent import LinkService
 from .logs import LogSpec
 from .logs_specs import LogsSpecs, reify
-from .policy import Action, Budget, Decision, Outcome, decide
+from .policy import Action, Budget, Decision, FailureMark, Outcome, decide
 from .processes import UNKILLABLE_TIMEOUT, GroupOutcome, Interrupt, StopSignal, Supervisor, open_supervisor
 from .ranks import RankAssignment, RoleInfo, exchange_ranks
 from .reaper.parent import Reaper
-from .rootcause import FailureRecord, JobFailures, as_reported, first_cause, kind_of, with_cause
+from .rootcause import FailureRecord, JobFailures, as_reported, error_line, first_cause, kind_of, with_cause
 from .spawn.parent import WorkerCommand, WorkerProcess
 from .stacks.parent import DEFAULT_DUMP_TIMEOUT, StackDumper
 from .status_events import AgentSnapshot, record_agent, record_started, record_workers
@@ -81,6 +81,7 @@ _TERMINAL = "torchelastic/agent/terminal_state"  # the exit barrier's keys in th
 _RESTART_SETTLE = 3.0
 _CAUSE_WAIT = 5.0  # seconds a node ending the job waits for the others' failures, to name the same root cause
 _STOPPED = (signal.SIGTERM, signal.SIGKILL)  # the signals that stop a worker that did not fail itself
+_FINAL = (Action.STOP_FAILED, Action.STOP_CLOSED, Action.STOP_NO_PROGRESS)  # the decisions that end the run
 
 
 def visible_devices(env: Mapping[str, str]) -> list[str]:
@@ -142,6 +143,8 @@ class ElasticAgent:
         checkpoints: Keeper | None = None,
         hang_timeout: float | None = None,
         unkillable_timeout: float = UNKILLABLE_TIMEOUT,
+        job_restarts: bool = False,
+        max_repeated_failures: int = 0,
     ) -> None:
         self.spec = spec
         self.handler = handler
@@ -171,7 +174,8 @@ class ElasticAgent:
         self.group = WorkerGroup(spec)
         # Observability (aelastic.metrics): the figures behind /metrics and /health.
         self.metrics = AgentMetrics(spec.role, spec.max_restarts)
-        self.recorder = _Recorder(spec, handler, self.group, self.metrics)
+        self.recorder = _Recorder(spec, handler, self.group, self.metrics, max_repeated_failures)
+        self.job_restarts = job_restarts  # max_restarts counts the job's failure restarts, not this node's
         self._attempt = 0
         self._finished: RendezvousInfo | None = None  # the round in which every node's workers succeeded
         self._dumper: StackDumper | None = None  # the last attempt's: its notes go into the failure report
@@ -216,10 +220,15 @@ class ElasticAgent:
                 assignment = await self._assign(info)
                 workers, reason = await self._attempt_once(supervisor, info, assignment)
                 self.recorder.attempt_ended(workers)
-                decision = decide(await self._outcome(workers), self.budget)
+                outcome = await self._outcome(workers)
+                if outcome is Outcome.FAILED and self.job_restarts:
+                    await self._job_budget(info)  # another node's failure may have spent it
+                decision = decide(outcome, self.budget, self._failure_mark(workers))
                 job: list[FailureRecord] = []
-                if decision.action in (Action.STOP_FAILED, Action.STOP_CLOSED):  # every node names the same cause
+                if decision.action in _FINAL:  # every node names the same cause
                     job = await self._job_failures(info, workers or self._stopped)
+                if decision.action is Action.RESTART_FAILURE and self.job_restarts:
+                    await self._count_job_restart(info)
                 self.recorder.decided(decision, workers, reason, functools.partial(self._attempt_report, workers))
                 if decision.action not in (Action.RESTART_FAILURE, Action.RESTART_MEMBERSHIP):
                     await supervisor.release()  # survivors kept for a round that will not come
@@ -228,9 +237,9 @@ class ElasticAgent:
                     await self._persist_checkpoints("the end")
                     self._finished = info
                     return self._finish(WorkerState.SUCCEEDED, workers)
-                if decision.action is Action.STOP_FAILED:
+                if decision.action in (Action.STOP_FAILED, Action.STOP_NO_PROGRESS):
                     await self._persist_checkpoints("the end")
-                    return self._finish(WorkerState.FAILED, workers, first_cause(job))
+                    return self._finish(WorkerState.FAILED, workers, first_cause(job), self._no_progress(decision))
                 if decision.action is Action.RESTART_FAILURE and self.checkpoints is not None:
                     self.checkpoints.persist("a worker failed")  # in the background: the restart goes on
                 if decision.action is Action.STOP_CLOSED:
@@ -245,6 +254,45 @@ class ElasticAgent:
             if scope.cancelled_caught:
                 logger.warning("[%s] checkpoints: not every one was written to %s within %g s", self.spec.role,
                                self.checkpoints.directory, self.timeouts.exit_barrier)  # fmt: skip
+
+    def _failure_mark(self, outcome: GroupOutcome | None) -> FailureMark | None:
+        """How a failed attempt failed (for ``--max-repeated-failures``): its first failure's rank and error line,
+        the last step this node's workers checkpointed, and the seconds since the attempt started."""
+        first = None if outcome is None else outcome.first_failure
+        if outcome is None or first is None:
+            return None
+        failure = self._failures(outcome)[first.global_rank]
+        own = {} if self.checkpoints is None else self.checkpoints.statistics().own
+        step = max((step for steps in own.values() for step in steps), default=None)
+        seconds = anyio.current_time() - self.recorder.attempt_started  # the attempt's length, to its end's news
+        return FailureMark(first.global_rank, error_line(failure), step, seconds)
+
+    def _no_progress(self, decision: Decision) -> str | None:
+        """Why the run stopped for lack of progress (``None``: it did not)."""
+        mark = decision.budget.last_failure
+        if decision.action is not Action.STOP_NO_PROGRESS or mark is None:
+            return None
+        when = f"at step {mark.step}" if mark.step is not None else f"{mark.seconds:.0f} s into each attempt"
+        return (
+            f"the last {decision.budget.repeated} attempts failed the same way (rank {mark.rank}: {mark.error}, "
+            f"{when}); stopped with restarts left (--max-repeated-failures {decision.budget.max_repeated}): "
+            "requeueing the job would fail again"
+        )
+
+    async def _job_budget(self, info: RendezvousInfo) -> None:
+        """The job's failure restarts so far become this node's (``job_restarts``: one budget for the job)."""
+        if info.job_store is None:
+            return
+        spent = min(await info.job_store.add("restarts", 0), self.spec.max_restarts)
+        self.recorder.budget = replace(self.budget, failure_restarts=max(spent, 0))
+
+    async def _count_job_restart(self, info: RendezvousInfo) -> None:
+        """Count this round's failure restart of the job, once whichever nodes failed in it."""
+        if info.job_store is None:
+            return
+        mine = str(info.rank).encode()
+        if await info.job_store.compare_set(f"restart/{info.round}", b"", mine) == mine:
+            await info.job_store.add("restarts", 1)
 
     async def _job_failures(self, info: RendezvousInfo, outcome: GroupOutcome | None) -> list[FailureRecord]:
         """Publish this node's failures of the attempt to the job, and read every node's (:mod:`.rootcause`)."""
@@ -278,11 +326,15 @@ class ElasticAgent:
         return Outcome.SUCCEEDED if workers.succeeded else Outcome.FAILED
 
     def _finish(
-        self, state: WorkerState, workers: GroupOutcome | None, cause: FailureRecord | None = None
+        self,
+        state: WorkerState,
+        workers: GroupOutcome | None,
+        cause: FailureRecord | None = None,
+        no_progress: str | None = None,
     ) -> RunResult:
         """The run's result, recorded as torch's SUCCEEDED or FAILED agent event; ``cause``: the job's root cause,
-        which the result's failure report names (on this node or another)."""
-        result = self._result(state, workers, cause)
+        which the result's failure report names (on this node or another); ``no_progress``: why it stopped early."""
+        result = replace(self._result(state, workers, cause), no_progress=no_progress)
         self.recorder.finished(state, cause)
         return result
 
@@ -328,6 +380,7 @@ class ElasticAgent:
     ) -> tuple[GroupOutcome | None, str | None]:
         logs = replace(self.logs, attempt=self._attempt)
         self._stopped = None
+        self.recorder.attempt_started = anyio.current_time()
         envs = {worker.local_rank: self._environment(worker, logs) for worker in self.group.workers}
         if self.logs_specs is not None:
             for env in envs.values():
@@ -598,12 +651,20 @@ class _Recorder:
     metrics (``/metrics``, ``/health`` and torch's ``put_metric``), torch's status events, and the log line that
     says what the agent does next. The agent calls one method per change, in the order the changes happen."""
 
-    def __init__(self, spec: WorkerSpec, handler: RendezvousHandler, group: WorkerGroup, metrics: AgentMetrics) -> None:
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        handler: RendezvousHandler,
+        group: WorkerGroup,
+        metrics: AgentMetrics,
+        max_repeated_failures: int = 0,
+    ) -> None:
         self.spec = spec
         self.handler = handler
         self.group = group
         self.metrics = metrics
-        self.budget = Budget(spec.max_restarts)
+        self.budget = Budget(spec.max_restarts, max_repeated=max_repeated_failures)
+        self.attempt_started = 0.0  # the current attempt's start, on the event loop's clock
         self.started_at = time.monotonic()  # the start of torch's total_run_time
 
     def __repr__(self) -> str:
@@ -671,7 +732,10 @@ class _Recorder:
                 "[%s] worker rank %s failed (exitcode %s); restart %d of %d:%s",
                 role, rank, exitcode, self.budget.failure_restarts, self.spec.max_restarts, report(),
             )  # fmt: skip
-        elif action in (Action.SUCCEED, Action.STOP_FAILED):
+        elif action in (Action.SUCCEED, Action.STOP_FAILED, Action.STOP_NO_PROGRESS):
+            if action is Action.STOP_NO_PROGRESS:
+                logger.error("[%s] no progress: the same failure %d times in a row; stopping with restarts left:%s",
+                             role, self.budget.repeated, report())  # fmt: skip
             state = WorkerState.SUCCEEDED if action is Action.SUCCEED else WorkerState.FAILED
             self.group.state = state
             self.metrics.set_state(state.value)

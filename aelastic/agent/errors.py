@@ -36,7 +36,14 @@ from ..errors import AelasticError, RendezvousClosedError
 if TYPE_CHECKING:
     from .processes import WorkerExit
 
-__all__ = ["ChildFailedError", "FailedElsewhereError", "ProcessFailure", "propagate_root_cause", "record"]
+__all__ = [
+    "ChildFailedError",
+    "FailedElsewhereError",
+    "NoProgressError",
+    "ProcessFailure",
+    "propagate_root_cause",
+    "record",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -274,6 +281,20 @@ class ChildFailedError(AelasticError):
             message=failure.traceback,
         )
         return fmt, max(len(line) for line in fmt.split("\n"))
+
+
+class NoProgressError(ChildFailedError):
+    """The job stopped early: its last attempts failed the same way (``--max-repeated-failures``), so requeueing it
+    would fail again; ``aelastic run`` exits with status 3. The report says so above torch's."""
+
+    exit_code = 3
+
+    def __init__(self, name: str, failures: Mapping[int, ProcessFailure], *, reason: str, **kwargs: Any) -> None:
+        self.reason = reason
+        super().__init__(name, failures, **kwargs)
+
+    def format_report(self, boarder_delim: str = "=", section_delim: str = "-") -> str:
+        return f"no progress: {self.reason}\n" + super().format_report(boarder_delim, section_delim)
 
 
 class FailedElsewhereError(ChildFailedError, RendezvousClosedError):

@@ -18,6 +18,11 @@ restarts spent so far travel in the :class:`Budget` it is given and the one it h
   ``TORCHELASTIC_RESTART_COUNT`` counts failure restarts only, ``AELASTIC_MEMBERSHIP_RESTARTS`` the others);
 * a closed rendezvous stops this node: its job is over elsewhere, and restarting could only wait for a round that
   never comes.
+
+One rule goes before the table, and only when asked for (``max_repeated``): a failure that repeats the one before
+it (:meth:`FailureMark.same_as`: the same rank and error, at the same step, or as long after its attempt's start)
+for the ``max_repeated``-th time in a row stops the run, restarts left or not: the job makes no progress, and
+requeueing it would fail again.
 """
 
 from __future__ import annotations
@@ -25,11 +30,11 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Final
+from typing import Final, NamedTuple
 
 from ..errors import AelasticError
 
-__all__ = ["RULES", "Action", "Budget", "Decision", "Outcome", "decide"]
+__all__ = ["RULES", "Action", "Budget", "Decision", "FailureMark", "Outcome", "decide"]
 
 
 class Outcome(enum.Enum):
@@ -49,6 +54,7 @@ class Action(enum.Enum):
     RESTART_MEMBERSHIP = "restart after a membership change"  # re-rendezvous, spending nothing
     STOP_FAILED = "stop: the run failed"  # no failure restart left: the run's result is FAILED
     STOP_CLOSED = "stop: the rendezvous was closed"  # another node ended the job: RendezvousClosedError
+    STOP_NO_PROGRESS = "stop: no progress"  # the same failure max_repeated times in a row: NoProgressError
 
 
 # (outcome, a failure restart left) -> action: every pair has its row (a test checks it, and that every action
@@ -76,9 +82,12 @@ class Budget:
     max_restarts: int
     failure_restarts: int = 0
     membership_restarts: int = 0
+    max_repeated: int = 0  # the same failure this many times in a row stops the run (0: never)
+    repeated: int = 0  # how many times in a row the last failure happened the same way
+    last_failure: FailureMark | None = None
 
     def __post_init__(self) -> None:
-        for name in ("failure_restarts", "membership_restarts"):
+        for name in ("failure_restarts", "membership_restarts", "max_repeated", "repeated"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise AelasticError(f"Budget {name}={value!r}: must be an integer >= 0")
@@ -92,6 +101,24 @@ class Budget:
         return self.failure_restarts < self.max_restarts
 
 
+class FailureMark(NamedTuple):
+    """How an attempt failed, to tell a failure that repeats the last one: the rank that failed first, its error,
+    the last step it checkpointed (``None``: none), the seconds from the attempt's start."""
+
+    rank: int
+    error: str
+    step: int | None
+    seconds: float
+
+    def same_as(self, other: FailureMark) -> bool:
+        """The same rank and error, at the same step (or, without steps, within 10 % or 2 s of the same time)."""
+        if (self.rank, self.error) != (other.rank, other.error):
+            return False
+        if self.step is not None or other.step is not None:
+            return self.step == other.step
+        return abs(self.seconds - other.seconds) <= max(2.0, 0.1 * max(self.seconds, other.seconds))
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
     """What follows an attempt, and the budget after it (a restart is already counted there)."""
@@ -100,8 +127,15 @@ class Decision:
     budget: Budget
 
 
-def decide(outcome: Outcome, budget: Budget) -> Decision:
-    """What follows an attempt that ended with ``outcome``, given the restarts spent so far (see ``RULES``)."""
+def decide(outcome: Outcome, budget: Budget, failure: FailureMark | None = None) -> Decision:
+    """What follows an attempt that ended with ``outcome``, given the restarts spent so far (see ``RULES`` and the
+    module doc); ``failure``: how a failed attempt failed."""
+    if outcome is Outcome.FAILED and failure is not None:
+        last = budget.last_failure
+        repeated = budget.repeated + 1 if last is not None and failure.same_as(last) else 1
+        budget = replace(budget, repeated=repeated, last_failure=failure)
+        if budget.max_repeated and repeated >= budget.max_repeated:
+            return Decision(Action.STOP_NO_PROGRESS, budget)
     action = RULES[outcome, budget.failure_restart_left]
     if action is Action.RESTART_FAILURE:
         budget = replace(budget, failure_restarts=budget.failure_restarts + 1)

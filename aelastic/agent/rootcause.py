@@ -33,7 +33,16 @@ from ..store.api import Store
 from .errors import NOT_AVAILABLE, ProcessFailure
 from .restart.child import PEER_FAILURE_MARKERS
 
-__all__ = ["CAUSE_KEY", "FailureRecord", "JobFailures", "as_reported", "first_cause", "kind_of", "with_cause"]
+__all__ = [
+    "CAUSE_KEY",
+    "FailureRecord",
+    "JobFailures",
+    "as_reported",
+    "error_line",
+    "first_cause",
+    "kind_of",
+    "with_cause",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -43,14 +52,19 @@ _MAX_ERROR_DATA: Final = 64 << 10  # an error file's JSON travels with its recor
 _WRITING: Final = 1.0  # seconds a record numbered by another node may take to be written
 
 
+def error_line(failure: ProcessFailure) -> str:
+    """The exception's line: the error file's message, or the last line the worker wrote to stderr (not the whole
+    traceback: its frames' paths name torch.distributed's modules whatever failed)."""
+    if failure.error_file != NOT_AVAILABLE:
+        return failure.message
+    lines = [line.strip() for line in failure.traceback.splitlines() if line.strip()]
+    return lines[-1] if lines else failure.message
+
+
 def kind_of(failure: ProcessFailure, *, stopped: bool) -> str:
     """``victim`` (a collective's error after a peer's loss, whether or not the agent's stop then ended it),
     ``stopped`` (by the agent) or ``failed``."""
-    # The exception's line: the error file's message, or the last line the worker wrote to stderr (not the whole
-    # traceback: its frames' paths name torch.distributed's modules whatever failed).
-    lines = [line for line in failure.traceback.splitlines() if line.strip()]
-    text = f"{failure.message}\n{lines[-1] if lines else ''}"
-    if any(marker in text for marker in PEER_FAILURE_MARKERS):
+    if any(marker in error_line(failure) for marker in PEER_FAILURE_MARKERS):
         return "victim"
     return "stopped" if stopped else "failed"
 

@@ -98,6 +98,7 @@ class RunResult:
     failure_restarts: int = 0
     membership_restarts: int = 0
     first_failure_rank: int | None = None
+    no_progress: str | None = None  # aelastic's: why the run stopped early, its failures repeating (NoProgressError)
 
     def is_failed(self) -> bool:
         return self.state is WorkerState.FAILED

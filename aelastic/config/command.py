@@ -53,7 +53,7 @@ _AS_GIVEN = (
     "role", "max_restarts", "monitor_interval", "start_method", "log_dir", "local_addr", "shutdown_timeout",
     "signals_to_handle", "event_log_handler", "metrics_port", "virtual_local_rank", "watchdog_timeout", "prewarm",
     "checkpoint_memory", "checkpoint_dir", "checkpoint_persist_every", "hang_timeout",
-    "unkillable_timeout",
+    "unkillable_timeout", "max_restarts_scope", "max_repeated_failures",
 )  # fmt: skip
 
 
@@ -199,6 +199,7 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> R
     args, derived, slurm_line = apply_slurm(args, env)
     nproc = parse_nproc(str(args.nproc_per_node), env)
     check_at_least(args.max_restarts, 0, f"--max-restarts {args.max_restarts}")  # LaunchConfig's rule, named
+    check_at_least(args.max_repeated_failures, 0, f"--max-repeated-failures {args.max_repeated_failures}")
     if args.checkpoint_dir is not None:
         check_writable_dir(args.checkpoint_dir, "--checkpoint-dir")  # LaunchConfig's rule, named
     parse_signals(args.signals_to_handle)  # as the user wrote it (LaunchConfig's errors name its fields)

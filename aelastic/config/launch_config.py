@@ -104,6 +104,10 @@ class LaunchConfig:
     hang_timeout: float | None = None
     # aelastic's: a worker alive this long after SIGKILL ends the agent (UnkillableWorkerError, exit status 4).
     unkillable_timeout: float = UNKILLABLE_TIMEOUT
+    # aelastic's: "job" makes max_restarts one budget for the job; the same failure this many attempts in a row
+    # stops the job early (NoProgressError, exit status 3; 0: never).
+    max_restarts_scope: str = "node"
+    max_repeated_failures: int = 0
     shutdown_grace: float = field(init=False)
 
     def __post_init__(self) -> None:
@@ -119,6 +123,13 @@ class LaunchConfig:
         grace = environ.shutdown_timeout() if self.shutdown_timeout is None else self.shutdown_timeout
         check_at_least(grace, 0, f"LaunchConfig shutdown_timeout={grace!r}")  # torch's rule: 0 kills at once
         object.__setattr__(self, "shutdown_grace", float(grace))
+        if self.max_restarts_scope not in ("node", "job"):
+            raise ConfigurationError(
+                f"LaunchConfig max_restarts_scope={self.max_restarts_scope!r}: must be node or job"
+            )
+        check_at_least(
+            self.max_repeated_failures, 0, f"LaunchConfig max_repeated_failures={self.max_repeated_failures}"
+        )
         for name in ("watchdog_timeout", "hang_timeout", "unkillable_timeout"):
             value = getattr(self, name)
             if value is not None and not value > 0:

@@ -56,6 +56,7 @@ class RendezvousInfo:
     world_size: int
     bootstrap_store_info: RendezvousStoreInfo
     round: int = 0
+    job_store: Store | None = None  # aelastic's: keys the run's nodes share across rounds (the job's restarts)
 
 
 @dataclass(frozen=True)

@@ -609,7 +609,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
             "rendezvous %s round %d complete: %s is rank %d of %d",
             settings.run_id, state.round, node.id, rank, state.world_size,
         )  # fmt: skip
-        return RendezvousInfo(round_store, rank, state.world_size, bootstrap, state.round)
+        job_store = self.backend.store.prefixed(f"aelastic.job.{settings.run_id}")
+        return RendezvousInfo(round_store, rank, state.world_size, bootstrap, state.round, job_store)
 
     async def num_nodes_waiting(self) -> int:
         await self._look()

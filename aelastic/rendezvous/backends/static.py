@@ -73,7 +73,8 @@ class StaticRendezvousHandler(RendezvousHandler):
         await store.barrier("static/joined", world)
         info = await self._bootstrap.publish(store, self._rank)
         self._round += 1
-        return RendezvousInfo(store, self._rank, world, info, self._round - 1)
+        job_store = self._client.prefixed(f"{self._params.run_id}/job")
+        return RendezvousInfo(store, self._rank, world, info, self._round - 1, job_store)
 
     async def num_nodes_waiting(self) -> int:
         return 0
