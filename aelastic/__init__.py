@@ -23,10 +23,11 @@ from .errors import (
     StoreConnectionError,
     StoreError,
     StoreProtocolError,
+    UnkillableWorkerError,
 )
 
 if TYPE_CHECKING:
-    from .agent.errors import ChildFailedError, ProcessFailure, record
+    from .agent.errors import ChildFailedError, FailedElsewhereError, NoProgressError, ProcessFailure, record
     from .agent.workers import RunResult, WorkerSpec, WorkerState
     from .config import LaunchConfig
     from .launcher import LaunchControl, launch, run
@@ -36,7 +37,9 @@ __version__ = "0.1.0"
 # public name -> the module that defines it, imported by __getattr__ on first access
 _LAZY = {
     "ChildFailedError": ".agent.errors",
+    "FailedElsewhereError": ".agent.errors",
     "LaunchConfig": ".config",
+    "NoProgressError": ".agent.errors",
     "LaunchControl": ".launcher",
     "ProcessFailure": ".agent.errors",
     "RunResult": ".agent.workers",
@@ -51,8 +54,10 @@ __all__ = [
     "AelasticError",
     "ChildFailedError",
     "ConfigurationError",
+    "FailedElsewhereError",
     "LaunchConfig",
     "LaunchControl",
+    "NoProgressError",
     "ProcessFailure",
     "QueueEmptyError",
     "RendezvousClosedError",
@@ -65,6 +70,7 @@ __all__ = [
     "StoreConnectionError",
     "StoreError",
     "StoreProtocolError",
+    "UnkillableWorkerError",
     "WorkerSpec",
     "WorkerState",
     "__version__",
