@@ -13,6 +13,10 @@ attempt, ``--max-restarts 1``.
   file, then renamed, as jobs do), ``torch.load`` at the restart.
 * aelastic: ``aelastic run --standalone --prewarm``, ``aelastic.checkpoint.save(state, step=...)`` after every
   step, ``aelastic.checkpoint.load(into=state)`` at the restart.
+* aelastic survivors: the same, with the training function wrapped in ``aelastic.worker.restartable`` (issue 30):
+  rank 0 keeps its process (and its state's memory), only rank 1 is replaced.
+
+The state is allocated once per process, outside the training function, as a restartable function keeps it.
 
 Scenarios, per S:
 
@@ -27,82 +31,91 @@ Scenarios, per S:
   (``FileSystemWriter``) of the same state.
 
 Targets (issue 29): ``lost to a fault`` at most 0.1x torchrun's; a save, and a restore, at most 1.5x the raw copy.
+(issue 30): with survivors, a fault costs less than a full pre-warmed restart.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+from string import Template
 from typing import Any
 
 from .agent import environment
 from .run import aelastic_install
 
-SYSTEMS = ("torch", "aelastic")
+SYSTEMS = ("torch", "aelastic", "aelastic survivors")
 STEP_TIME = 0.2
 FAULT_STEP = 25
 STEPS = 27  # two steps past the fault's: the restarted job's step 25 is timed, then it ends
 EVERY = 10  # torch.save's interval
 
-WORKER = """\
+WORKER = Template("""\
 import json, os, sys, time
 import torch, torch.distributed as dist
 
 out, system, size_mib, ckdir = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-STEP, FAULT, STEPS, EVERY = %(step)r, %(fault)r, %(steps)r, %(every)r
-dist.init_process_group("gloo")
-rank, attempt = dist.get_rank(), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-
-def record(event, **values):
-    with open(os.path.join(out, f"{event}-{attempt}-{rank}.json"), "w") as f:
-        json.dump(values, f)
-
+STEP, FAULT, STEPS, EVERY = $step, $fault, $steps, $every
 n = size_mib * 2**20 // 16
-state = {name: torch.zeros(n) for name in ("params", "exp_avg", "exp_avg_sq", "master")}
-state["step"] = -1
-path = os.path.join(ckdir, f"rank{rank}.pt")
-began = time.time()
-if system == "aelastic":
+state = {name: torch.zeros(n) for name in ("params", "exp_avg", "exp_avg_sq", "master")}  # kept across calls
+
+def main():
+    global state
+    dist.init_process_group("gloo")
+    rank, attempt = dist.get_rank(), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+
+    def record(event, **values):
+        with open(os.path.join(out, f"{event}-{attempt}-{rank}.json"), "w") as f:
+            json.dump(values, f)
+
+    state["step"] = -1
+    path = os.path.join(ckdir, f"rank{rank}.pt")
+    began = time.time()
+    if system.startswith("aelastic"):
+        restored = ckpt.load(into=state)
+        if restored is not None:
+            state["step"] = restored["step"]
+    elif os.path.exists(path):
+        state = torch.load(path)
+    if attempt == 1:
+        record("restore", seconds=time.time() - began)
+    for step in range(state["step"] + 1, STEPS):
+        started = time.time()
+        grad = torch.ones(1024)
+        dist.all_reduce(grad)
+        for name in ("params", "exp_avg", "exp_avg_sq", "master"):
+            state[name].add_(1e-3)  # the optimizer touches every byte of the state
+        if attempt == 0 and rank == 1 and step == FAULT:
+            time.sleep(max(0.0, started + STEP / 2 - time.time()))
+            record("fault", time=time.time())
+            raise RuntimeError("the fault the benchmark measures")
+        time.sleep(max(0.0, started + STEP - time.time()))
+        state["step"] = step
+        saved = time.time()
+        if system.startswith("aelastic"):
+            ckpt.save(state, step=step)
+            record(f"save{step}", seconds=time.time() - saved)
+        elif (step + 1) % EVERY == 0:
+            torch.save(state, path + ".tmp")
+            os.replace(path + ".tmp", path)
+            record(f"save{step}", seconds=time.time() - saved)
+        if attempt == 1 and step == FAULT:
+            record("done", time=time.time())
+    dist.barrier()
+    dist.destroy_process_group()
+
+if system.startswith("aelastic"):
     import aelastic.checkpoint as ckpt
-    restored = ckpt.load(into=state)
-    if restored is not None:
-        state["step"] = restored["step"]
-elif os.path.exists(path):
-    state = torch.load(path)
-if attempt == 1:
-    record("restore", seconds=time.time() - began)
-for step in range(state["step"] + 1, STEPS):
-    started = time.time()
-    grad = torch.ones(1024)
-    dist.all_reduce(grad)
-    for name in ("params", "exp_avg", "exp_avg_sq", "master"):
-        state[name].add_(1e-3)  # the optimizer touches every byte of the state
-    if attempt == 0 and rank == 1 and step == FAULT:
-        time.sleep(max(0.0, started + STEP / 2 - time.time()))
-        record("fault", time=time.time())
-        raise RuntimeError("the fault the benchmark measures")
-    time.sleep(max(0.0, started + STEP - time.time()))
-    state["step"] = step
-    saved = time.time()
-    if system == "aelastic":
-        ckpt.save(state, step=step)
-        record(f"save{step}", seconds=time.time() - saved)
-    elif (step + 1) %% EVERY == 0:
-        torch.save(state, path + ".tmp")
-        os.replace(path + ".tmp", path)
-        record(f"save{step}", seconds=time.time() - saved)
-    if attempt == 1 and step == FAULT:
-        record("done", time=time.time())
-dist.barrier()
-dist.destroy_process_group()
-""" % {"step": STEP_TIME, "fault": FAULT_STEP, "steps": STEPS, "every": EVERY}
+if system == "aelastic survivors":
+    from aelastic.worker import restartable
+    main = restartable(main)
+main()
+""").substitute(step=STEP_TIME, fault=FAULT_STEP, steps=STEPS, every=EVERY)
 
 FLOOR = """\
 import json, os, sys, tempfile, time
