@@ -127,10 +127,8 @@ def test_the_flight_recorder_is_turned_on_unless_the_user_said_anything_of_it(tm
     env = flight_recorder_env({}, tmp_path / "pipe_", tmp_path / "fr_")
     assert env == {
         "TORCH_FR_BUFFER_SIZE": "2000",
-        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
         "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": str(tmp_path / "pipe_"),
-        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(tmp_path / "fr_"),
         "TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "fr_"),
     }
-    assert "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in flight_recorder_env({}, tmp_path / "pipe_", None)
+    assert "TORCH_FR_DUMP_TEMP_FILE" not in flight_recorder_env({}, tmp_path / "pipe_", None)
     assert flight_recorder_env({"TORCH_NCCL_TRACE_BUFFER_SIZE": "0"}, tmp_path / "pipe_", None) == {}

@@ -60,13 +60,10 @@ def flight_recorder_env(base: Mapping[str, str], pipe_prefix: Path, dump_prefix:
     of it: its ring buffer (NCCL and gloo), the pipe a dump is asked on (NCCL), where dumps go."""
     if any(name in base for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")):
         return {}
-    env = {
-        "TORCH_FR_BUFFER_SIZE": FLIGHT_RECORDER_ENTRIES,
-        "TORCH_NCCL_TRACE_BUFFER_SIZE": FLIGHT_RECORDER_ENTRIES,
-        "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": str(pipe_prefix),
-    }
+    # torch 2.13's names (TORCH_NCCL_TRACE_BUFFER_SIZE, the older name of the buffer's, prints a deprecation).
+    env = {"TORCH_FR_BUFFER_SIZE": FLIGHT_RECORDER_ENTRIES, "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": str(pipe_prefix)}
     if dump_prefix is not None:
-        env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = env["TORCH_FR_DUMP_TEMP_FILE"] = str(dump_prefix)
+        env["TORCH_FR_DUMP_TEMP_FILE"] = str(dump_prefix)
     return env
 
 
