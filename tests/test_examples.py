@@ -239,17 +239,23 @@ def test_elastic_ddp_scales_up_when_a_second_node_joins(start: Start, tmp_path: 
 
 def test_in_memory_checkpoints_lose_only_the_step_a_crash_interrupted(start: Start) -> None:
     """The README command: rank 1 SIGKILLs itself at step 25; both workers restore step 24 from their agent's memory
-    and the run prints the same steps, with the same losses, as a run without the crash."""
+    (rank 0 in its own process: the function is restartable, only rank 1 is replaced) and the run prints the same
+    steps, with the same losses, as a run without the crash."""
     command = [AELASTIC, "run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--prewarm",
                "examples/checkpoint/train.py"]  # fmt: skip
     crashed = start(*command, "--crash-at-step", "25")
     assert crashed.wait() == 0, crashed.output
     clean = start(*command)
     assert clean.wait() == 0, clean.output
+    started = dict(re.findall(PREFIX + r"rank (\d) of 2 \(pid (\d+)\): starts$", crashed.output, re.M))
     restored = re.findall(
-        PREFIX + r"rank (\d) of 2: restored step (\d+) from (\w+) \(restart 1\)$", crashed.output, re.M
+        PREFIX + r"rank (\d) of 2 \(pid (\d+)\): restored step (\d+) from (\w+) \(restart 1\)$", crashed.output, re.M
     )
-    assert sorted(restored) == [("0", "24", "memory"), ("1", "24", "memory")], crashed.output
+    assert sorted((rank, step, source) for rank, _, step, source in restored) == [
+        ("0", "24", "memory"), ("1", "24", "memory")], crashed.output  # fmt: skip
+    pids = {rank: pid for rank, pid, _, _ in restored}
+    assert pids["0"] == started["0"], crashed.output  # the survivor kept its process
+    assert pids["1"] != started["1"], crashed.output  # the crashed worker was replaced
     steps = step_lines(crashed.output)
     assert [step for step, _, _ in steps] == [*range(1, 25), *range(25, 41)], crashed.output  # nothing done twice
     assert steps == step_lines(clean.output)

@@ -1,5 +1,6 @@
-"""DDP training that checkpoints in memory after every step: a crash costs the step it interrupted, not the steps
-since the last checkpoint on disk, nor a reload from disk.
+"""DDP training that checkpoints in memory after every step and keeps its healthy workers: a crash costs the step it
+interrupted, not the steps since the last checkpoint on disk, nor a reload from disk, nor the other workers'
+processes.
 
     aelastic run --standalone --nproc-per-node 2 --max-restarts 1 --prewarm examples/checkpoint/train.py \\
         --crash-at-step 25
@@ -10,7 +11,13 @@ so the memory it takes is two copies of the state). A worker that starts after a
 every rank saved (``aelastic.checkpoint.load``, here into the model's own parameters) and goes on from there: the
 losses are those of a run without the crash. With ``--checkpoint-dir DIR`` the agents also write the latest step
 to ``DIR`` (every ``--checkpoint-persist-every`` steps, when a worker fails, at the end), and a job started again
-(requeued, or on other nodes) resumes from it. Run under torchrun, the script says that it needs aelastic.
+(requeued, or on other nodes) resumes from it.
+
+The training function is ``aelastic.worker.restartable``: when a worker fails, only it is replaced; the others keep
+their processes (their imports, their memory, here their model's tensors) and call the function again in the new
+round's world, which is why it loads its state at its top and builds its process group, model wrapper and optimizer
+there. Run under torchrun or plain ``python``, the function runs once, as written, and ``aelastic.checkpoint``
+says that it needs aelastic's agent.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import aelastic.checkpoint as ckpt
+from aelastic.worker import restartable
 
 FEATURES = 8
 
@@ -38,15 +46,19 @@ def make_batch(step: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, x @ weights + 0.1 * torch.randn(batch_size, 1, generator=generator)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--steps", type=int, default=40, help="train until this step (default: 40)")
     parser.add_argument("--batch-size", type=int, default=32, help="global batch, split across ranks (default: 32)")
     parser.add_argument("--step-time", type=float, default=0.0, help="simulated compute seconds per step")
     parser.add_argument("--crash-at-step", type=int, default=None,
                         help="in the first attempt, the last rank SIGKILLs itself at this step")  # fmt: skip
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+@restartable
+def train(args: argparse.Namespace) -> None:
+    """One round of training: called again, in this process, when another worker fails or the world changes."""
     dist.init_process_group("gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
@@ -59,8 +71,10 @@ def main() -> None:
         optimizer.load_state_dict(restored["optimizer"])
         step = restored["step"]
         loaded = ckpt.last_loaded()
-        print(f"rank {rank} of {world_size}: restored step {step} from {loaded and loaded.source} "
-              f"(restart {restart})", flush=True)  # fmt: skip
+        print(f"rank {rank} of {world_size} (pid {os.getpid()}): restored step {step} from "
+              f"{loaded and loaded.source} (restart {restart})", flush=True)  # fmt: skip
+    else:
+        print(f"rank {rank} of {world_size} (pid {os.getpid()}): starts", flush=True)
     ddp = DistributedDataParallel(model)
 
     while step < args.steps:
@@ -85,4 +99,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    train(parse_args())
