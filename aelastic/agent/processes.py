@@ -509,7 +509,12 @@ class Supervisor:
                 finish.close()
 
     async def _refill(self, commands: Sequence[WorkerCommand], delay: float) -> None:
+        """The next attempt's standbys, ``delay`` seconds into this one; one at once when none is idle (faults in a
+        burst: an attempt shorter than the delay would otherwise leave the next replacement none, and it would
+        start cold, on the recovery's path, at the CPU's full price)."""
         assert self.standbys is not None
+        if delay and not self.standbys.statistics().idle:
+            await self.standbys.refill(commands[:1])
         await anyio.sleep(delay)
         await self.standbys.refill(commands)
 

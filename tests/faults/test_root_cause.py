@@ -29,7 +29,7 @@ def run_job(cluster: Cluster, launcher: str) -> list[Proc]:
     """The job under ``launcher``, one agent per host, both ended."""
     endpoint = f"{cluster.hosts[0].addr}:{C10D_PORT}"
     command = [sys.executable, "-m", "torch.distributed.run"] if launcher == "torchrun" else [
-        sys.executable, "-m", "aelastic", "run"]  # fmt: skip
+        sys.executable, "-m", "aelastic", "run", "--event-log-handler", "file"]  # fmt: skip
     agents = [
         cluster.spawn(
             host, *command, "--nnodes", "2", "--nproc-per-node", "2", "--max-restarts", "0", "--local-addr",
@@ -64,6 +64,7 @@ def test_every_node_names_the_rank_that_failed_first_and_the_others_as_what_they
     for agent in agents:
         print(f"--- aelastic on {agent.host.name}: rc {agent.popen.returncode}\n{root_cause(agent.output)}")
     hosts = {}
+    failed_events: list[dict[str, object]] = []
     for agent in agents:
         assert agent.popen.returncode == 1, agent.output
         cause = root_cause(agent.output)
@@ -78,6 +79,14 @@ def test_every_node_names_the_rank_that_failed_first_and_the_others_as_what_they
         error = json.loads((agent.host.dir / "aelastic-error.json").read_text())
         assert error["message"]["message"] == "RuntimeError: rank 2 fails at step 5", error
         assert error["message"]["errorCode"] == 1
+        events = [json.loads(line) for path in (agent.host.dir / "aelastic").glob("*/events.jsonl")
+                  for line in path.read_text().splitlines()]  # fmt: skip
+        # A node whose run failed records torch's agent FAILED event, naming the job's cause (one whose workers were
+        # only stopped ends with FailedElsewhereError instead).
+        failed_events += [json.loads(e["metadata"]["raw_error"])["root_cause"] for e in events
+                          if e["name"] == "torchelastic.worker.status.FAILED" and e["source"] == "AGENT"]  # fmt: skip
+    assert failed_events, "no agent FAILED event"
+    assert all((e["rank"], e["message"]) == (2, "RuntimeError: rank 2 fails at step 5") for e in failed_events)
     # The node that ran rank 2 shows its host; the other one says which node that was (the hosts here share one
     # hostname: the namespaces' machine's).
     remote = [host for host in hosts.values() if "(node " in host]
