@@ -33,11 +33,15 @@ def test_progress_is_cpu_time_beyond_what_idle_threads_use() -> None:
     assert progress.idle_for([1], now=110.0) == 10.0
     progress.observe(1, 5.5, now=111.0)  # half a CPU-second: work
     assert progress.idle_for([1], now=111.0) == 0.0
-    progress.observe(2, 1.0, now=111.0)
-    assert progress.idle_for([1, 2], now=120.0) == 9.0  # the least idle worker decides
-    assert progress.idle_for([3], now=120.0) == 0.0  # never sampled: no claim of idleness
+    for second in range(112, 130):  # idle again, long enough that its average since 111 s is low ...
+        progress.observe(1, 5.5, now=second)
+    progress.observe(1, 5.53, now=130.3)  # ... then a light step (30 ms in 0.3 s): progress, judged per interval
+    assert progress.idle_for([1], now=130.3) == 0.0
+    progress.observe(2, 1.0, now=125.3)
+    assert progress.idle_for([1, 2], now=135.3) == 5.0  # the least idle worker decides
+    assert progress.idle_for([3], now=135.3) == 0.0  # never sampled: no claim of idleness
     progress.forget([1, 2])
-    assert progress.idle_for([1], now=130.0) == 0.0
+    assert progress.idle_for([1], now=140.0) == 0.0
 
 
 def test_a_rank_outside_the_collective_the_others_wait_in_is_named() -> None:

@@ -11,10 +11,11 @@ from typing import Final, NamedTuple
 
 __all__ = ["Progress", "RankReport", "Verdict", "judge", "span"]
 
-# A worker that used less than this share of one CPU, on average since it last made progress, made none: a rank
+# A worker that used less than this share of one CPU between two samples made no progress in between: a rank
 # blocked in a collective, a sleep or a lock uses none, but torch's and the runtime's threads wake now and then.
+# Judged per interval, not since the last progress: a rank idle for a while that works again counts at once.
 IDLE_SHARE: Final = 0.02
-MIN_MOVE: Final = 0.05  # seconds of CPU that count as progress whatever the interval
+MIN_MOVE: Final = 0.02  # seconds of CPU that count as progress in any interval (two ticks of the kernel's 100 Hz)
 
 _STATES: Final = {
     "R": "running",
@@ -35,22 +36,25 @@ class Progress:
     """Each worker's CPU time, sampled, and since when it has made no progress (:data:`IDLE_SHARE`)."""
 
     def __init__(self) -> None:
-        self._anchor: dict[int, tuple[float, float]] = {}  # pid -> (CPU seconds, time) when it last progressed
+        self._last: dict[int, tuple[float, float]] = {}  # pid -> (CPU seconds, time) of its last sample
+        self._since: dict[int, float] = {}  # pid -> when it last made progress (or was first sampled)
 
     def observe(self, pid: int, cpu: float, now: float) -> None:
         """A sample of ``pid``'s CPU seconds at ``now``."""
-        anchor = self._anchor.get(pid)
-        if anchor is None or cpu - anchor[0] > max(MIN_MOVE, IDLE_SHARE * (now - anchor[1])):
-            self._anchor[pid] = (cpu, now)
+        last = self._last.get(pid)
+        if last is None or cpu - last[0] >= max(MIN_MOVE, IDLE_SHARE * (now - last[1])):
+            self._since[pid] = now
+        self._last[pid] = (cpu, now)
 
     def idle_for(self, pids: Iterable[int], now: float) -> float:
         """The least time any of ``pids`` has gone without progress (0 for one never sampled)."""
-        return min((now - self._anchor[pid][1] if pid in self._anchor else 0.0 for pid in pids), default=0.0)
+        return min((now - self._since[pid] if pid in self._since else 0.0 for pid in pids), default=0.0)
 
     def forget(self, pids: Iterable[int]) -> None:
         """Drop workers that ended."""
         for pid in pids:
-            self._anchor.pop(pid, None)
+            self._last.pop(pid, None)
+            self._since.pop(pid, None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -33,7 +34,7 @@ import anyio
 
 from ..logs import LogSpec
 from ..procfs import process_state
-from ..spawn.parent import WorkerCommand, WorkerProcess
+from ..spawn.parent import WorkerCommand, WorkerProcess, wait_process
 from .fallback import FaultStacks, fault_top_frames
 
 __all__ = ["DEFAULT_DUMP_TIMEOUT", "StackDumper", "find_py_spy", "top_frames"]
@@ -150,11 +151,8 @@ class StackDumper:
         args = [self._py_spy, "dump", "--pid", str(worker.pid)]
         if _stopped(worker.pid):
             args.append("--nonblocking")  # py-spy cannot suspend a stopped process; it can still read its memory
-        result = await anyio.run_process(args, check=False)
-        out = result.stdout.decode(errors="replace")
-        if result.returncode != 0:
-            out = f"no stack dump: py-spy exited with {result.returncode}: {result.stderr.decode(errors='replace')}"
-        dumps[worker.pid] = out
+        code, out, err = await _run(args)
+        dumps[worker.pid] = out if code == 0 else f"no stack dump: py-spy exited with {code}: {err}"
 
     def _write(self, worker: WorkerProcess, reason: str, text: str) -> None:
         rank_dir = self.logs.rank_dir(worker.local_rank)
@@ -167,6 +165,37 @@ class StackDumper:
                 file.write(f"=== {stamp} pid {worker.pid} rank {worker.global_rank}: {reason}\n{text.rstrip()}\n\n")
         except OSError as exc:
             logger.warning("cannot write the stacks of pid %d to %s: %s", worker.pid, path, exc)
+
+
+async def _run(args: Sequence[str]) -> tuple[int, str, str]:
+    """``args`` run to its end: its exit status, stdout and stderr (in memory files). Spawned and reaped as workers
+    are (``subprocess.Popen`` from the event loop's thread, a pidfd), not through asyncio's child watcher: a worker's
+    spawn meanwhile (``subprocess.Popen`` reaps the children it finds finished) could take the child from it, and
+    asyncio then reports 255 for it."""
+    out, err = (os.memfd_create(f"aelastic-py-spy-{name}", os.MFD_CLOEXEC) for name in ("stdout", "stderr"))
+    try:
+        popen = _spawn(args, out, err)
+        try:
+            code = await wait_process(popen)
+        finally:
+            if popen.returncode is None:  # cancelled: the kill that follows must not wait for py-spy
+                popen.kill()
+                with anyio.CancelScope(shield=True):
+                    await wait_process(popen)
+        return code, _text(out), _text(err)
+    finally:
+        os.close(out)
+        os.close(err)
+
+
+def _spawn(args: Sequence[str], out: int, err: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=err)  # a fork/exec: milliseconds
+
+
+def _text(fd: int) -> str:
+    os.lseek(fd, 0, os.SEEK_SET)
+    with os.fdopen(os.dup(fd), "rb") as file:
+        return file.read().decode(errors="replace")
 
 
 def _stopped(pid: int) -> bool:
