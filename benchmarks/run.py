@@ -111,6 +111,7 @@ RECORDED = (
     ("slurm", "Slurm test cluster", "the real-Slurm tests, `pytest tests/slurm` and `AELASTIC_SLURM_TORCHRUN=1 "
      "pytest tests/slurm/test_node_loss.py` (torchrun in the same template; samples accumulate over runs)"),
     ("soak", "Soak", "`python -m benchmarks.soak --minutes 10 --json benchmarks/out/soak.json` (not in CI)"),
+    ("hang", "Hang detection", "`python -m benchmarks.hang --minutes 10 --json benchmarks/out/hang.json` (not in CI)"),
     ("store_fuzz", "Store fuzz campaign", "`python -m benchmarks.store_fuzz --minutes 10 --json "
      "benchmarks/out/store_fuzz.json` (not in CI)"),
 )  # fmt: skip
