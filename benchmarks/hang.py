@@ -3,10 +3,10 @@ job watched for ``--minutes`` (no hang may be reported); not run in CI.
 
     python -m benchmarks.hang [--minutes 10] [--repeats 5] [--json PATH]
 
-* ``all-reduce``: the time of one gloo all-reduce (microseconds) between 2 workers (``aelastic run --standalone``), 4
-KiB and 4 MiB, Flight Recorder off (aelastic without ``--hang-timeout``) and on (with ``--hang-timeout 600``, which sets
-``TORCH_FR_BUFFER_SIZE=2000``), alternating, the median of ``--repeats`` jobs each timing 2000 (4 KiB) or 50 (4 MiB)
-operations.
+* ``all-reduce``: the time of one gloo all-reduce (microseconds) between 2 workers (``aelastic run
+  --standalone``), 4 KiB and 4 MiB, Flight Recorder off (aelastic without ``--hang-timeout``) and on (with
+  ``--hang-timeout 600``, which sets ``TORCH_FR_BUFFER_SIZE=2000``), alternating, the median of ``--repeats`` jobs
+  each timing 2000 (4 KiB) or 50 (4 MiB) operations.
 * ``hangs reported in a healthy job``: 4 workers of ``tests/faults/restartable_trainer.py`` training for
   ``--minutes`` under ``--hang-timeout 10``, steps of 0.05 s; the count of hangs the agent reported (must be 0),
   and the steps trained.
