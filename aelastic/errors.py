@@ -16,6 +16,7 @@ __all__ = [
     "EtcdError",
     "EtcdLeaseExpiredError",
     "EtcdRequestError",
+    "NodeCheckError",
     "QueueEmptyError",
     "ReaperError",
     "RendezvousClosedError",
@@ -119,6 +120,11 @@ class EtcdCompactedError(EtcdError):
 
 class EtcdLeaseExpiredError(EtcdError):
     """A lease was kept alive after etcd had expired or revoked it; its keys are gone."""
+
+
+class NodeCheckError(AelasticError):
+    """This node failed the node check (``--node-check``, :mod:`aelastic.agent.nodecheck`) and was left out of
+    the job; the message says why, with the figures. The other nodes go on without it."""
 
 
 class ReaperError(AelasticError):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import signal
 import sys
@@ -50,6 +51,7 @@ from .rendezvous.registry import open_rendezvous
 
 if TYPE_CHECKING:
     from .agent.checkpoint.parent import Keeper
+    from .agent.nodecheck.parent import NodeCheck
     from .agent.prewarm.parent import Standbys
 
 __all__ = ["LaunchControl", "launch", "run"]
@@ -207,6 +209,7 @@ async def _run_agent(
         _open_standbys(config, reaper) as standbys,
         _open_witness(control),
         _open_checkpoints(config, control) as checkpoints,
+        _open_node_check(config) as node_check,
         open_rendezvous(config.rendezvous_parameters(run_id), observer=control.join_observer) as handler,
     ):
         agent = ElasticAgent(
@@ -223,6 +226,7 @@ async def _run_agent(
             stop_signal=control.stop_signal,
             running=control.running,
             checkpoints=checkpoints,
+            node_check=node_check,
         )
         try:
             if ports:
@@ -302,6 +306,19 @@ async def _open_checkpoints(config: LaunchConfig, control: LaunchControl) -> Asy
             yield keeper
         finally:
             control.checkpoints = None
+
+
+@asynccontextmanager
+async def _open_node_check(config: LaunchConfig) -> AsyncIterator[NodeCheck | None]:
+    """The node check (:mod:`aelastic.agent.nodecheck`) when ``config.node_check`` is on: its check process starts
+    now, before the rendezvous, and ends with the launch."""
+    if not config.node_check:
+        yield None
+        return
+    from .agent.nodecheck.parent import open_node_check
+
+    async with open_node_check(config.node_check_slowdown, os.environ) as check:
+        yield check
 
 
 def _in_event_loop() -> bool:
