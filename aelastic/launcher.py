@@ -205,11 +205,11 @@ async def _run_agent(
 ) -> RunResult | None:
     """The agent's run and the rendezvous's closing; ``None`` if this node was in reserve when it closed."""
     async with (
+        _open_node_check(config) as node_check,  # first: its check process imports torch while the rest starts
         _open_reaper(control.relayed) as reaper,
         _open_standbys(config, reaper) as standbys,
         _open_witness(control),
         _open_checkpoints(config, control) as checkpoints,
-        _open_node_check(config) as node_check,
         open_rendezvous(config.rendezvous_parameters(run_id), observer=control.join_observer) as handler,
     ):
         agent = ElasticAgent(

@@ -73,6 +73,11 @@ class _Checked:
     hellos: dict[int, Hello]
     ready_after: float
 
+    def name(self, rank: int, mine: int) -> str:
+        """``node ADDR (rank R)``, or ``this node ...`` where ``rank`` is ``mine``."""
+        node = self.hellos[rank].store.rpartition(":")[0]
+        return f"{'this node' if rank == mine else 'node'} {node} (rank {rank})"
+
 
 class _Skip(enum.Enum):
     """Why a check gave no verdict."""
@@ -170,14 +175,12 @@ class _CheckProcess:
         return Figures(**{name: answer[name] for name in Figures.__slots__})
 
     async def close(self) -> None:
-        """End the process (its end of the socket closes: it exits) and reap it, killing it if it lingers."""
+        """Kill the process and reap it: it holds nothing worth a clean exit, and an interpreter's teardown with torch
+        and gloo loaded takes seconds that the workers' start would wait for."""
         self._socket.close()
+        self._popen.kill()
         with anyio.CancelScope(shield=True):
-            with anyio.move_on_after(ROUND_LIMIT):
-                await wait_process(self._popen)
-            if self._popen.poll() is None:
-                self._popen.kill()
-                await wait_process(self._popen)
+            await wait_process(self._popen)
 
 
 class NodeCheck:
@@ -237,7 +240,9 @@ class NodeCheck:
             tg.start_soon(watch)
             host = handler.local_addr or socket.gethostname()
             exchange = _Exchange(info.store.prefixed(_PREFIX), info.rank, info.world_size, changed)
-            outcome = await self._check(exchange, host, began)
+            # The rendezvous store this node may serve (c10d's host): the job cannot go on without it.
+            serves = any(store.name == "rendezvous" for store in handler.statistics().stores)
+            outcome = await self._check(exchange, host, serves, began)
             tg.cancel_scope.cancel()
         if outcome is _Skip.UNNEEDED:
             return True
@@ -248,11 +253,11 @@ class NodeCheck:
             return False
         return await self._conclude(info, handler, outcome, anyio.current_time() - began)
 
-    async def _check(self, exchange: _Exchange, host: str, began: float) -> _Checked | _Skip:
+    async def _check(self, exchange: _Exchange, host: str, serves_rendezvous: bool, began: float) -> _Checked | _Skip:
         rank = exchange.rank
         async with open_store_server(host, 0, ServerSettings(name="node-check")) as server:
             error = None if self._trusted else await self._ready()
-            hello = Hello(not self._trusted, format_address(host, server.port), error)
+            hello = Hello(not self._trusted, format_address(host, server.port), error, serves_rendezvous)
             await exchange.store.set(f"hello/{rank}", plan.encode_hello(hello))
             said = await exchange.gather("hello", range(exchange.size))
             if said is None:
@@ -278,7 +283,8 @@ class NodeCheck:
                     return _Skip.ABANDONED
                 rounds.append(Round(groups, figures))
                 groups = plan.second_groups(rounds[-1])
-            return _Checked(plan.judge(rounds, new, self.slowdown), rounds, hellos, ready_after)
+            kept = [r for r, h in hellos.items() if h.serves_rendezvous]
+            return _Checked(plan.judge(rounds, new, self.slowdown, kept), rounds, hellos, ready_after)
 
     async def _figures(
         self,
@@ -317,10 +323,12 @@ class NodeCheck:
         figures = plan.describe(verdict, checked.rounds)
         rank = info.rank
         for other, why in sorted(verdict.left_out.items()):
-            node = checked.hellos[other].store.rpartition(":")[0]
-            who = "this node" if other == rank else "node"
-            logger.warning("node check of round %d: %s %s (rank %d) is left out: %s", info.round, who, node,
-                           other, why)  # fmt: skip
+            logger.warning("node check of round %d: %s is left out: %s", info.round, checked.name(other, rank), why)
+        for other, why in sorted(verdict.kept.items()):
+            logger.warning("node check of round %d: %s serves the rendezvous store, without which the job cannot go "
+                           "on, so it stays although %s (a store that no training node serves, 'aelastic store' or "
+                           "etcd, lets the check leave such a node out)", info.round, checked.name(other, rank),
+                           why)  # fmt: skip
         level, outcome = (logging.WARNING, "took") if verdict.left_out else (logging.INFO, "passed in")
         logger.log(level, "node check of round %d %s %.2f s (every check process ready after %.2f s): %s",
                    info.round, outcome, seconds, checked.ready_after, figures)  # fmt: skip

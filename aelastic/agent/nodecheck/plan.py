@@ -16,7 +16,8 @@ the second slowest, and so on, so that a node held back by its round-1 peer meet
 the last group (a group of three). A member whose check process or compute failed takes part in no further round,
 so that its peers meet others.
 
-Judgement, of the new members only:
+Judgement, of the new members only (a member that serves the rendezvous store is judged, but stays: the job
+cannot go on without its store, so what would have left it out is only said):
 
 * a compute failure (in any round) leaves the node out: no peer was involved;
 * a communication failure leaves it out when it failed in every round it had peers, each time beside peers whose
@@ -66,11 +67,13 @@ Groups = tuple[tuple[int, ...], ...]
 @dataclass(frozen=True, slots=True)
 class Hello:
     """What a member says when the check begins: whether it is new, where its agent serves the store of the groups
-    it leads, and why its check process cannot take part (``None``: it can)."""
+    it leads, why its check process cannot take part (``None``: it can), and whether it serves the rendezvous
+    store (it then stays whatever its verdict)."""
 
     new: bool
     store: str
     error: str | None = None
+    serves_rendezvous: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,9 +111,11 @@ class Round:
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
-    """The check's outcome: the new members left out (rank: why) and each member's best figures (seconds)."""
+    """The check's outcome: the new members left out (rank: why), those that would be but must stay (rank: why),
+    and each member's best figures (seconds)."""
 
     left_out: Mapping[int, str]
+    kept: Mapping[int, str]
     compute: Mapping[int, float]
     comm: Mapping[int, float]
 
@@ -156,9 +161,10 @@ def group_of(groups: Groups, rank: int) -> tuple[int, ...] | None:
 # --- judgement ------------------------------------------------------------------------------------------------------
 
 
-def judge(rounds: Sequence[Round], new: Collection[int], slowdown: float) -> Verdict:
+def judge(rounds: Sequence[Round], new: Collection[int], slowdown: float, kept: Collection[int] = ()) -> Verdict:
     """Who of ``new`` is left out after ``rounds``, and why (see the module doc); ``slowdown`` is the bound on a
-    figure over the median of all members' (``--node-check-slowdown``)."""
+    figure over the median of all members' (``--node-check-slowdown``); members of ``kept`` stay whatever their
+    verdict (it goes to :attr:`Verdict.kept`)."""
     members = sorted({rank for r in rounds for rank in r.figures})
     compute = _best(rounds, members, "compute")
     comm = _best(rounds, members, "comm")
@@ -181,8 +187,9 @@ def judge(rounds: Sequence[Round], new: Collection[int], slowdown: float) -> Ver
                     f"{what} {_ms(value)}, {value / median:.1f}x the median {_ms(median)} "
                     f"(bound: --node-check-slowdown {slowdown:g})"
                 )
-    left_out = {rank: "; ".join(why) for rank, why in reasons.items() if why}
-    return Verdict(left_out, compute, comm)
+    found = {rank: "; ".join(why) for rank, why in reasons.items() if why}
+    left_out = {rank: why for rank, why in found.items() if rank not in kept}
+    return Verdict(left_out, {rank: why for rank, why in found.items() if rank in kept}, compute, comm)
 
 
 def _best(rounds: Sequence[Round], members: Iterable[int], field: str) -> dict[int, float]:
@@ -239,17 +246,18 @@ def describe(verdict: Verdict, rounds: Sequence[Round]) -> str:
 
 
 def encode_hello(hello: Hello) -> bytes:
-    return json.dumps({"v": VERSION, "new": hello.new, "store": hello.store, "error": hello.error}).encode()
+    return json.dumps({"v": VERSION, **{name: getattr(hello, name) for name in Hello.__slots__}}).encode()
 
 
 def decode_hello(data: bytes, rank: int) -> Hello:
     """Raises :class:`~aelastic.errors.RendezvousStateError` for bytes that are not a hello of this version."""
     fields = _fields(data, rank, "hello")
     try:
-        hello = Hello(fields["new"], fields["store"], fields["error"])
+        hello = Hello(**{name: fields[name] for name in Hello.__slots__})
     except KeyError as exc:
         raise RendezvousStateError(f"node check: rank {rank}'s hello lacks {exc}") from None
-    if not isinstance(hello.new, bool) or not isinstance(hello.store, str) or not _text(hello.error):
+    flags = (hello.new, hello.serves_rendezvous)
+    if not all(isinstance(flag, bool) for flag in flags) or not isinstance(hello.store, str) or not _text(hello.error):
         raise RendezvousStateError(f"node check: rank {rank}'s hello is malformed: {data[:200]!r}")
     return hello
 
