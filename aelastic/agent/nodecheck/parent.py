@@ -140,7 +140,9 @@ class _CheckProcess:
                 return message
             with anyio.move_on_after(ROUND_LIMIT):  # its end closed: it exits, or has
                 await wait_process(self._popen)
-            raise _Gone(f"the check process exited with {self._popen.poll()} (its stderr is the agent's)")
+            code = self._popen.poll()
+            raise _Gone(f"the check process {'closed its socket' if code is None else f'exited with {code}'} "
+                        "(its stderr is the agent's)")  # fmt: skip
 
     async def _ask(self, limit: float, what: str, request: Callable[[], Coroutine[Any, Any, T]]) -> T | None:
         """``request()``, or ``None`` with :attr:`error` set when the process failed or ``limit`` passed (it is
@@ -221,7 +223,8 @@ class NodeCheck:
         """Check the members of the round ``info`` if any is new (see the module doc); whether its workers may start.
 
         ``False``: another member was left out, or the membership changed during the check: the agent forms the
-        next round. Cancellation leaves the round's store as it is; the check process runs on for the next check.
+        next round. Cancellation kills the check process (it may be in the middle of a round) and leaves the round's
+        store as it is.
 
         Raises:
             NodeCheckError: this node is left out, with why and the figures; it has left the rendezvous.
@@ -230,20 +233,24 @@ class NodeCheck:
         began = anyio.current_time()
         changed = anyio.Event()
         reason = ""
-        async with anyio.create_task_group() as tg:
+        try:
+            async with anyio.create_task_group() as tg:
 
-            async def watch() -> None:
-                nonlocal reason
-                reason = await handler.wait_for_membership_change()
-                changed.set()
+                async def watch() -> None:
+                    nonlocal reason
+                    reason = await handler.wait_for_membership_change()
+                    changed.set()
 
-            tg.start_soon(watch)
-            host = handler.local_addr or socket.gethostname()
-            exchange = _Exchange(info.store.prefixed(_PREFIX), info.rank, info.world_size, changed)
-            # The rendezvous store this node may serve (c10d's host): the job cannot go on without it.
-            serves = any(store.name == "rendezvous" for store in handler.statistics().stores)
-            outcome = await self._check(exchange, host, serves, began)
-            tg.cancel_scope.cancel()
+                tg.start_soon(watch)
+                host = handler.local_addr or socket.gethostname()
+                exchange = _Exchange(info.store.prefixed(_PREFIX), info.rank, info.world_size, changed)
+                # The rendezvous store this node may serve (c10d's host): the job cannot go on without it.
+                serves = any(store.name == "rendezvous" for store in handler.statistics().stores)
+                outcome = await self._check(exchange, host, serves, began)
+                tg.cancel_scope.cancel()
+        except BaseException:
+            await self.stop()  # shielded; re-raised below
+            raise
         if outcome is _Skip.UNNEEDED:
             return True
         self._checks += 1
