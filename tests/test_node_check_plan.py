@@ -208,7 +208,7 @@ def test_figures_that_are_not_ours_are_refused() -> None:
     good = encode_figures(ok())
     with pytest.raises(RendezvousStateError, match="rank 2's figures are malformed"):
         decode_figures(good.replace(b'"compute": 0.004', b'"compute": -1'), 2)
-    with pytest.raises(RendezvousStateError, match="lack 'device'"):
+    with pytest.raises(RendezvousStateError, match="figures lacks 'device'"):
         decode_figures(b'{"v": 1, "compute": 1, "comm": 1, "compute_error": null, "comm_error": null}', 2)
 
 

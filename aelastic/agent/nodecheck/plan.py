@@ -36,7 +36,7 @@ import math
 import statistics
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from ...errors import RendezvousStateError
 
@@ -59,6 +59,8 @@ __all__ = [
 ]
 
 VERSION: Final = 1  # of the messages below; a member that reads another version fails its round
+
+M = TypeVar("M", "Hello", "Figures")
 
 Groups = tuple[tuple[int, ...], ...]
 """The groups of one check round: ranks, each group sorted; the first rank's agent serves the group's store."""
@@ -246,16 +248,12 @@ def describe(verdict: Verdict, rounds: Sequence[Round]) -> str:
 
 
 def encode_hello(hello: Hello) -> bytes:
-    return json.dumps({"v": VERSION, **{name: getattr(hello, name) for name in Hello.__slots__}}).encode()
+    return _encode(hello)
 
 
 def decode_hello(data: bytes, rank: int) -> Hello:
     """Raises :class:`~aelastic.errors.RendezvousStateError` for bytes that are not a hello of this version."""
-    fields = _fields(data, rank, "hello")
-    try:
-        hello = Hello(**{name: fields[name] for name in Hello.__slots__})
-    except KeyError as exc:
-        raise RendezvousStateError(f"node check: rank {rank}'s hello lacks {exc}") from None
+    hello = _decode(Hello, data, rank, "hello")
     flags = (hello.new, hello.serves_rendezvous)
     if not all(isinstance(flag, bool) for flag in flags) or not isinstance(hello.store, str) or not _text(hello.error):
         raise RendezvousStateError(f"node check: rank {rank}'s hello is malformed: {data[:200]!r}")
@@ -263,17 +261,12 @@ def decode_hello(data: bytes, rank: int) -> Hello:
 
 
 def encode_figures(figures: Figures) -> bytes:
-    fields = {name: getattr(figures, name) for name in Figures.__slots__}
-    return json.dumps({"v": VERSION, **fields}).encode()
+    return _encode(figures)
 
 
 def decode_figures(data: bytes, rank: int) -> Figures:
     """Raises :class:`~aelastic.errors.RendezvousStateError` for bytes that are not figures of this version."""
-    fields = _fields(data, rank, "figures")
-    try:
-        figures = Figures(**{name: fields[name] for name in Figures.__slots__})
-    except KeyError as exc:
-        raise RendezvousStateError(f"node check: rank {rank}'s figures lack {exc}") from None
+    figures = _decode(Figures, data, rank, "figures")
     seconds = (figures.compute, figures.comm)
     if (
         not all(v is None or (isinstance(v, int | float) and v >= 0) for v in seconds)
@@ -283,6 +276,18 @@ def decode_figures(data: bytes, rank: int) -> Figures:
     ):
         raise RendezvousStateError(f"node check: rank {rank}'s figures are malformed: {data[:200]!r}")
     return figures
+
+
+def _encode(message: Hello | Figures) -> bytes:
+    return json.dumps({"v": VERSION, **{name: getattr(message, name) for name in type(message).__slots__}}).encode()
+
+
+def _decode(kind: type[M], data: bytes, rank: int, what: str) -> M:
+    fields = _fields(data, rank, what)
+    try:
+        return kind(**{name: fields[name] for name in kind.__slots__})
+    except KeyError as exc:
+        raise RendezvousStateError(f"node check: rank {rank}'s {what} lacks {exc}") from None
 
 
 def _text(value: object) -> bool:
