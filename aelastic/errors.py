@@ -124,7 +124,8 @@ class EtcdLeaseExpiredError(EtcdError):
 
 class NodeCheckError(AelasticError):
     """This node failed the node check (``--node-check``, :mod:`aelastic.agent.nodecheck`) and was left out of
-    the job; the message says why, with the figures. The other nodes go on without it."""
+    the job, the other nodes going on without it; or the check could not run (a node without ``--node-check``).
+    The message says which, with the figures."""
 
 
 class ReaperError(AelasticError):

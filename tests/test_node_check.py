@@ -159,6 +159,23 @@ def test_a_node_that_joins_later_is_checked_with_the_trusted_ones_as_its_peers(j
     assert re.findall(r"node check of round (\d+) passed", job.read(late)) == ["1"], job.read(late)
 
 
+@pytest.mark.torch
+def test_the_node_serving_the_rendezvous_store_stays_whatever_its_verdict(
+    tmp_path: Path, broken_torch: dict[str, str]
+) -> None:
+    """Alone (``--standalone``: it serves the c10d store), a node whose check fails is only reported: without its
+    store no job could go on. Its worker, which does not need torch, runs."""
+    noop = tmp_path / "noop.py"
+    noop.write_text("pass\n")
+    argv = [sys.executable, "-m", "aelastic", "--log-level", "INFO", "run", "--standalone", "--node-check", noop]
+    env = {**os.environ, **broken_torch, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=DEADLINE, check=False)
+    assert done.returncode == 0, done.stderr
+    stays = (r"node check of round 0: this node \S+ \(rank 0\) serves the rendezvous store, without which the job "
+             r"cannot go on, so it stays although its check failed: the check process exited with 1")  # fmt: skip
+    assert re.search(stays, done.stderr), done.stderr
+
+
 # --- the flags --------------------------------------------------------------------------------------------------------
 
 

@@ -20,9 +20,10 @@ its workers, the agent asks :meth:`NodeCheck.admit`. Through the round's store (
 
 Bounds: the check process has :data:`STARTUP_LIMIT` to import torch; :data:`ROUND_LIMIT` bounds its group's
 forming and each all-reduce, so a peer that never comes fails the round rather than hangs it; the agent gives each
-round :data:`ANSWER_LIMIT`, then kills the process (its figures say why). A member that dies is the rendezvous's to
-find: the check watches the membership, and a change before everyone's figures are in abandons the check (no one
-is judged) for the next round.
+round :data:`ANSWER_LIMIT`, then kills the process (its figures say why). Every member's hello comes within
+:data:`HELLO_LIMIT` unless a node runs without ``--node-check``, which the check then reports as an error. A
+member that dies is the rendezvous's to find: the check watches the membership, and a change before everyone's
+figures are in abandons the check (no one is judged) for the next round.
 """
 
 from __future__ import annotations
@@ -49,7 +50,15 @@ from ..spawn.parent import spawn_process, wait_process
 from . import plan
 from .plan import Figures, Hello, Round, Verdict
 
-__all__ = ["ANSWER_LIMIT", "ROUND_LIMIT", "STARTUP_LIMIT", "NodeCheck", "NodeCheckStatistics", "open_node_check"]
+__all__ = [
+    "ANSWER_LIMIT",
+    "HELLO_LIMIT",
+    "ROUND_LIMIT",
+    "STARTUP_LIMIT",
+    "NodeCheck",
+    "NodeCheckStatistics",
+    "open_node_check",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +67,7 @@ T = TypeVar("T")
 STARTUP_LIMIT: Final = 120.0  # the check process's start: an interpreter, torch, CUDA's first touch on a busy node
 ROUND_LIMIT: Final = 10.0  # a group's forming, and each all-reduce: the wait for a peer that never comes
 ANSWER_LIMIT: Final = 3 * ROUND_LIMIT  # one round in the check process: forming, compute, the timed all-reduces
+HELLO_LIMIT: Final = STARTUP_LIMIT + ROUND_LIMIT  # a new member says hello once its check process is ready
 ROUNDS: Final = 2
 _PREFIX: Final = "aelastic/node-check"
 _CHILD: Final = "aelastic.agent.nodecheck.child"
@@ -227,7 +237,8 @@ class NodeCheck:
         store as it is.
 
         Raises:
-            NodeCheckError: this node is left out, with why and the figures; it has left the rendezvous.
+            NodeCheckError: this node is left out, with why and the figures (it has left the rendezvous); or a
+                member never said hello (a node without ``--node-check``).
             RendezvousStateError: a member's message is unreadable (another version of aelastic).
         """
         began = anyio.current_time()
@@ -266,7 +277,13 @@ class NodeCheck:
             error = None if self._trusted else await self._ready()
             hello = Hello(not self._trusted, format_address(host, server.port), error, serves_rendezvous)
             await exchange.store.set(f"hello/{rank}", plan.encode_hello(hello))
-            said = await exchange.gather("hello", range(exchange.size))
+            with anyio.move_on_after(HELLO_LIMIT) as waited:
+                said = await exchange.gather("hello", range(exchange.size))
+            if waited.cancelled_caught:
+                raise NodeCheckError(
+                    f"node check: not every member of the round said hello within {HELLO_LIMIT:g} s: every node must "
+                    "run with --node-check (one without it starts its workers at once)"
+                )
             if said is None:
                 return _Skip.ABANDONED
             hellos = {r: plan.decode_hello(value, r) for r, value in said.items()}
