@@ -22,7 +22,7 @@ from ._groups import leaves, single_error
 from ._net import format_address
 from .agent.errors import ChildFailedError, propagate_root_cause
 from .agent.processes import UNKILLABLE_TIMEOUT
-from .config import DEFAULT_FORWARDED, DEFAULT_SIGNALS, LIST_LIMIT
+from .config import DEFAULT_FORWARDED, DEFAULT_NODE_CHECK_SLOWDOWN, DEFAULT_SIGNALS, LIST_LIMIT
 from .config.command import RunCommand, resolve
 from .config.environ import export_run_environment
 from .config.limits import raise_open_file_limit
@@ -34,6 +34,7 @@ from .config.values import (
     parse_positive,
     parse_seconds,
     parse_size,
+    parse_slowdown,
     pet_default,
     pet_flag,
 )
@@ -77,6 +78,7 @@ _port = _arg_type(parse_port)
 _positive = _arg_type(parse_positive)
 _seconds = _arg_type(parse_seconds)
 _size = _arg_type(parse_size)
+_slowdown = _arg_type(parse_slowdown)
 
 
 def _spellings(flags: tuple[str, ...]) -> list[str]:
@@ -281,6 +283,15 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     _add(own, "--checkpoint-replicas", dest="checkpoint_replicas", default=1, type=int, choices=[0, 1],
          help="1: each agent keeps a copy of the next node's in-memory checkpoints, sent in the background after "
          "each save, so that a lost node's ranks restore from memory (default: %(default)s)")  # fmt: skip
+    _add_flag(own, "--node-check", dest="node_check",
+              help="test every node before the round that admits it: a matmul on its device and gloo all-reduces "
+              "with peers, in two rounds (pairs, then the slowest with the fastest); a node that fails, or is "
+              "--node-check-slowdown times slower than the median, is left out with the reason and the job goes on "
+              "without it where --nnodes allows. Needs c10d or etcd; torch is imported in a check process, never in "
+              "the agent; docs/node-check.md (default: off)")  # fmt: skip
+    _add(own, "--node-check-slowdown", dest="node_check_slowdown", default=DEFAULT_NODE_CHECK_SLOWDOWN,
+         type=_slowdown, help="with --node-check: how many times slower than the median (matmul or all-reduce) a "
+         "node may be before it is left out; a number > 1, inf for none (default: %(default)s)")  # fmt: skip
     own.add_argument("--dry-run", dest="dry_run", action="store_true",
                      help="print the resolved configuration, each value with its source (flag, PET_* variable, "
                      "Slurm variable, default), and exit; nothing is started (default: off)")  # fmt: skip

@@ -22,6 +22,7 @@ __all__ = [
     "EtcdError",
     "EtcdLeaseExpiredError",
     "EtcdRequestError",
+    "NodeCheckError",
     "QueueEmptyError",
     "ReaperError",
     "RendezvousClosedError",
@@ -130,6 +131,12 @@ class EtcdCompactedError(EtcdError):
 
 class EtcdLeaseExpiredError(EtcdError):
     """A lease was kept alive after etcd had expired or revoked it; its keys are gone."""
+
+
+class NodeCheckError(AelasticError):
+    """This node failed the node check (``--node-check``, :mod:`aelastic.agent.nodecheck`) and was left out of
+    the job, the other nodes going on without it; or the check could not run (a node without ``--node-check``).
+    The message says which, with the figures."""
 
 
 class ReaperError(AelasticError):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import signal
 import sys
@@ -50,6 +51,7 @@ from .rendezvous.registry import open_rendezvous
 
 if TYPE_CHECKING:
     from .agent.checkpoint.parent import Keeper
+    from .agent.nodecheck.parent import NodeCheck
     from .agent.prewarm.parent import Standbys
 
 __all__ = ["LaunchControl", "launch", "run"]
@@ -206,6 +208,7 @@ async def _run_agent(
 ) -> RunResult | None:
     """The agent's run and the rendezvous's closing; ``None`` if this node was in reserve when it closed."""
     async with (
+        _open_node_check(config) as node_check,  # first: its check process imports torch while the rest starts
         _open_reaper(control.relayed) as reaper,
         _open_standbys(config, reaper) as standbys,
         _open_witness(control),
@@ -230,6 +233,7 @@ async def _run_agent(
             unkillable_timeout=config.unkillable_timeout,
             job_restarts=config.max_restarts_scope == "job",
             max_repeated_failures=config.max_repeated_failures,
+            node_check=node_check,
         )
         try:
             if ports:
@@ -309,6 +313,19 @@ async def _open_checkpoints(config: LaunchConfig, control: LaunchControl) -> Asy
             yield keeper
         finally:
             control.checkpoints = None
+
+
+@asynccontextmanager
+async def _open_node_check(config: LaunchConfig) -> AsyncIterator[NodeCheck | None]:
+    """The node check (:mod:`aelastic.agent.nodecheck`) when ``config.node_check`` is on: its check process starts
+    now, before the rendezvous, and ends with the launch."""
+    if not config.node_check:
+        yield None
+        return
+    from .agent.nodecheck.parent import open_node_check
+
+    async with open_node_check(config.node_check_slowdown, os.environ) as check:
+        yield check
 
 
 def _in_event_loop() -> bool:

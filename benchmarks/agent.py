@@ -272,10 +272,11 @@ def c10d_flags(nnodes: str, run_id: str, port: int, *conf: str) -> list[str]:
     return flags + (["--rdzv-conf", ",".join(conf)] if conf else [])
 
 
-def finish(system: str, procs: list[subprocess.Popen[bytes]], what: str) -> None:
-    """Wait for every agent (killing them all if one takes too long) and fail on any non-zero exit."""
+def finish(system: str, procs: list[subprocess.Popen[bytes]], what: str) -> list[str]:
+    """Wait for every agent (killing them all if one takes too long) and fail on any non-zero exit; returns each
+    agent's stderr."""
     deadline = time.monotonic() + 180
-    errors = []
+    errors, outputs = [], []
     for proc in procs:
         try:
             _, stderr = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
@@ -283,22 +284,29 @@ def finish(system: str, procs: list[subprocess.Popen[bytes]], what: str) -> None
             for p in procs:
                 p.kill()
             _, stderr = proc.communicate()
+        outputs.append(stderr.decode(errors="replace"))
         if proc.returncode != 0:
-            errors.append(f"exit {proc.returncode}: {stderr.decode(errors='replace')[-1500:]}")
+            errors.append(f"exit {proc.returncode}: {outputs[-1][-1500:]}")
     if errors:
         raise RuntimeError(f"{system} {what} failed: " + "\n".join(errors))
+    return outputs
+
+
+def c10d_launch(system: str, script: Path, nodes: int, *flags: str, env: dict[str, str] | None = None
+                ) -> tuple[float, list[str]]:  # fmt: skip
+    """``nodes`` agents of ``system`` (``flags`` before the script, ``env`` added to theirs) started at once: the
+    wall time until the last exits, and each agent's stderr."""
+    port, run_id = free_port(), f"bench{time.monotonic_ns()}"
+    argv = launcher(system, *c10d_flags(str(nodes), run_id, port), *flags, script)
+    env = {**environment(system), **(env or {})}
+    started = time.perf_counter()
+    procs = [subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for _ in range(nodes)]
+    outputs = finish(system, procs, f"c10d launch of {nodes} agents")
+    return time.perf_counter() - started, outputs
 
 
 def c10d_launch_once(system: str, script: Path, nodes: int) -> float:
-    port, run_id = free_port(), f"bench{time.monotonic_ns()}"
-    argv = launcher(system, *c10d_flags(str(nodes), run_id, port), script)
-    started = time.perf_counter()
-    procs = [
-        subprocess.Popen(argv, env=environment(system), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        for _ in range(nodes)
-    ]
-    finish(system, procs, f"c10d launch of {nodes} agents")
-    return time.perf_counter() - started
+    return c10d_launch(system, script, nodes)[0]
 
 
 def scale_up_once(system: str, script: Path) -> float:

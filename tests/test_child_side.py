@@ -27,8 +27,8 @@ AGENT_DIR = Path(aelastic.agent.__file__).parent
 SOURCE_ROOT = AGENT_DIR.parent.parent  # the directory that holds the aelastic package
 
 # The cross-process features; each must keep a child side (discovery below finds any other too).
-FEATURES = {"callables", "checkpoint", "finish", "forward", "link", "prewarm", "reaper", "restart", "spawn", "stacks",
-            "timers"}
+FEATURES = {"callables", "checkpoint", "finish", "forward", "link", "nodecheck", "prewarm", "reaper", "restart",
+            "spawn", "stacks", "timers"}  # fmt: skip
 
 # (child-side module, module it may import besides the rule) -> why.
 EXCEPTIONS = {
@@ -47,6 +47,8 @@ EXCEPTIONS = {
     ("aelastic.agent.checkpoint.child.dcp", "aelastic.errors"): "CheckpointError lives in the one error tree",
     ("aelastic.agent.restart.child", "aelastic.agent.link.child"): "a restartable worker registers, and reports its "
     "exception, over the worker's link",
+    ("aelastic.agent.nodecheck.child", "torch"): "the check is torch's: a matmul on the node's device, gloo's "
+    "all-reduces",
 }
 
 # What ``python -m aelastic.agent.<feature>.child`` imports on the way down before the module itself: the

@@ -76,8 +76,10 @@ def test_every_torchrun_flag_with_its_spellings_default_and_choices() -> None:
     extra = sorted(set(ours) - set(theirs))
     # torch 2.14's template flag, and ours
     assert extra == [
-        "async_backend", "dry_run", "log_line_prefix_template", "metrics_port", "prewarm", "prewarm_modules",
-        "signals_to_forward", "watchdog_timeout",
+        "async_backend", "checkpoint_dir", "checkpoint_memory", "checkpoint_persist_every", "checkpoint_replicas",
+        "dry_run", "hang_timeout", "log_line_prefix_template", "max_repeated_failures", "max_restarts_scope",
+        "metrics_port", "node_check", "node_check_slowdown", "prewarm", "prewarm_modules", "signals_to_forward",
+        "unkillable_timeout", "watchdog_timeout",
     ], extra  # fmt: skip
 
 

@@ -52,7 +52,8 @@ RENDEZVOUS_TESTING = {
     "check_completes_at_once_at_max", "check_fast_quorum_false_keeps_the_last_call",
     "check_join_timeout_when_min_never_reached", "check_regroups_after_a_loss_without_the_last_call",
     "check_late_node_waits_and_joins_next_round", "check_member_death_after_completion_is_detected",
-    "check_member_that_finished_may_leave", "check_node_dying_before_completion_is_dropped",
+    "check_member_that_finished_may_leave", "check_member_that_leaves_for_good_is_regrouped_without",
+    "check_node_dying_before_completion_is_dropped",
     "check_reserve_nodes_exit_gracefully_on_close", "check_survivors_keep_rank_order",
     "check_workers_store_is_served_by_rank_0_fresh_each_round", "open_cluster", "wait_done",
 }  # fmt: skip

@@ -112,6 +112,10 @@ async def test_regroups_after_a_loss_without_the_last_call(backend: BackendUnder
     await testing.check_regroups_after_a_loss_without_the_last_call(backend)
 
 
+async def test_member_that_leaves_for_good_is_regrouped_without(backend: BackendUnderTest) -> None:
+    await testing.check_member_that_leaves_for_good_is_regrouped_without(backend)
+
+
 async def test_fast_quorum_false_keeps_the_last_call(backend: BackendUnderTest) -> None:
     await testing.check_fast_quorum_false_keeps_the_last_call(backend)
 

@@ -11,8 +11,9 @@ together: :mod:`.spawn` (the parent-death signal), :mod:`.reaper` (the sidecar t
 groups), :mod:`.finish` (callable workers finish together), :mod:`.prewarm` (standby interpreters),
 :mod:`.stacks` (stack dumps before a kill), :mod:`.timers` (expiration timers and the watchdog; users reach the
 child side as :mod:`aelastic.worker`), :mod:`.callables` (the callable entry point), :mod:`.link` (each worker's
-socket pair to its agent: requests, and the exit report before the teardown) and :mod:`.checkpoint` (in-memory
-checkpoints; users reach the child side as :mod:`aelastic.checkpoint`). :mod:`.processes` supervises the workers
+socket pair to its agent: requests, and the exit report before the teardown), :mod:`.checkpoint` (in-memory
+checkpoints; users reach the child side as :mod:`aelastic.checkpoint`) and :mod:`.nodecheck` (a node tested
+before the round that admits it). :mod:`.processes` supervises the workers
 and uses them; a feature's agent side never imports supervision.
 
 **The child-side rule.** A feature's child side is its ``child.py`` module, or the files of its ``child/``

@@ -68,6 +68,7 @@ from .workers import RunResult, Worker, WorkerGroup, WorkerSpec, WorkerState
 
 if TYPE_CHECKING:
     from .checkpoint.parent import Keeper
+    from .nodecheck.parent import NodeCheck  # imported by the launcher only with --node-check
     from .prewarm.parent import Standbys  # imported by the launcher only with --prewarm
 
 __all__ = ["ElasticAgent"]
@@ -145,6 +146,7 @@ class ElasticAgent:
         unkillable_timeout: float = UNKILLABLE_TIMEOUT,
         job_restarts: bool = False,
         max_repeated_failures: int = 0,
+        node_check: NodeCheck | None = None,
     ) -> None:
         self.spec = spec
         self.handler = handler
@@ -165,6 +167,7 @@ class ElasticAgent:
         self.stop_signal = stop_signal  # what a cancelled run stops the workers with (None: SIGTERM)
         self.running = running  # where the running workers' groups are tracked, for forwarded signals
         self.checkpoints = checkpoints  # the workers' in-memory checkpoints (aelastic.agent.checkpoint)
+        self.node_check = node_check  # each round's new members checked before the workers start (--node-check)
         # What the workers may ask over their links (aelastic.agent.link).
         self.services: dict[str, LinkService] = {} if checkpoints is None else {checkpoints.name: checkpoints}
         # torch's rule: the timer server runs when its variable is exactly "1"; aelastic's watchdog needs it too.
@@ -217,6 +220,8 @@ class ElasticAgent:
                 began = anyio.current_time()
                 info = await self.handler.next_rendezvous()
                 self.recorder.rendezvous_done(anyio.current_time() - began)
+                if self.node_check is not None and not await self.node_check.admit(info, self.handler):
+                    continue  # a member was left out, or the membership changed: the next round, no attempt
                 assignment = await self._assign(info)
                 workers, reason = await self._attempt_once(supervisor, info, assignment)
                 self.recorder.attempt_ended(workers)

@@ -22,6 +22,7 @@ from __future__ import annotations
 from .launch_config import LaunchConfig
 from .values import (
     DEFAULT_FORWARDED,
+    DEFAULT_NODE_CHECK_SLOWDOWN,
     DEFAULT_SIGNALS,
     LIST_LIMIT,
     new_run_id,
@@ -32,6 +33,7 @@ from .values import (
 
 __all__ = [
     "DEFAULT_FORWARDED",
+    "DEFAULT_NODE_CHECK_SLOWDOWN",
     "DEFAULT_SIGNALS",
     "LIST_LIMIT",
     "LaunchConfig",

@@ -30,6 +30,7 @@ from .launch_config import LaunchConfig
 from .sources import apply_slurm, sources
 from .values import (
     check_at_least,
+    check_node_check,
     check_writable_dir,
     new_run_id,
     parse_nnodes,
@@ -54,6 +55,7 @@ _AS_GIVEN = (
     "signals_to_handle", "event_log_handler", "metrics_port", "virtual_local_rank", "watchdog_timeout", "prewarm",
     "checkpoint_memory", "checkpoint_dir", "checkpoint_persist_every", "hang_timeout",
     "unkillable_timeout", "max_restarts_scope", "max_repeated_failures",
+    "node_check", "node_check_slowdown",
 )  # fmt: skip
 
 
@@ -207,6 +209,8 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> R
     if args.module and args.no_python:
         raise ConfigurationError("-m/--module and --no-python cannot be used together: -m runs python")
     rdzv = _rendezvous(args)
+    if args.node_check:
+        check_node_check(rdzv.backend, f"--node-check with --rdzv-backend {rdzv.backend}")  # LaunchConfig's, named
     template = args.log_line_prefix_template  # '' is a template too: no prefix
     if template is None:
         template = environ.log_line_prefix_template()

@@ -21,11 +21,14 @@ from ..errors import ConfigurationError
 from ..rendezvous.api import RendezvousParameters
 from . import environ
 from .values import (
+    DEFAULT_NODE_CHECK_SLOWDOWN,
     DEFAULT_SIGNALS,
     check_at_least,
     check_module_names,
+    check_node_check,
     check_node_range,
     check_port,
+    check_slowdown,
     check_writable_dir,
     parse_signals,
     resolve_forwarded,
@@ -108,6 +111,10 @@ class LaunchConfig:
     # stops the job early (NoProgressError, exit status 3; 0: never).
     max_restarts_scope: str = "node"
     max_repeated_failures: int = 0
+    # aelastic's: test each node (a matmul, gloo all-reduces with peers) before the round that admits it, and leave
+    # out one that fails or is node_check_slowdown times slower than the median (aelastic.agent.nodecheck).
+    node_check: bool = False
+    node_check_slowdown: float = DEFAULT_NODE_CHECK_SLOWDOWN
     shutdown_grace: float = field(init=False)
 
     def __post_init__(self) -> None:
@@ -145,6 +152,9 @@ class LaunchConfig:
                        f"{self.checkpoint_persist_every}")  # fmt: skip
         if self.checkpoint_dir is not None:
             check_writable_dir(str(self.checkpoint_dir), "LaunchConfig checkpoint_dir")
+        check_slowdown(self.node_check_slowdown, f"LaunchConfig node_check_slowdown={self.node_check_slowdown!r}")
+        if self.node_check:
+            check_node_check(self.rdzv_backend, f"LaunchConfig node_check=True, rdzv_backend={self.rdzv_backend!r}")
 
     @property
     def standalone(self) -> bool:

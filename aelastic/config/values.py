@@ -20,12 +20,15 @@ from ..errors import ConfigurationError
 
 __all__ = [
     "DEFAULT_FORWARDED",
+    "DEFAULT_NODE_CHECK_SLOWDOWN",
     "DEFAULT_SIGNALS",
     "LIST_LIMIT",
     "check_at_least",
     "check_module_names",
+    "check_node_check",
     "check_node_range",
     "check_port",
+    "check_slowdown",
     "check_writable_dir",
     "comma_list",
     "new_run_id",
@@ -38,6 +41,7 @@ __all__ = [
     "parse_rdzv_conf",
     "parse_signals",
     "parse_size",
+    "parse_slowdown",
     "parse_std",
     "pet_default",
     "pet_flag",
@@ -51,6 +55,12 @@ DEFAULT_FORWARDED: Final = "SIGUSR1,SIGUSR2"
 USR1, submitit's USR2), less any signal ``--signals-to-handle`` names."""
 
 _UNCATCHABLE: Final = frozenset({signal.SIGKILL, signal.SIGSTOP})
+
+DEFAULT_NODE_CHECK_SLOWDOWN: Final = 2.0
+"""``--node-check-slowdown``'s default (DLRover's straggler bound): a node twice as slow as the median holds every
+synchronous step of the job back by as much, while a healthy node's noise on a busy machine stays well under it
+(a matmul figure is the fastest of several runs, an all-reduce figure their median, and each the better of two
+check rounds)."""
 
 LIST_LIMIT: Final = 20
 """How many nodes of each list ``aelastic status`` prints unless asked for all (``--all``)."""
@@ -84,6 +94,20 @@ def check_module_names(names: tuple[str, ...], label: str) -> None:
     bad = [m for m in names if not all(part.isidentifier() for part in m.split("."))]
     if bad:
         raise ConfigurationError(f"{label}: {bad[0]!r} is not a module name")
+
+
+def check_slowdown(value: float, label: str) -> None:
+    """``--node-check-slowdown``: a factor over 1 (``inf``: slowness leaves no node out, failures still do)."""
+    if not value > 1:  # NaN too
+        raise ConfigurationError(f"{label}: must be a number > 1 (a node that many times slower than the median is "
+                                 "left out)")  # fmt: skip
+
+
+def check_node_check(backend: str | None, label: str) -> None:
+    """``--node-check`` needs a rendezvous that can form a round without the node it leaves out."""
+    if backend == "static":
+        raise ConfigurationError(f"{label}: needs a dynamic rendezvous (c10d, etcd): the static backend's world is "
+                                 "fixed, so no node can be left out of it")  # fmt: skip
 
 
 # --- text into values ----------------------------------------------------------------------------------------------
@@ -245,6 +269,17 @@ def parse_seconds(text: str) -> float:
         value = math.nan
     if not math.isfinite(value) or value <= 0:
         raise ConfigurationError(f"{text!r} is not a number of seconds more than 0")
+    return value
+
+
+def parse_slowdown(text: str) -> float:
+    """``--node-check-slowdown``: a number > 1."""
+    label = f"--node-check-slowdown {text!r}"
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigurationError(f"{label}: must be a number > 1") from None
+    check_slowdown(value, label)
     return value
 
 

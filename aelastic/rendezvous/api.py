@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+import anyio.lowlevel
+
 from ..errors import ConfigurationError
 from ..store import ServerStatistics
 from ..store.api import Store
@@ -262,6 +264,12 @@ class RendezvousHandler(abc.ABC):
     @abc.abstractmethod
     async def shutdown(self) -> bool:
         """Close the rendezvous and leave; ``False`` if that failed (the error is logged)."""
+
+    async def leave(self) -> None:
+        """Leave the rendezvous for good, leaving it open for the others: this node is taken off every list, as a
+        node found dead is (the others regroup without waiting for it). A backend without such a write (the
+        default) does nothing: its liveness finds the node gone once it exits."""
+        await anyio.lowlevel.checkpoint()
 
     def statistics(self) -> RendezvousStatistics:
         """What this handler did since it opened, and the store servers it runs now; a handler that counts

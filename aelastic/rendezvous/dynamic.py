@@ -568,18 +568,20 @@ class DynamicRendezvousHandler(RendezvousHandler):
             return None
         return nodes[nodes.index(self.node) - 1]
 
-    async def _evict(self, dead: frozenset[NodeDesc]) -> None:
+    async def _evict(self, dead: frozenset[NodeDesc], *, left: bool = False) -> None:
+        """Take ``dead`` off the state, recorded as lost; ``left``: this node itself, leaving for good."""
         while True:
             state = await self._whole()
             present = dead & set(state.all_nodes())
             if not present:
                 return
             names = sorted(n.id for n in present)
-            logger.warning("rendezvous %s: removing dead node(s) %s", self.settings.run_id, names)
+            if not left:
+                logger.warning("rendezvous %s: removing dead node(s) %s", self.settings.run_id, names)
             if await self._write(apply(state, Action.REMOVE_DEAD, self.node, self.settings, present)):
                 record_rendezvous(
-                    "member_dead", self.settings.run_id, self.node.id, backend=self._backend_name, round=self._round,
-                    dead=names,
+                    "member_left" if left else "member_dead", self.settings.run_id, self.node.id,
+                    backend=self._backend_name, round=self._round, dead=names,
                 )  # fmt: skip
                 return
 
@@ -673,6 +675,12 @@ class DynamicRendezvousHandler(RendezvousHandler):
         settings = self.settings
         await self._run(lambda s, t, now: decide_close(s, settings, t, now), timers, None)
         record_rendezvous("closed", settings.run_id, self.node.id, backend=self._backend_name, round=self._round)
+
+    async def leave(self) -> None:
+        # As a node found dead: recorded as lost, so the survivors' next round completes as soon as they are all
+        # back (fast quorum) instead of waiting out the last call for this node.
+        logger.info("rendezvous %s: %s leaves for good", self.settings.run_id, self.node.id)
+        await self._evict(frozenset({self.node}), left=True)
 
     async def shutdown(self) -> bool:
         try:

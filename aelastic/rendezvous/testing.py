@@ -4,7 +4,7 @@ A check is an async function of a :class:`BackendUnderTest` (an opener, ``opener
 ``--rdzv-conf`` keys its nodes need, ``backend`` and ``endpoint`` among them) that runs nodes as tasks of the
 calling event loop (asyncio or trio) against that backend, with real timing, and raises :class:`AssertionError`
 when a guarantee does not hold: barrier, join timeout, exclusivity, consistency, fault tolerance, closing,
-reserve. :data:`CHECKS` lists them all. aelastic runs them against each of its backends
+reserve, leaving for good. :data:`CHECKS` lists them all. aelastic runs them against each of its backends
 (``tests/test_rendezvous_conformance.py``); a third-party backend runs them the same way, e.g. with pytest and
 anyio's plugin::
 
@@ -60,6 +60,7 @@ __all__ = [  # noqa: RUF022  (plain sorted order: tests/test_public_surface.py p
     "check_late_node_waits_and_joins_next_round",
     "check_member_death_after_completion_is_detected",
     "check_member_that_finished_may_leave",
+    "check_member_that_leaves_for_good_is_regrouped_without",
     "check_node_dying_before_completion_is_dropped",
     "check_regroups_after_a_loss_without_the_last_call",
     "check_reserve_nodes_exit_gracefully_on_close",
@@ -469,6 +470,28 @@ async def check_regroups_after_a_loss_without_the_last_call(backend: BackendUnde
         _check(took < 30, f"the round after the loss took {took:.1f}s: it waited for the last call")
 
 
+async def check_member_that_leaves_for_good_is_regrouped_without(backend: BackendUnderTest) -> None:
+    """A member that leaves for good (``leave()``, as a node the node check left out does) is off the state while it
+    lives on: the others see it gone, and their next round completes without it as soon as they are back, without
+    waiting out the last call (60 s here)."""
+    async with _cluster(backend) as c:
+        nodes = [await c.start(2, 3, last_call_timeout=60) for _ in range(3)]
+        await wait_done(*nodes)  # full: no last call
+        by_rank = sorted(nodes, key=lambda n: _info(n).rank)
+        survivors, leaving = by_rank[:2], by_rank[2]
+        await leaving.h.leave()
+        with anyio.fail_after(c.grace * 4 + 10):
+            ranks = await survivors[0].h.wait_for_member_ranks(frozenset(range(3)))
+        _check(ranks == {0, 1}, f"member ranks {sorted(ranks)} after rank 2 left: not 0 and 1")
+        rejoined = anyio.current_time()
+        for node in survivors:
+            node.rejoin()
+        await wait_done(*survivors, within=c.grace * 4 + 20)
+        assert_consistent(*survivors)
+        took = max(n.completed_at for n in survivors) - rejoined
+        _check(took < 30, f"the round without the node that left took {took:.1f}s: it waited for the last call")
+
+
 async def check_fast_quorum_false_keeps_the_last_call(backend: BackendUnderTest) -> None:
     """``fast_quorum=false`` is torch's rule: after a loss, the survivors wait out the last call."""
     last_call = 1.5
@@ -498,6 +521,7 @@ CHECKS: Final[tuple[Callable[[BackendUnderTest], Awaitable[None]], ...]] = (
     check_survivors_keep_rank_order,
     check_node_dying_before_completion_is_dropped,
     check_regroups_after_a_loss_without_the_last_call,
+    check_member_that_leaves_for_good_is_regrouped_without,
     check_fast_quorum_false_keeps_the_last_call,
     check_member_death_after_completion_is_detected,
     check_member_that_finished_may_leave,

@@ -6,7 +6,8 @@ The ``cluster`` fixture builds a bridge and 3–4 network namespaces with names 
 parallel runs never collide), each holding one end of a veth pair (``eth0``, an address in a private /24); the
 other end is plugged into the bridge in the root namespace. The bridge carries no address, so nothing on the real
 machine can reach the hosts or be reached by them. A partition is ``ip link set <root end> down``: the host keeps
-its processes and its sockets, and its packets go nowhere until the link is back up.
+its processes and its sockets, and its packets go nowhere until the link is back up. A slow link is a token bucket
+(``tc qdisc ... tbf``) on both ends of a host's veth; it goes with the veth when the namespace is deleted.
 
 Every process of a host runs under ``ip netns exec`` (the same pid, the namespace's network only) and, for clock
 skew, under ``unshare --time`` with CLOCK_MONOTONIC and CLOCK_BOOTTIME offsets. Agents are real ``aelastic run``
@@ -167,6 +168,15 @@ class Cluster:
             _ip("-n", host.netns, "link", "set", "eth0", "up")
             _ip("-n", host.netns, "link", "set", "lo", "up")
 
+    def throttle(self, host: Host, rate: str) -> None:
+        """Limit ``host``'s link to ``rate`` (``tc`` units: ``100mbit``) both ways, with a token bucket on each end
+        of its veth (this kernel has no netem: a rate is what can be set, and it is exact whatever the CPUs do)."""
+        bucket = ["tbf", "rate", rate, "burst", "64kb", "latency", "50ms"]
+        subprocess.run(["ip", "netns", "exec", host.netns, "tc", "qdisc", "add", "dev", "eth0", "root", *bucket],
+                       check=True, capture_output=True, text=True, timeout=30)  # fmt: skip
+        subprocess.run(["tc", "qdisc", "add", "dev", host.link, "root", *bucket], check=True, capture_output=True,
+                       text=True, timeout=30)  # fmt: skip
+
     def partition(self, host: Host) -> None:
         """Cut ``host`` off the network, both ways; its processes and sockets stay."""
         _ip("link", "set", host.link, "down")
@@ -225,10 +235,11 @@ class Cluster:
     def agent(
         self, host: Host, *, nnodes: str, rdzv: Sequence[str], backend: str = "asyncio", max_restarts: int = 0,
         env: dict[str, str] | None = None, time_offset: int = 0, log: str = "agent", log_level: str = "INFO",
-        launcher: str = "aelastic",
+        launcher: str = "aelastic", flags: Sequence[str] = (),
     ) -> Proc:  # fmt: skip
         """``aelastic run`` (or, with ``launcher="torchrun"``, torch's own launcher with the same torchrun flags)
-        of the trainer on ``host``: one worker, this host's address, logs under its dir."""
+        of the trainer on ``host``: one worker, this host's address, logs under its dir; ``flags`` go before the
+        script."""
         if launcher == "torchrun":
             command = [sys.executable, "-m", "torch.distributed.run"]
             env = {"LOGLEVEL": log_level, **(env or {})}
@@ -238,7 +249,7 @@ class Cluster:
             host,
             *command,
             "--nnodes", nnodes, "--nproc-per-node", "1", "--max-restarts", str(max_restarts),
-            "--shutdown-timeout", "2", "--local-addr", host.addr, "--log-dir", host.dir / "logs", *rdzv,
+            "--shutdown-timeout", "2", "--local-addr", host.addr, "--log-dir", host.dir / "logs", *rdzv, *flags,
             TRAINER, self.out,
             log=log,
             # gloo picks its interface from the hostname, which names the real machine: use the host's eth0.
@@ -303,13 +314,13 @@ def _namespaces_permitted() -> str | None:
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    """Three hosts; skipped where network namespaces are not permitted."""
+def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]:
+    """Three hosts (or as many as an indirect parameter says); skipped where network namespaces are not permitted."""
     pytest.importorskip("torch")
     why = _namespaces_permitted()
     if why is not None:
         pytest.skip(why)
-    cluster = Cluster(tmp_path, 3)
+    cluster = Cluster(tmp_path, getattr(request, "param", 3))
     try:
         cluster.build()
         yield cluster
