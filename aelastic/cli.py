@@ -378,8 +378,27 @@ async def _run_etcd(members: int) -> int:
     return 0
 
 
+class _Version(argparse.Action):
+    """``--version``: the version the installed package's metadata reports (what pip and a distribution see),
+    looked up only when asked: importlib.metadata would cost every launch its import and a scan of sys.path."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None) -> None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            installed = version("aelastic")
+        except PackageNotFoundError:  # run from a checkout that was never installed
+            installed = "unknown (not installed: pip install -e .)"
+        print(f"aelastic {installed}", flush=True)  # on stdout, as argparse's own version action
+        parser.exit(0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="aelastic", description="An asyncio/trio-native elastic launcher for PyTorch.")
+    parser.add_argument("--version", action=_Version, help="print the installed version and exit")
     parser.add_argument(
         "--async-backend",
         choices=_BACKENDS,
