@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from .agent.workers import WorkerState
+
 __all__ = [
     "AgentMetrics",
     "ConsoleMetricHandler",
@@ -93,7 +95,7 @@ class AgentMetrics:
 
     role: str
     max_restarts: int
-    state: str = "INIT"
+    state: WorkerState = WorkerState.INIT
     restarts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(RESTART_CAUSES, 0))
     rendezvous_last: float | None = None
     rendezvous_sum: float = 0.0
@@ -106,10 +108,10 @@ class AgentMetrics:
     stopped_reason: str | None = None  # why the workers are stopped until they run again (a restart under way)
     stopped_since: float | None = None
 
-    def set_state(self, state: str) -> None:
+    def set_state(self, state: WorkerState) -> None:
         self.state = state
         put_metric(f"workers.{self.role}.remaining_restarts", self.max_restarts - self.restarts["failure"])
-        put_metric(f"workers.{self.role}.{state.lower()}", 1)
+        put_metric(f"workers.{self.role}.{self.state.value.lower()}", 1)
 
     def restarted(self, cause: str, reason: str, now: float) -> None:
         """The workers were stopped for a restart: from ``now`` until :meth:`running` is a recovery."""
@@ -127,7 +129,7 @@ class AgentMetrics:
 
     def running(self, alive: int, now: float) -> None:
         """The workers were started: the end of a recovery, if one was under way."""
-        self.set_state("HEALTHY")
+        self.set_state(WorkerState.HEALTHY)
         self.set_alive(alive)
         if self.stopped_since is not None:
             self._recovered(now - self.stopped_since)

@@ -556,7 +556,7 @@ class _Recorder:
     def init(self) -> None:
         """An attempt begins: its rendezvous is next."""
         self.group.state = WorkerState.INIT
-        self.metrics.set_state(WorkerState.INIT.value)
+        self.metrics.set_state(WorkerState.INIT)
 
     def rendezvous_done(self, seconds: float) -> None:
         self.metrics.rendezvous_done(seconds)
@@ -603,7 +603,7 @@ class _Recorder:
         elif action in (Action.SUCCEED, Action.STOP_FAILED):
             state = WorkerState.SUCCEEDED if action is Action.SUCCEED else WorkerState.FAILED
             self.group.state = state
-            self.metrics.set_state(state.value)
+            self.metrics.set_state(state)
             self.metrics.run_finished(succeeded=action is Action.SUCCEED)
         # STOP_CLOSED changes nothing here: the agent raises RendezvousClosedError.
 
