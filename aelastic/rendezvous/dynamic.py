@@ -52,6 +52,7 @@ import math
 import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import cast
 
 import anyio
 import anyio.abc
@@ -86,6 +87,7 @@ from .codec import (
     make_digest,
 )
 from .joins import JOIN_REQUESTS, JoinRequest, fold_joins
+from .settings import HEARTBEAT_TIMEOUT, READ_TIMEOUT
 from .state import (
     Action,
     NodeDesc,
@@ -177,8 +179,8 @@ class HandlerOptions:
 
     backend_name: str
     bootstrap_host: str
-    heartbeat_timeout: float = 5.0
-    read_timeout: float = 60.0
+    heartbeat_timeout: float = cast(float, HEARTBEAT_TIMEOUT.default)
+    read_timeout: float = cast(float, READ_TIMEOUT.default)
     observer: JoinObserver | None = None
     servers: tuple[StoreServer, ...] = ()
 
