@@ -23,7 +23,7 @@ from ._net import format_address
 from .agent.errors import ChildFailedError
 from .config import DEFAULT_FORWARDED, DEFAULT_SIGNALS, LIST_LIMIT
 from .config.command import RunCommand, resolve
-from .config.environ import export_run_environment
+from .config.environ import export_run_environment, log_level
 from .config.limits import raise_open_file_limit
 from .config.sources import describe
 from .config.values import (
@@ -405,7 +405,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("AELASTIC_ASYNC_BACKEND", "asyncio"),
         help="event loop to run on (default: %(default)s; env AELASTIC_ASYNC_BACKEND)",
     )
-    parser.add_argument("--log-level", default=os.environ.get("LOGLEVEL", "WARNING"), help="default: %(default)s")
+    parser.add_argument(
+        "--log-level", default=log_level(), help="the agent's log level (default: $LOGLEVEL, else WARNING)"
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     run = commands.add_parser(

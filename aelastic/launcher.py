@@ -43,7 +43,7 @@ from .agent.processes import StopSignal
 from .agent.reaper.parent import Reaper, open_reaper
 from .agent.workers import RunResult, WorkerSpec
 from .config import LaunchConfig, new_run_id
-from .config.environ import health_check_port
+from .config.environ import health_check_port, workers_identical
 from .errors import RendezvousGracefulExitError
 from .rendezvous.api import JoinObserver
 from .rendezvous.registry import open_rendezvous
@@ -223,6 +223,7 @@ async def _run_agent(
             stop_signal=control.stop_signal,
             running=control.running,
             checkpoints=checkpoints,
+            identical_workers=workers_identical(),
         )
         try:
             if ports:

@@ -131,6 +131,7 @@ class ElasticAgent:
         stop_signal: StopSignal | None = None,
         running: RunningWorkers | None = None,
         checkpoints: Keeper | None = None,
+        identical_workers: bool = False,
     ) -> None:
         self.spec = spec
         self.handler = handler
@@ -144,6 +145,7 @@ class ElasticAgent:
         self.stop_signal = stop_signal  # what a cancelled run stops the workers with (None: SIGTERM)
         self.running = running  # where the running workers' groups are tracked, for forwarded signals
         self.checkpoints = checkpoints  # the workers' in-memory checkpoints (aelastic.agent.checkpoint)
+        self.identical_workers = identical_workers  # torch's TORCH_ELASTIC_WORKER_IDENTICAL: ranks need no exchange
         # What the workers may ask over their links (aelastic.agent.link).
         self.services: dict[str, LinkService] = {} if checkpoints is None else {checkpoints.name: checkpoints}
         # torch's rule: the timer server runs when its variable is exactly "1"; aelastic's watchdog needs it too.
@@ -252,7 +254,7 @@ class ElasticAgent:
         me = RoleInfo(self.spec.role, info.rank, self.spec.local_world_size)
         keeper = self.checkpoints
         if keeper is None:
-            assignment = await exchange_ranks(info.store, me, info.world_size)
+            assignment = await exchange_ranks(info.store, me, info.world_size, identical=self.identical_workers)
         else:
             await keeper.serve_replicas(self.handler.local_addr if info.world_size > 1 else None)
             assignment = await exchange_ranks(

@@ -49,7 +49,6 @@ import dataclasses
 import functools
 import logging
 import math
-import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import cast
@@ -175,6 +174,8 @@ class HandlerOptions:
         read_timeout: how long the backend may stay unreachable before the handler fails.
         observer: called at every step of the node's exit and join (:data:`~aelastic.rendezvous.api.JoinObserver`).
         servers: the store servers the opener runs for this handler (they show in its ``statistics()``).
+        share_store: whether rank 0's agent serves the round's workers' store
+            (:attr:`~aelastic.rendezvous.api.RendezvousParameters.share_store`; ``use_agent_store``).
     """
 
     backend_name: str
@@ -183,6 +184,7 @@ class HandlerOptions:
     read_timeout: float = cast(float, READ_TIMEOUT.default)
     observer: JoinObserver | None = None
     servers: tuple[StoreServer, ...] = ()
+    share_store: bool = True
 
 
 class DynamicRendezvousHandler(RendezvousHandler):
@@ -214,8 +216,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._liveness_started = False
         self._joining: anyio.Event | None = None  # set when this node's wait for its round to complete ends
         self._bootstrap = BootstrapStores(task_group, options.bootstrap_host)
-        # torch's switch, read where torch's handler reads it: rank 0's worker serves the workers' store itself.
-        self._share_store = os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "0") != "1"
+        self._share_store = options.share_store
         self._round: int | None = None
         self._world = 0  # the world size of the round this node finished
         self._observer = options.observer

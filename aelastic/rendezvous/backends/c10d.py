@@ -128,7 +128,7 @@ async def open_c10d_rendezvous(
         node = NodeDesc(addr, os.getpid(), next(_local_ids))
         options = HandlerOptions(
             "c10d", addr, settings.heartbeat_timeout, settings.read_timeout, observer=observer,
-            servers=() if server is None else (server,),
+            servers=() if server is None else (server,), share_store=params.share_store,
         )  # fmt: skip
         async with open_dynamic_rendezvous(node, settings.rendezvous, backend, options) as handler:
             yield handler

@@ -308,8 +308,9 @@ async def open_etcd_rendezvous(
         stack.push_async_callback(backend.release)
         node = NodeDesc(addr, os.getpid(), next(_local_ids))
         options = HandlerOptions(
-            params.backend, addr, timing.heartbeat_timeout, settings.read_timeout, observer=observer
-        )
+            params.backend, addr, timing.heartbeat_timeout, settings.read_timeout, observer=observer,
+            share_store=params.share_store,
+        )  # fmt: skip
         async with open_dynamic_rendezvous(node, rendezvous, backend, options) as handler:
             yield handler
 

@@ -91,7 +91,12 @@ async def open_memory_rendezvous(
     timing = TimingSettings.from_parameters(params)
     node = NodeDesc(params.local_addr or "127.0.0.1", os.getpid(), next(shared.local_ids))
     options = HandlerOptions(
-        "memory", node.addr, timing.heartbeat_timeout, READ_TIMEOUT.read(params), observer=observer
+        "memory",
+        node.addr,
+        timing.heartbeat_timeout,
+        READ_TIMEOUT.read(params),
+        observer=observer,
+        share_store=params.share_store,
     )
     async with open_dynamic_rendezvous(node, timing.rendezvous, MemoryBackend(shared, store), options) as handler:
         yield handler
