@@ -44,8 +44,8 @@ import pytest
 from helpers.procs import poll_until
 
 from aelastic.agent.control import ready, serve_control
+from aelastic.agent.figures import AgentMetrics
 from aelastic.agent.workers import WorkerState
-from aelastic.metrics import AgentMetrics
 
 T = TypeVar("T")
 

@@ -21,10 +21,10 @@ import test_agent_e2e
 from test_agent_e2e import DEADLINE, Job, c10d, common, free_port, wait_participants
 
 from aelastic.agent.control import health, serve_control
+from aelastic.agent.figures import AgentMetrics
 from aelastic.agent.workers import WorkerState
 from aelastic.errors import ConfigurationError
 from aelastic.events import Event, EventSource, check_event_handler, open_event_log, record, register_event_handler
-from aelastic.metrics import AgentMetrics
 from aelastic.store import wire
 from aelastic.store.server import ServerSettings, StoreServer, open_store_server
 

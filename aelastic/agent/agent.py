@@ -44,9 +44,9 @@ import anyio
 
 from .. import events
 from ..errors import AelasticError, RendezvousClosedError, StoreConnectionError
-from ..metrics import AgentMetrics
 from ..rendezvous.api import RendezvousHandler, RendezvousInfo
 from .errors import ChildFailedError, ProcessFailure
+from .figures import AgentMetrics
 from .forward.parent import RunningWorkers
 from .link.parent import LinkService
 from .logs import LogSpec

@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 :func:`serve_control` is a task in the launch's task group: it listens on a TCP port and runs one task per
 connection, parsing HTTP/1.1 with h11 (keep-alive included, as Prometheus scrapes over one connection). Each request
-is answered from :class:`~aelastic.metrics.AgentMetrics`, the state the agent updates as things happen, and from
+is answered from :class:`~aelastic.agent.figures.AgentMetrics`, the state the agent updates as things happen, and from
 the statistics of the store servers the agent's rendezvous handler runs (``handler.statistics().stores``): nothing
 is computed between requests, and an answer at all proves the agent's event loop is responsive.
 
@@ -35,8 +35,8 @@ import anyio.abc
 import h11
 
 from ..errors import AelasticError, ConfigurationError
-from ..metrics import RESTART_CAUSES, AgentMetrics
 from ..store import ServerStatistics
+from .figures import RESTART_CAUSES, AgentMetrics
 from .workers import WorkerState
 
 if TYPE_CHECKING:
