@@ -53,6 +53,14 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
 
+    def _get_option_tuples(self, option_string: str) -> list[Any]:
+        """argparse's matches of an abbreviated option, or none when it is ambiguous. argparse looks at every
+        argument before it knows where the training script starts, and refused a script's own ``--checkpoint X``
+        as an ambiguous abbreviation of the ``--checkpoint-*`` flags; an ambiguous abbreviation is now an unknown
+        option instead: after the script, the script's argument; before it, an "unrecognized arguments" error."""
+        matches: list[Any] = super()._get_option_tuples(option_string)
+        return matches if len(matches) <= 1 else []
+
 
 # --- torchrun's flags ------------------------------------------------------------------------------------------
 

@@ -76,8 +76,9 @@ def test_every_torchrun_flag_with_its_spellings_default_and_choices() -> None:
     extra = sorted(set(ours) - set(theirs))
     # torch 2.14's template flag, and ours
     assert extra == [
-        "async_backend", "dry_run", "log_line_prefix_template", "metrics_port", "prewarm", "prewarm_modules",
-        "signals_to_forward", "watchdog_timeout",
+        "async_backend", "checkpoint_dir", "checkpoint_memory", "checkpoint_persist_every", "checkpoint_replicas",
+        "dry_run", "log_line_prefix_template", "metrics_port", "prewarm", "prewarm_modules", "signals_to_forward",
+        "watchdog_timeout",
     ], extra  # fmt: skip
 
 
@@ -192,6 +193,7 @@ def test_bad_input_is_one_line_and_exit_2_before_anything_starts(
         (["run", "--nnodes"], "argument --nnodes: expected one argument"),
         (["run", "--start-method", "thread", PROBE], "argument --start-method"),
         (["--log-level", "LOUD", "run", PROBE], "--log-level 'LOUD'"),
+        (["run", "--checkpoint", "5", PROBE], "unrecognized arguments: --checkpoint"),  # abbreviates four flags
     ],
 )
 def test_missing_script_and_malformed_command_lines(args: list[str], expected: str) -> None:
@@ -200,6 +202,14 @@ def test_missing_script_and_malformed_command_lines(args: list[str], expected: s
     assert len(result.stderr.splitlines()) == 1, result.stderr
     assert expected in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_script_arguments_that_abbreviate_several_flags_are_the_scripts() -> None:
+    """argparse classifies every argument before it knows where the script starts: an abbreviation of several
+    flags (``--checkpoint``: ``--checkpoint-dir``, ``--checkpoint-memory``, ...) after the script is the script's."""
+    args = build_parser().parse_args(["run", "--standalone", "train.py", "--checkpoint", "ckpt", "--nproc", "2"])
+    assert (args.training_script, args.training_script_args) == ("train.py", ["--checkpoint", "ckpt", "--nproc", "2"])
+    assert args.nproc_per_node == "1"
 
 
 # --- accepted, explained, run ------------------------------------------------------------------------------------
