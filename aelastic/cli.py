@@ -161,8 +161,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
          "%(default)s)")  # fmt: skip
     _add(user, "--event-log-handler", dest="event_log_handler", default="null",
          help="where torch's events (and aelastic's rendezvous events) go: null, console (JSON lines on stderr), "
-         "file (<log dir>/<run>/events.jsonl) or a handler registered under the aelastic.event_handlers entry "
-         "points (default: %(default)s)")  # fmt: skip
+         "file (events.jsonl in this run's log directory, <--log-dir>/<run id>_<random suffix>/, beside "
+         "attempt_<n>/) or a handler registered under the aelastic.event_handlers entry points (default: "
+         "%(default)s)")  # fmt: skip
     _add(user, "--role", dest="role", default="default", help="the workers' role (default: %(default)s)")
     _add_flag(user, "-m", "--module", dest="module",
               help="run the script as a module, as 'python -m' does (default: off)")  # fmt: skip

@@ -236,6 +236,22 @@ def test_flags_that_do_nothing_here_are_accepted_and_explained(tmp_path: Path) -
     assert {r["env"]["LOCAL_RANK"] for r in records.values()} == {"0", "1"}
 
 
+def test_the_file_event_handler_writes_where_its_help_says(tmp_path: Path) -> None:
+    """``--event-log-handler file``: events.jsonl in the run's log directory, beside its attempt_<n>/."""
+    help_text = run_parser()._option_string_actions["--event-log-handler"].help or ""
+    assert "<--log-dir>/<run id>_<random suffix>/, beside attempt_<n>/" in help_text
+    logs = tmp_path / "logs"
+    result = aelastic("run", "--standalone", "--log-dir", str(logs), "--rdzv-id", "ignored", "--event-log-handler",
+                      "file", PROBE, env={"PROBE_OUT": str(tmp_path)})  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = logs.iterdir()
+    assert sorted(p.name for p in run_dir.iterdir() if p.name in ("events.jsonl", "attempt_0")) == [
+        "attempt_0",
+        "events.jsonl",
+    ]
+    assert '"torchelastic.worker.status.SUCCEEDED"' in (run_dir / "events.jsonl").read_text()
+
+
 CHATTY = """
 import os, sys
 rank = os.environ["RANK"]
