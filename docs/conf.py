@@ -25,7 +25,7 @@ from aelastic import __version__  # noqa: E402
 
 project = "aelastic"
 author = "the aelastic authors"
-copyright = "2026, the aelastic authors"  # noqa: A001 (Sphinx's name)
+copyright = "2026, the aelastic authors"
 release = __version__
 version = __version__
 
@@ -45,8 +45,26 @@ autodoc_member_order = "bysource"
 autodoc_default_options = {"members": True, "undoc-members": False, "show-inheritance": True}
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
+napoleon_use_ivar = True  # a dataclass's "Attributes:" as fields of its entry, not entries of their own
 
 html_theme = "furo"
 html_title = f"aelastic {version}"
 # Internal references only: the site is built without network access (CI, and this machine).
 linkcheck_ignore = [r"https?://.*"]
+
+
+def _benchmark_pages() -> None:
+    """benchmarks/RESULTS.md and HISTORY.md as pages of the site (benchmarks/results.md, history.md), their links
+    to each other and their plots made relative to where the pages are. Written by ``python -m benchmarks``, they
+    stay in benchmarks/; these copies are build output (.gitignore)."""
+    source = HERE.parent / "benchmarks"
+    for name, page in (("RESULTS.md", "results.md"), ("HISTORY.md", "history.md")):
+        text = (source / name).read_text()
+        text = text.replace("](HISTORY.md)", "](history.md)").replace("](RESULTS.md)", "](results.md)")
+        text = text.replace("](plots/", "](../../benchmarks/plots/")
+        target = HERE / "benchmarks" / page
+        if not target.exists() or target.read_text() != text:
+            target.write_text(text)
+
+
+_benchmark_pages()

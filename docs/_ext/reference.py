@@ -29,7 +29,10 @@ def _clean_environment() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not _ENVIRONMENT.match(k)}
 
 
-def parsers() -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+Parsers = tuple[tuple[str, ...], argparse.ArgumentParser]
+
+
+def parsers() -> Iterator[Parsers]:
     """``(command words, parser)`` of the ``aelastic`` command and each subcommand, as a clean environment sees
     them."""
     from aelastic.cli import build_parser
@@ -37,7 +40,9 @@ def parsers() -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
     with mock.patch.dict(os.environ, _clean_environment(), clear=True):
         root = build_parser()
 
-    def walk(words: tuple[str, ...], parser: argparse.ArgumentParser) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    def walk(
+        words: tuple[str, ...], parser: argparse.ArgumentParser
+    ) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
         yield words, parser
         for action in parser._actions:
             if isinstance(action, argparse._SubParsersAction):
@@ -49,16 +54,16 @@ def parsers() -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
 
 def documented_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
     """The actions a page documents: every one but ``--help`` and the subcommand list (a section each)."""
-    return [
-        a
-        for a in parser._actions
-        if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))
-    ]
+    return [a for a in parser._actions if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))]
 
 
 def anchor(words: tuple[str, ...], action: argparse.Action) -> str:
     """The reference label of ``action``: ``cli-run-nproc-per-node``, ``cli-run-training-script``, ``cli-version``."""
-    name = action.option_strings[-1 if action.option_strings[0].startswith("--") else 0] if action.option_strings else action.dest
+    name = (
+        action.option_strings[-1 if action.option_strings[0].startswith("--") else 0]
+        if action.option_strings
+        else action.dest
+    )
     long = next((s for s in action.option_strings if s.startswith("--")), name)
     slug = re.sub(r"[^a-z0-9]+", "-", long.lstrip("-").replace("_", "-").lower()).strip("-")
     return "-".join(["cli", *words[1:], slug])
@@ -101,8 +106,7 @@ def cli_markdown() -> str:
         "",
     ]
     for words, parser in parsers():
-        level = "##" if len(words) > 1 else "##"
-        out += [f"({'cli' if len(words) == 1 else 'cli-' + '-'.join(words[1:])})=", f"{level} `{' '.join(words)}`", ""]
+        out += [f"({'cli' if len(words) == 1 else 'cli-' + '-'.join(words[1:])})=", f"## `{' '.join(words)}`", ""]
         if parser.description:
             out += [escape(parser.description), ""]
         groups = [(g.title or "", g._group_actions) for g in parser._action_groups]
@@ -110,7 +114,8 @@ def cli_markdown() -> str:
             actions = [a for a in actions if a in documented_actions(parser)]
             if not actions:
                 continue
-            if title not in ("options", "positional arguments", "optional arguments"):
+            grouped = title not in ("options", "positional arguments", "optional arguments")
+            if grouped:
                 out += [f"### {escape(title)}", ""]
             for action in actions:
                 formatter = parser._get_formatter()
@@ -121,7 +126,7 @@ def cli_markdown() -> str:
                     facts.append(f"`{pets[action.dest]}`")
                 out += [
                     f"({anchor(words, action)})=",
-                    f"#### `{_usage(action)}`",
+                    f"{'####' if grouped else '###'} `{_usage(action)}`",
                     "",
                     " · ".join(facts),
                     "",
@@ -140,10 +145,20 @@ def rdzv_conf_markdown() -> str:
         "",
     ]
     for backend in ("c10d", "etcd", "static"):
-        out += [f"(rdzv-conf-{backend})=", f"## `{backend}`", "", "| key | kind | default | what it does |", "|---|---|---|---|"]
+        out += [
+            f"(rdzv-conf-{backend})=",
+            f"## `{backend}`",
+            "",
+            "| key | kind | default | what it does |",
+            "|---|---|---|---|",
+        ]
         for key in lookup(backend).keys:
             names = " / ".join(f"`{n}`" for n in (key.name, *key.aliases))
-            default = "–" if key.default is None else f"`{str(key.default).lower() if isinstance(key.default, bool) else key.default}`"
+            default = (
+                "–"
+                if key.default is None
+                else f"`{str(key.default).lower() if isinstance(key.default, bool) else key.default}`"
+            )
             kind = key.kind if key.read_by else "accepted, not read"
             if key.kind == "seconds" and key.minimum == 0:
                 kind = "seconds (0 allowed)"
