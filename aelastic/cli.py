@@ -24,7 +24,7 @@ from .agent.errors import ChildFailedError, propagate_root_cause
 from .agent.processes import UNKILLABLE_TIMEOUT
 from .config import DEFAULT_FORWARDED, DEFAULT_NODE_CHECK_SLOWDOWN, DEFAULT_SIGNALS, LIST_LIMIT
 from .config.command import RunCommand, resolve
-from .config.environ import export_run_environment
+from .config.environ import export_run_environment, log_level
 from .config.limits import raise_open_file_limit
 from .config.sources import describe
 from .config.values import (
@@ -55,6 +55,14 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def _get_option_tuples(self, option_string: str) -> list[Any]:
+        """argparse's matches of an abbreviated option, or none when it is ambiguous. argparse looks at every
+        argument before it knows where the training script starts, and refused a script's own ``--checkpoint X``
+        as an ambiguous abbreviation of the ``--checkpoint-*`` flags; an ambiguous abbreviation is now an unknown
+        option instead: after the script, the script's argument; before it, an "unrecognized arguments" error."""
+        matches: list[Any] = super()._get_option_tuples(option_string)
+        return matches if len(matches) <= 1 else []
 
 
 # --- torchrun's flags ------------------------------------------------------------------------------------------
@@ -158,8 +166,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
          "%(default)s)")  # fmt: skip
     _add(user, "--event-log-handler", dest="event_log_handler", default="null",
          help="where torch's events (and aelastic's rendezvous events) go: null, console (JSON lines on stderr), "
-         "file (<log dir>/<run>/events.jsonl) or a handler registered under the aelastic.event_handlers entry "
-         "points (default: %(default)s)")  # fmt: skip
+         "file (events.jsonl in this run's log directory, <--log-dir>/<run id>_<random suffix>/, beside "
+         "attempt_<n>/) or a handler registered under the aelastic.event_handlers entry points (default: "
+         "%(default)s)")  # fmt: skip
     _add(user, "--role", dest="role", default="default", help="the workers' role (default: %(default)s)")
     _add_flag(user, "-m", "--module", dest="module",
               help="run the script as a module, as 'python -m' does (default: off)")  # fmt: skip
@@ -288,7 +297,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
               "with peers, in two rounds (pairs, then the slowest with the fastest); a node that fails, or is "
               "--node-check-slowdown times slower than the median, is left out with the reason and the job goes on "
               "without it where --nnodes allows. Needs c10d or etcd; torch is imported in a check process, never in "
-              "the agent; docs/node-check.md (default: off)")  # fmt: skip
+              "the agent; docs/howto/node-check.md (default: off)")  # fmt: skip
     _add(own, "--node-check-slowdown", dest="node_check_slowdown", default=DEFAULT_NODE_CHECK_SLOWDOWN,
          type=_slowdown, help="with --node-check: how many times slower than the median (matmul or all-reduce) a "
          "node may be before it is left out; a number > 1, inf for none (default: %(default)s)")  # fmt: skip
@@ -411,15 +420,36 @@ async def _run_etcd(members: int) -> int:
     return 0
 
 
+class _Version(argparse.Action):
+    """``--version``: the version the installed package's metadata reports (what pip and a distribution see),
+    looked up only when asked: importlib.metadata would cost every launch its import and a scan of sys.path."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: Any, namespace: argparse.Namespace, values: Any, option_string: Any = None) -> None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            installed = version("aelastic")
+        except PackageNotFoundError:  # run from a checkout that was never installed
+            installed = "unknown (not installed: pip install -e .)"
+        print(f"aelastic {installed}", flush=True)  # on stdout, as argparse's own version action
+        parser.exit(0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="aelastic", description="An asyncio/trio-native elastic launcher for PyTorch.")
+    parser.add_argument("--version", action=_Version, help="print the installed version and exit")
     parser.add_argument(
         "--async-backend",
         choices=_BACKENDS,
         default=os.environ.get("AELASTIC_ASYNC_BACKEND", "asyncio"),
         help="event loop to run on (default: %(default)s; env AELASTIC_ASYNC_BACKEND)",
     )
-    parser.add_argument("--log-level", default=os.environ.get("LOGLEVEL", "WARNING"), help="default: %(default)s")
+    parser.add_argument(
+        "--log-level", default=log_level(), help="the agent's log level (default: $LOGLEVEL, else WARNING)"
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     run = commands.add_parser(

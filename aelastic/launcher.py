@@ -44,7 +44,7 @@ from .agent.processes import StopSignal
 from .agent.reaper.parent import Reaper, open_reaper
 from .agent.workers import RunResult, WorkerSpec
 from .config import LaunchConfig, new_run_id
-from .config.environ import health_check_port
+from .config.environ import health_check_port, workers_identical
 from .errors import RendezvousGracefulExitError
 from .rendezvous.api import JoinObserver
 from .rendezvous.registry import open_rendezvous
@@ -234,6 +234,7 @@ async def _run_agent(
             job_restarts=config.max_restarts_scope == "job",
             max_repeated_failures=config.max_repeated_failures,
             node_check=node_check,
+            identical_workers=workers_identical(),
         )
         try:
             if ports:

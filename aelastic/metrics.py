@@ -8,19 +8,17 @@ everything, so an agent nobody observes pays one dictionary lookup per figure. T
 ``workers.<role>.restarts.{failure,membership}``, ``workers.<role>.rendezvous.duration.ms``,
 ``workers.<role>.recovery.duration.ms`` and ``workers.<role>.alive``.
 
-:class:`AgentMetrics` keeps the same figures as state, for the Prometheus endpoint (``aelastic.agent.control``)
-to read when scraped: nothing is computed for it between scrapes.
+The agent keeps the same figures as state (:class:`aelastic.agent.figures.AgentMetrics`), for its Prometheus endpoint
+to read when scraped.
 """
 
 from __future__ import annotations
 
 import abc
 import time
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 __all__ = [
-    "AgentMetrics",
     "ConsoleMetricHandler",
     "MetricData",
     "MetricHandler",
@@ -78,78 +76,3 @@ def put_metric(metric_name: str, metric_value: int, metric_group: str = "torchel
     handler = get_stream(metric_group)
     if not isinstance(handler, NullMetricHandler):
         handler.emit(MetricData(time.time(), metric_group, metric_name, metric_value))
-
-
-RESTART_CAUSES = ("failure", "membership")
-
-
-@dataclass
-class AgentMetrics:
-    """One agent's figures, updated by the agent as things happen and read by the endpoint when scraped.
-
-    Durations are seconds on the monotonic clock; ``*_last`` is the latest occurrence, ``*_sum``/``*_count`` add
-    up all of them (a Prometheus summary without quantiles).
-    """
-
-    role: str
-    max_restarts: int
-    state: str = "INIT"
-    restarts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(RESTART_CAUSES, 0))
-    rendezvous_last: float | None = None
-    rendezvous_sum: float = 0.0
-    rendezvous_count: int = 0
-    recovery_last: float | None = None
-    recovery_sum: float = 0.0
-    recovery_count: int = 0
-    workers_alive: int = 0
-    unhealthy: dict[int, str] = field(default_factory=dict)  # local rank → why (set by a progress watchdog)
-    stopped_reason: str | None = None  # why the workers are stopped until they run again (a restart under way)
-    stopped_since: float | None = None
-
-    def set_state(self, state: str) -> None:
-        self.state = state
-        put_metric(f"workers.{self.role}.remaining_restarts", self.max_restarts - self.restarts["failure"])
-        put_metric(f"workers.{self.role}.{state.lower()}", 1)
-
-    def restarted(self, cause: str, reason: str, now: float) -> None:
-        """The workers were stopped for a restart: from ``now`` until :meth:`running` is a recovery."""
-        self.restarts[cause] += 1
-        self.stopped_reason = f"{reason}; restart {self.restarts[cause]} ({cause})"
-        if self.stopped_since is None:
-            self.stopped_since = now
-        put_metric(f"workers.{self.role}.restarts.{cause}", self.restarts[cause])
-
-    def rendezvous_done(self, seconds: float) -> None:
-        self.rendezvous_last = seconds
-        self.rendezvous_sum += seconds
-        self.rendezvous_count += 1
-        put_metric(f"workers.{self.role}.rendezvous.duration.ms", int(seconds * 1000))
-
-    def running(self, alive: int, now: float) -> None:
-        """The workers were started: the end of a recovery, if one was under way."""
-        self.set_state("HEALTHY")
-        self.set_alive(alive)
-        if self.stopped_since is not None:
-            self._recovered(now - self.stopped_since)
-        self.stopped_reason = self.stopped_since = None
-
-    def _recovered(self, seconds: float) -> None:
-        self.recovery_last = seconds
-        self.recovery_sum += seconds
-        self.recovery_count += 1
-        put_metric(f"workers.{self.role}.recovery.duration.ms", int(seconds * 1000))
-
-    def set_alive(self, count: int) -> None:
-        self.workers_alive = count
-        put_metric(f"workers.{self.role}.alive", count)
-
-    def run_finished(self, succeeded: bool) -> None:
-        """torch's ``_record_metrics``: "retries" means some failure restart was spent."""
-        retried = self.restarts["failure"] > 0
-        put_metric(f"workers.{self.role}.run_total", 1)
-        for outcome, with_retries in (("success", True), ("success", False), ("failed", True), ("failed", False)):
-            hit = succeeded == (outcome == "success") and retried == with_retries
-            put_metric(f"workers.{self.role}.run_{outcome}_{'with' if with_retries else 'no'}_retries", int(hit))
-        remaining = self.max_restarts - self.restarts["failure"]
-        flakiness = 100 if not succeeded else int(100 - 100 * (remaining + 1) / (self.max_restarts + 1))
-        put_metric(f"workers.{self.role}.flakiness", flakiness)

@@ -488,7 +488,7 @@ def command(args: argparse.Namespace) -> Callable[[], Any]:
         raise ConfigurationError("--rdzv-endpoint '': give the job's rendezvous endpoint HOST:PORT")
     if not args.timeout > 0:
         raise ConfigurationError(f"--timeout {args.timeout!r}: must be a number of seconds > 0")
-    conf = parse_rdzv_conf(args.rdzv_conf)
+    conf: dict[str, Any] = parse_rdzv_conf(args.rdzv_conf)
     params = RendezvousParameters(args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id, low, high, **conf)
     check_readable(params)
     settings = rendezvous_settings(params) if args.nnodes is not None else None

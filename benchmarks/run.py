@@ -30,8 +30,8 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 MODULES = ("store_ops", "rank_scale", "rendezvous", "agent", "goodput", "node_check")
-README = HERE.parent / "README.md"
-README_START, README_END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
+SUMMARY = HERE.parent / "docs" / "benchmarks" / "index.md"  # the documentation site's benchmark page
+SUMMARY_START, SUMMARY_END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
 OUT = HERE / "out"
 GATE = ("agent", "launch")  # (benchmark, scenario) that --quick holds to "aelastic no slower than torchrun"
 
@@ -209,8 +209,8 @@ def machine_state(run: dict[str, Any]) -> str:
     return f"load average (1 min) {load[0]} at the start, {load[1]} at the end" if load else "load not recorded"
 
 
-# The README shows one row per scenario: the largest N that torch and aelastic both ran.
-README_SCENARIOS = (
+# The site's summary shows one row per scenario: the largest N that torch and aelastic both ran.
+SUMMARY_SCENARIOS = (
     ("agent", "launch", "no-op launch, `--standalone --nproc-per-node 2`"),
     ("agent", "c10d launch", "c10d launch"),
     ("agent", "scale-up", "scale-up (a node joins a running job)"),
@@ -226,16 +226,16 @@ README_SCENARIOS = (
 )
 
 
-def readme_table(records: list[Record], run: dict[str, Any]) -> list[str]:
+def summary_table(records: list[Record], run: dict[str, Any]) -> list[str]:
     lines = [
         f"One run of `python -m benchmarks` on {run['started']} UTC ({run['took_s'] // 60} min), "
         f"{run['machine']}; {machine_state(run)}. Medians; torch and aelastic alternate in the same run. "
-        "Full tables, every N, plots: [benchmarks/RESULTS.md](benchmarks/RESULTS.md).",
+        "Full tables, every N, plots: [the full results](results.md) (benchmarks/RESULTS.md).",
         "",
         "| scenario | N | torch | aelastic | aelastic / torch |",
         "|---|---|---|---|---|",
     ]
-    for bench, scenario, title in README_SCENARIOS:
+    for bench, scenario, title in SUMMARY_SCENARIOS:
         rs = [r for r in records if (r["benchmark"], r["scenario"]) == (bench, scenario) and r["samples"]]
         by_param: dict[Any, dict[str, Record]] = defaultdict(dict)
         for r in rs:
@@ -261,15 +261,16 @@ def readme_table(records: list[Record], run: dict[str, Any]) -> list[str]:
     return lines
 
 
-def write_readme(records: list[Record], run: dict[str, Any]) -> None:
-    """Replace the README's benchmark table (between its two markers) with this run's figures."""
-    text = README.read_text()
-    start, end = text.find(README_START), text.find(README_END)
+def write_summary(records: list[Record], run: dict[str, Any]) -> None:
+    """Replace the site's benchmark table (between its two markers) with this run's figures: the one place a
+    figure is quoted outside RESULTS.md (other pages name its rows)."""
+    text = SUMMARY.read_text()
+    start, end = text.find(SUMMARY_START), text.find(SUMMARY_END)
     if start < 0 or end < start:
-        print(f"{README}: no {README_START} ... {README_END} markers; its table is left alone", file=sys.stderr)
+        print(f"{SUMMARY}: no {SUMMARY_START} ... {SUMMARY_END} markers; its table is left alone", file=sys.stderr)
         return
-    table_text = "\n".join(readme_table(records, run))
-    README.write_text(text[: start + len(README_START)] + "\n" + table_text + "\n" + text[end:])
+    table_text = "\n".join(summary_table(records, run))
+    SUMMARY.write_text(text[: start + len(SUMMARY_START)] + "\n" + table_text + "\n" + text[end:])
 
 
 def gate(records: list[Record]) -> str | None:
@@ -344,8 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(table(records)))
     print(f"wrote {args.results}")
     if not run["quick"] and args.results == HERE / "RESULTS.md" and set(names) == set(MODULES):
-        write_readme(records, run)
-        print(f"wrote the benchmark table of {README}")
+        write_summary(records, run)
+        print(f"wrote the benchmark table of {SUMMARY}")
 
     if failed:
         print(f"benchmarks failed: {', '.join(failed)}", file=sys.stderr)

@@ -16,6 +16,10 @@ import asyncio
 import sys
 from functools import partial
 
+if sys.version_info < (3, 11):  # aelastic itself runs on 3.10; asyncio's structured concurrency came in 3.11
+    sys.exit("examples/asyncio_orchestrator.py needs Python 3.11 (asyncio.TaskGroup, asyncio.timeout); "
+             "examples/trio_orchestrator.py does the same on trio")  # fmt: skip
+
 import cloudpickle
 import sweep
 

@@ -6,6 +6,7 @@ import anyio
 import pytest
 
 from aelastic.agent.ranks import RankAssignment, RoleInfo, assign, exchange_ranks
+from aelastic.config.environ import workers_identical
 from aelastic.store.client import open_store_client
 from aelastic.store.server import open_store_server
 
@@ -49,4 +50,7 @@ async def test_identical_workers_fast_path_needs_no_store(monkeypatch: pytest.Mo
         def __getattr__(self, name: str) -> object:
             raise AssertionError(f"the fast path touched the store ({name})")
 
-    assert await exchange_ranks(NoStore(), RoleInfo("r", 2, 4), 3) == RankAssignment(8, 12, 8, 12)  # type: ignore[arg-type]
+    identical = workers_identical()  # what the launcher reads and hands the agent
+    assert await exchange_ranks(NoStore(), RoleInfo("r", 2, 4), 3, identical=identical) == RankAssignment(  # type: ignore[arg-type]
+        8, 12, 8, 12
+    )

@@ -199,6 +199,7 @@ def test_bad_input_is_one_line_and_exit_2_before_anything_starts(
         (["run", "--nnodes"], "argument --nnodes: expected one argument"),
         (["run", "--start-method", "thread", PROBE], "argument --start-method"),
         (["--log-level", "LOUD", "run", PROBE], "--log-level 'LOUD'"),
+        (["run", "--checkpoint", "5", PROBE], "unrecognized arguments: --checkpoint"),  # abbreviates four flags
     ],
 )
 def test_missing_script_and_malformed_command_lines(args: list[str], expected: str) -> None:
@@ -207,6 +208,14 @@ def test_missing_script_and_malformed_command_lines(args: list[str], expected: s
     assert len(result.stderr.splitlines()) == 1, result.stderr
     assert expected in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_script_arguments_that_abbreviate_several_flags_are_the_scripts() -> None:
+    """argparse classifies every argument before it knows where the script starts: an abbreviation of several
+    flags (``--checkpoint``: ``--checkpoint-dir``, ``--checkpoint-memory``, ...) after the script is the script's."""
+    args = build_parser().parse_args(["run", "--standalone", "train.py", "--checkpoint", "ckpt", "--nproc", "2"])
+    assert (args.training_script, args.training_script_args) == ("train.py", ["--checkpoint", "ckpt", "--nproc", "2"])
+    assert args.nproc_per_node == "1"
 
 
 # --- accepted, explained, run ------------------------------------------------------------------------------------
@@ -231,6 +240,22 @@ def test_flags_that_do_nothing_here_are_accepted_and_explained(tmp_path: Path) -
     records = probe_records(tmp_path)
     assert sorted(records) == [0, 1]
     assert {r["env"]["LOCAL_RANK"] for r in records.values()} == {"0", "1"}
+
+
+def test_the_file_event_handler_writes_where_its_help_says(tmp_path: Path) -> None:
+    """``--event-log-handler file``: events.jsonl in the run's log directory, beside its attempt_<n>/."""
+    help_text = run_parser()._option_string_actions["--event-log-handler"].help or ""
+    assert "<--log-dir>/<run id>_<random suffix>/, beside attempt_<n>/" in help_text
+    logs = tmp_path / "logs"
+    result = aelastic("run", "--standalone", "--log-dir", str(logs), "--rdzv-id", "ignored", "--event-log-handler",
+                      "file", PROBE, env={"PROBE_OUT": str(tmp_path)})  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = logs.iterdir()
+    assert sorted(p.name for p in run_dir.iterdir() if p.name in ("events.jsonl", "attempt_0")) == [
+        "attempt_0",
+        "events.jsonl",
+    ]
+    assert '"torchelastic.worker.status.SUCCEEDED"' in (run_dir / "events.jsonl").read_text()
 
 
 CHATTY = """

@@ -44,7 +44,8 @@ import pytest
 from helpers.procs import poll_until
 
 from aelastic.agent.control import ready, serve_control
-from aelastic.metrics import AgentMetrics
+from aelastic.agent.figures import AgentMetrics
+from aelastic.agent.workers import WorkerState
 
 T = TypeVar("T")
 
@@ -101,8 +102,8 @@ def main_container(doc: dict[str, Any]) -> dict[str, Any]:
 def test_ready_rule(
     state: str, stopped: str | None, unhealthy: dict[int, str], alive: int, rounds: int, status: int, reason: str
 ) -> None:
-    metrics = AgentMetrics("r", 1, state=state, stopped_reason=stopped, unhealthy=unhealthy, workers_alive=alive,
-                           rendezvous_count=rounds)  # fmt: skip
+    metrics = AgentMetrics("r", 1, state=WorkerState(state), stopped_reason=stopped, unhealthy=unhealthy,
+                           workers_alive=alive, rendezvous_count=rounds)  # fmt: skip
     assert ready(metrics) == (status, {"state": state, "workers_alive": alive, "reason": reason})
 
 
@@ -128,7 +129,7 @@ async def test_ready_follows_the_agent_through_a_round_a_restart_and_the_end() -
             assert (await client.head("/ready")).status_code == 200
             metrics.set_alive(0)
             metrics.restarted("membership", "membership change: a node joined", 2.0)
-            metrics.set_state("INIT")  # the next attempt's rendezvous
+            metrics.set_state(WorkerState.INIT)  # the next attempt's rendezvous
             (health, _), (status, reason) = await both()
             assert (health, status) == (503, 503)
             assert reason == "workers stopped: membership change: a node joined; restart 1 (membership); re-rendezvous"
@@ -136,7 +137,7 @@ async def test_ready_follows_the_agent_through_a_round_a_restart_and_the_end() -
             metrics.running(2, 3.0)
             assert (await both())[1] == (200, running)
             metrics.set_alive(0)
-            metrics.set_state("SUCCEEDED")
+            metrics.set_state(WorkerState.SUCCEEDED)
             assert await both() == ((503, "run over: workers succeeded"), (503, "run over: workers succeeded"))
             missing = await client.get("/nope")
             assert (missing.status_code, missing.text) == (404, "not found: /health, /ready\n")

@@ -21,9 +21,10 @@ import test_agent_e2e
 from test_agent_e2e import DEADLINE, Job, c10d, common, free_port, wait_participants
 
 from aelastic.agent.control import health, serve_control
+from aelastic.agent.figures import AgentMetrics
+from aelastic.agent.workers import WorkerState
 from aelastic.errors import ConfigurationError
 from aelastic.events import Event, EventSource, check_event_handler, open_event_log, record, register_event_handler
-from aelastic.metrics import AgentMetrics
 from aelastic.store import wire
 from aelastic.store.server import ServerSettings, StoreServer, open_store_server
 
@@ -209,7 +210,7 @@ def test_unknown_event_handler_is_refused_with_a_one_line_error(tmp_path: Path) 
     ],
 )
 def test_health_rule(state: str, stopped: str | None, unhealthy: dict[int, str], status: int, reason: str) -> None:
-    metrics = AgentMetrics("r", 1, state=state, stopped_reason=stopped, unhealthy=unhealthy)
+    metrics = AgentMetrics("r", 1, state=WorkerState(state), stopped_reason=stopped, unhealthy=unhealthy)
     assert health(metrics) == (status, {"state": state, "workers_alive": 0, "reason": reason})
 
 

@@ -9,6 +9,7 @@ an address of its own on the loopback network (127.0.0.x), as nodes of a cluster
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import subprocess
@@ -26,6 +27,7 @@ import pytest
 from aelastic.errors import ConfigurationError
 from aelastic.rendezvous.api import RendezvousHandler, RendezvousParameters
 from aelastic.rendezvous.backends.c10d import c10d_settings
+from aelastic.rendezvous.backends.disconnects import DisconnectWatch
 from aelastic.rendezvous.dynamic import DynamicRendezvousHandler
 from aelastic.rendezvous.registry import open_rendezvous
 from aelastic.store.client import open_store_client
@@ -153,3 +155,29 @@ def test_bad_keys_are_refused_naming_the_value(key: str, value: str, words: str)
     params = RendezvousParameters("c10d", "127.0.0.1:29400", "run", 1, 2, **{key: value})
     with pytest.raises(ConfigurationError, match=words):
         c10d_settings(params)
+
+
+def test_a_close_reported_from_a_plain_asyncio_callback_is_timed() -> None:
+    """asyncio's transport reports a close from a protocol callback; in a loop started without anyio
+    (``asyncio.run``, as an application embedding ``aelastic.launch`` does) anyio's clock cannot be read there, so
+    the hook must not read it (it raised, and the dead node was never evicted)."""
+
+    async def main() -> frozenset[str]:
+        watch = DisconnectWatch(0.05)
+        watch.on_connection("10.0.0.2:4000", True)
+        loop = asyncio.get_running_loop()
+        reported: asyncio.Future[None] = loop.create_future()
+
+        def closed() -> None:  # as asyncio runs connection_lost: a callback, outside any task
+            try:
+                watch.on_connection("10.0.0.2:4000", False)
+            except Exception as exc:
+                reported.set_exception(exc)
+            else:
+                reported.set_result(None)
+
+        loop.call_soon(closed)
+        await reported
+        return await asyncio.wait_for(watch.wait_gone(), 10)
+
+    assert asyncio.run(main()) == frozenset({"10.0.0.2"})

@@ -11,24 +11,46 @@ import pytest
 from aelastic.errors import StoreProtocolError
 from aelastic.store import wire
 from aelastic.store._handshake import HandshakeDeadlines
-from aelastic.store.table import Connection, StoreTable
+from aelastic.store.table import Connection, Refused, StoreTable
 
 
 class Peer(Connection):
     """A connection whose transport only records what the core asked of it."""
 
-    __slots__ = ("aborted", "notified")
+    __slots__ = ("aborted", "lingered", "notified")
 
     def __init__(self, table: StoreTable) -> None:
         super().__init__(table.limits, "peer")
         self.notified = 0
         self.aborted = False
+        self.lingered = False
 
     def notify(self) -> None:
         self.notified += 1
 
     def abort(self) -> None:
         self.aborted = True
+
+    def linger(self) -> None:
+        self.lingered = True
+
+
+@pytest.mark.parametrize(
+    ("error", "lingered", "aborted"),
+    [
+        (Refused("wrong token"), True, False),  # the auth CHECK's NOT_READY first, then closed
+        (StoreProtocolError("bad request"), False, True),
+        (KeyError("a bug"), False, True),  # logged with its traceback (Connection.fail)
+    ],
+)
+def test_how_a_connection_whose_handling_raised_ends(error: Exception, lingered: bool, aborted: bool) -> None:
+    """One rule for every transport (``Connection.end``); each only says how it closes (``abort``, ``linger``)."""
+    peer = Peer(new_table())
+    try:
+        raise error
+    except Exception as exc:
+        peer.end(exc)
+    assert (peer.lingered, peer.aborted) == (lingered, aborted)
 
 
 def new_table(*, max_buffered_bytes: int = 1 << 20, max_connections: int = 4) -> StoreTable:

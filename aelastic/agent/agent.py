@@ -46,9 +46,9 @@ import anyio
 
 from .. import events
 from ..errors import AelasticError, RendezvousClosedError, StoreConnectionError
-from ..metrics import AgentMetrics
 from ..rendezvous.api import RendezvousHandler, RendezvousInfo
 from .errors import ChildFailedError, FailedElsewhereError, ProcessFailure
+from .figures import AgentMetrics
 from .forward.parent import RunningWorkers
 from .hang.parent import HangWatch, flight_recorder_env
 from .link.parent import LinkService
@@ -147,6 +147,7 @@ class ElasticAgent:
         job_restarts: bool = False,
         max_repeated_failures: int = 0,
         node_check: NodeCheck | None = None,
+        identical_workers: bool = False,
     ) -> None:
         self.spec = spec
         self.handler = handler
@@ -168,6 +169,7 @@ class ElasticAgent:
         self.running = running  # where the running workers' groups are tracked, for forwarded signals
         self.checkpoints = checkpoints  # the workers' in-memory checkpoints (aelastic.agent.checkpoint)
         self.node_check = node_check  # each round's new members checked before the workers start (--node-check)
+        self.identical_workers = identical_workers  # torch's TORCH_ELASTIC_WORKER_IDENTICAL: ranks need no exchange
         # What the workers may ask over their links (aelastic.agent.link).
         self.services: dict[str, LinkService] = {} if checkpoints is None else {checkpoints.name: checkpoints}
         # torch's rule: the timer server runs when its variable is exactly "1"; aelastic's watchdog needs it too.
@@ -356,7 +358,7 @@ class ElasticAgent:
         me = RoleInfo(self.spec.role, info.rank, self.spec.local_world_size)
         keeper = self.checkpoints
         if keeper is None:
-            assignment = await exchange_ranks(info.store, me, info.world_size)
+            assignment = await exchange_ranks(info.store, me, info.world_size, identical=self.identical_workers)
         else:
             await keeper.serve_replicas(self.handler.local_addr if info.world_size > 1 else None)
             assignment = await exchange_ranks(
@@ -693,7 +695,7 @@ class _Recorder:
     def init(self) -> None:
         """An attempt begins: its rendezvous is next."""
         self.group.state = WorkerState.INIT
-        self.metrics.set_state(WorkerState.INIT.value)
+        self.metrics.set_state(WorkerState.INIT)
 
     def rendezvous_done(self, seconds: float) -> None:
         self.metrics.rendezvous_done(seconds)
@@ -743,7 +745,7 @@ class _Recorder:
                              role, self.budget.repeated, report())  # fmt: skip
             state = WorkerState.SUCCEEDED if action is Action.SUCCEED else WorkerState.FAILED
             self.group.state = state
-            self.metrics.set_state(state.value)
+            self.metrics.set_state(state)
             self.metrics.run_finished(succeeded=action is Action.SUCCEED)
         # STOP_CLOSED changes nothing here: the agent raises RendezvousClosedError.
 

@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 :func:`serve_control` is a task in the launch's task group: it listens on a TCP port and runs one task per
 connection, parsing HTTP/1.1 with h11 (keep-alive included, as Prometheus scrapes over one connection). Each request
-is answered from :class:`~aelastic.metrics.AgentMetrics`, the state the agent updates as things happen, and from
+is answered from :class:`~aelastic.agent.figures.AgentMetrics`, the state the agent updates as things happen, and from
 the statistics of the store servers the agent's rendezvous handler runs (``handler.statistics().stores``): nothing
 is computed between requests, and an answer at all proves the agent's event loop is responsive.
 
@@ -35,8 +35,9 @@ import anyio.abc
 import h11
 
 from ..errors import AelasticError, ConfigurationError
-from ..metrics import RESTART_CAUSES, AgentMetrics
 from ..store import ServerStatistics
+from .figures import RESTART_CAUSES, AgentMetrics
+from .workers import WorkerState
 
 if TYPE_CHECKING:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -52,42 +53,44 @@ logger = logging.getLogger(__name__)
 StoreStatistics = Callable[[], Sequence[ServerStatistics]]
 """Where ``/metrics`` reads the statistics of the store servers to report, when scraped."""
 
-_RUNNING = ("HEALTHY", "UNHEALTHY")
-_STATES = ("INIT", "HEALTHY", "UNHEALTHY", "STOPPED", "SUCCEEDED", "FAILED")
+# The gauge aelastic_worker_group_state has a series per state the agent can be in (UNKNOWN is torch's placeholder).
+_STATES = tuple(s for s in WorkerState if s is not WorkerState.UNKNOWN)
 
 
 def health(metrics: AgentMetrics) -> tuple[int, dict[str, Any]]:
     """The ``/health`` answer for the agent's current state: ``(status, JSON body)``; see the module doc."""
-    body: dict[str, Any] = {"state": metrics.state, "workers_alive": metrics.workers_alive}
-    if metrics.unhealthy:
-        rank, why = min(metrics.unhealthy.items())
-        return 503, {**body, "reason": f"local rank {rank} is unhealthy: {why}"}
-    if metrics.stopped_reason is not None:
-        return 503, {**body, "reason": f"workers stopped: {metrics.stopped_reason}"}
-    if metrics.state in _RUNNING:
-        return 200, {**body, "reason": "workers running"}
-    if metrics.state == "INIT":
-        return 200, {**body, "reason": "workers starting"}
-    return 503, {**body, "reason": f"run over: workers {metrics.state.lower()}"}
+    return _probe(metrics, ready=False)
 
 
 def ready(metrics: AgentMetrics) -> tuple[int, dict[str, Any]]:
     """The ``/ready`` answer for the agent's current state: ``(status, JSON body)``; see the module doc."""
-    body: dict[str, Any] = {"state": metrics.state, "workers_alive": metrics.workers_alive}
+    return _probe(metrics, ready=True)
+
+
+def _probe(metrics: AgentMetrics, *, ready: bool) -> tuple[int, dict[str, Any]]:
+    """Both probes' answers: they agree but for the workers starting or exited (``/health``: the agent is alive;
+    ``/ready``: the node trains, which needs a complete round and running workers)."""
+    state = metrics.state
+    body: dict[str, Any] = {"state": state.value, "workers_alive": metrics.workers_alive}
     if metrics.unhealthy:
         rank, why = min(metrics.unhealthy.items())
         return 503, {**body, "reason": f"local rank {rank} is unhealthy: {why}"}
     if metrics.stopped_reason is not None:
-        return 503, {**body, "reason": f"workers stopped: {metrics.stopped_reason}; re-rendezvous"}
-    if metrics.state in _RUNNING:
+        again = "; re-rendezvous" if ready else ""
+        return 503, {**body, "reason": f"workers stopped: {metrics.stopped_reason}{again}"}
+    if WorkerState.is_running(state):
+        if not ready:
+            return 200, {**body, "reason": "workers running"}
         if metrics.workers_alive:
             return 200, {**body, "reason": "workers running after a complete rendezvous round"}
         return 503, {**body, "reason": "workers exited: the run ends or restarts"}
-    if metrics.state == "INIT":
+    if state is WorkerState.INIT:
+        if not ready:
+            return 200, {**body, "reason": "workers starting"}
         if metrics.rendezvous_count:
             return 503, {**body, "reason": "rendezvous round complete: workers starting"}
         return 503, {**body, "reason": "waiting for the first rendezvous round"}
-    return 503, {**body, "reason": f"run over: workers {metrics.state.lower()}"}
+    return 503, {**body, "reason": f"run over: workers {state.value.lower()}"}
 
 
 def _no_stores() -> Sequence[ServerStatistics]:
@@ -124,8 +127,8 @@ def _registry(metrics: AgentMetrics, stores: StoreStatistics = _no_stores) -> Co
             state = GaugeMetricFamily(
                 "aelastic_worker_group_state", "1 for the current state", labels=["role", "state"]
             )
-            for name in _STATES:
-                state.add_metric([*role, name], int(metrics.state == name))
+            for each in _STATES:
+                state.add_metric([*role, each.value], int(metrics.state is each))
             yield state
             for what, total, count, last, doc in (
                 ("rendezvous", metrics.rendezvous_sum, metrics.rendezvous_count, metrics.rendezvous_last,

@@ -5,7 +5,7 @@ A worker decorated with :func:`record` (ours or torch's: same file format) write
 
     {"message": {"message": "<Type>: <msg>", "extraInfo": {"py_callstack": "<traceback>", "timestamp": "<epoch s>"}}}
 
-The agent turns each failed :class:`~aelastic.agent.processes.WorkerExit` plus that file into a
+The agent turns each failed :class:`~aelastic.agent.started.WorkerExit` plus that file into a
 :class:`ProcessFailure`, and the group's failures into a :class:`ChildFailedError` whose text is torch's report,
 byte for byte, except where a worker wrote no error file and did not die by a signal: torch then prints a link to
 its documentation; here the traceback field shows the last lines the worker wrote to stderr (often a traceback).
@@ -29,12 +29,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from string import Template
-from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar
+from typing import Any, Final, ParamSpec, Protocol, TypeVar
 
 from ..errors import AelasticError, RendezvousClosedError
-
-if TYPE_CHECKING:
-    from .processes import WorkerExit
 
 __all__ = [
     "ChildFailedError",
@@ -84,6 +81,24 @@ def _signal_name(exitcode: int) -> str:
         return NOT_AVAILABLE
 
 
+class Exited(Protocol):
+    """What a failure is built from: :class:`aelastic.agent.started.WorkerExit`'s fields, named here and not
+    imported, because workers import this module (and the supervision's modules import it back)."""
+
+    @property
+    def local_rank(self) -> int: ...
+    @property
+    def global_rank(self) -> int: ...
+    @property
+    def pid(self) -> int: ...
+    @property
+    def exitcode(self) -> int: ...
+    @property
+    def timestamp(self) -> float: ...
+    @property
+    def stderr_tail(self) -> tuple[str, ...]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class ProcessFailure:
     """One failed worker, as the report shows it.
@@ -111,7 +126,7 @@ class ProcessFailure:
 
     @classmethod
     def from_exit(
-        cls, worker: WorkerExit, error_file: str | os.PathLike[str] | None, notes: Sequence[str] = ()
+        cls, worker: Exited, error_file: str | os.PathLike[str] | None, notes: Sequence[str] = ()
     ) -> ProcessFailure:
         """Build the failure of ``worker`` from its exit and, if it exists, its error file.
 
@@ -126,7 +141,7 @@ class ProcessFailure:
         return replace(failure, traceback="\n  ".join([failure.traceback, *notes]))
 
     @classmethod
-    def _from_exit(cls, worker: WorkerExit, error_file: str | os.PathLike[str] | None) -> ProcessFailure:
+    def _from_exit(cls, worker: Exited, error_file: str | os.PathLike[str] | None) -> ProcessFailure:
         data: dict[str, Any] = {}
         path = None if error_file is None else Path(error_file)
         if path is not None and path.is_file():
@@ -142,7 +157,7 @@ class ProcessFailure:
         return cls._without_file(worker, note=None)
 
     @classmethod
-    def _with_file(cls, worker: WorkerExit, path: str, data: dict[str, Any]) -> ProcessFailure:
+    def _with_file(cls, worker: Exited, path: str, data: dict[str, Any]) -> ProcessFailure:
         raw = data["message"]
         if isinstance(raw, str):  # torch's "new" plain-string form; shown as is
             message = traceback = raw
@@ -170,7 +185,7 @@ class ProcessFailure:
         )
 
     @classmethod
-    def _without_file(cls, worker: WorkerExit, note: str | None) -> ProcessFailure:
+    def _without_file(cls, worker: Exited, note: str | None) -> ProcessFailure:
         tail = [line for line in worker.stderr_tail if line.strip()] if worker.stderr_tail else []
         if worker.exitcode < 0:
             message = f"Signal {-worker.exitcode} ({_signal_name(worker.exitcode)}) received by PID {worker.pid}"

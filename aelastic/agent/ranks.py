@@ -14,7 +14,6 @@ part with its ranks; no extra round trip.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
@@ -66,11 +65,14 @@ async def exchange_ranks(
     group_world_size: int,
     inventory: Inventory | None = None,
     disk: Callable[[], Sequence[Held]] | None = None,
+    *,
+    identical: bool = False,
 ) -> RankAssignment:
     """Run the rank exchange for node ``me`` through the round's ``store``; ``inventory``: the checkpoints this
     node's agent holds (``None``: it holds none for its workers, and neither does any other node's); ``disk``: the
-    checkpoint directory's newest complete step, looked at by group rank 0 only."""
-    if os.environ.get("TORCH_ELASTIC_WORKER_IDENTICAL") == "1" and inventory is None:
+    checkpoint directory's newest complete step, looked at by group rank 0 only; ``identical``: torch's
+    ``TORCH_ELASTIC_WORKER_IDENTICAL`` (every node the same workers: no exchange, unless checkpoints need one)."""
+    if identical and inventory is None:
         world = group_world_size * me.local_world_size
         base = me.rank * me.local_world_size
         return RankAssignment(base, world, base, world)

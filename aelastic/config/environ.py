@@ -15,9 +15,12 @@ from ..errors import ConfigurationError
 __all__ = [
     "export_run_environment",
     "health_check_port",
+    "log_level",
     "log_line_prefix_template",
     "python_executable",
+    "share_rendezvous_store",
     "shutdown_timeout",
+    "workers_identical",
 ]
 
 logger = logging.getLogger(__name__)
@@ -61,6 +64,23 @@ def health_check_port(environ: Mapping[str, str] = os.environ) -> int | None:
     except ValueError:
         logger.warning("TORCHELASTIC_HEALTH_CHECK_PORT=%r is not a port number: no health check server", text)
         return None
+
+
+def log_level(environ: Mapping[str, str] = os.environ) -> str:
+    """torch's ``LOGLEVEL``, else ``WARNING``: the agent's log level where ``--log-level`` is not given."""
+    return environ.get("LOGLEVEL", "WARNING")
+
+
+def share_rendezvous_store(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether rank 0's agent serves the workers' store (torch's default): ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``
+    has rank 0's worker serve it instead, as torch's c10d handler reads it."""
+    return environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "0") != "1"
+
+
+def workers_identical(environ: Mapping[str, str] = os.environ) -> bool:
+    """torch's ``TORCH_ELASTIC_WORKER_IDENTICAL=1``: every node runs the same workers, so ranks follow from the
+    group rank without the rank exchange."""
+    return environ.get("TORCH_ELASTIC_WORKER_IDENTICAL") == "1"
 
 
 def export_run_environment(

@@ -195,5 +195,6 @@ class LaunchConfig:
         if self.rdzv_timeout != -1:
             configs["timeout"] = self.rdzv_timeout
         return RendezvousParameters(
-            backend, endpoint, run_id, self.min_nodes, self.max_nodes, self.local_addr, **configs
-        )
+            backend, endpoint, run_id, self.min_nodes, self.max_nodes, self.local_addr,
+            share_store=environ.share_rendezvous_store(), **configs,
+        )  # fmt: skip

@@ -63,7 +63,12 @@ class RendezvousInfo:
 
 @dataclass(frozen=True)
 class RendezvousParameters:
-    """What the user asked for; ``config`` holds the ``--rdzv-conf`` keys, validated by the backend."""
+    """What the user asked for; ``config`` holds the ``--rdzv-conf`` keys, validated by the backend.
+
+    ``share_store`` (aelastic's, keyword-only): whether rank 0's agent serves the round's workers' store
+    (``use_agent_store``); torch's ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` turns it off, which
+    :meth:`aelastic.LaunchConfig.rendezvous_parameters` reads.
+    """
 
     backend: str
     endpoint: str
@@ -72,6 +77,7 @@ class RendezvousParameters:
     max_nodes: int
     local_addr: str | None = None
     config: Mapping[str, Any] = field(default_factory=dict)
+    share_store: bool = True
 
     def __init__(
         self,
@@ -81,6 +87,8 @@ class RendezvousParameters:
         min_nodes: int,
         max_nodes: int,
         local_addr: str | None = None,
+        *,
+        share_store: bool = True,
         **kwargs: Any,
     ) -> None:
         object.__setattr__(self, "backend", backend)
@@ -90,6 +98,7 @@ class RendezvousParameters:
         object.__setattr__(self, "max_nodes", max_nodes)
         object.__setattr__(self, "local_addr", local_addr)
         object.__setattr__(self, "config", dict(kwargs))
+        object.__setattr__(self, "share_store", share_store)
         if not backend:
             raise ConfigurationError("rendezvous backend '': must name a backend (c10d, etcd, static, ...)")
         if not 1 <= min_nodes <= max_nodes:
@@ -119,7 +128,7 @@ class RendezvousParameters:
         if not host or not run_id:
             raise ConfigurationError(f"rendezvous URL {url!r}: must be etcd://HOST[:PORT]/JOB_ID?min_workers=N...")
         query = parse_qsl(parts.query, keep_blank_values=True)
-        conf = dict(query)
+        conf: dict[str, Any] = dict(query)
         if len(conf) != len(query) or not all(conf.values()):
             raise ConfigurationError(f"rendezvous URL {url!r}: each query key once, each with a value")
 

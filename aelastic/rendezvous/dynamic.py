@@ -49,9 +49,9 @@ import dataclasses
 import functools
 import logging
 import math
-import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
+from typing import Final, cast
 
 import anyio
 import anyio.abc
@@ -86,6 +86,7 @@ from .codec import (
     make_digest,
 )
 from .joins import JOIN_REQUESTS, JoinRequest, fold_joins
+from .settings import HEARTBEAT_TIMEOUT, READ_TIMEOUT
 from .state import (
     Action,
     NodeDesc,
@@ -179,18 +180,55 @@ class HandlerOptions:
         read_timeout: how long the backend may stay unreachable before the handler fails.
         observer: called at every step of the node's exit and join (:data:`~aelastic.rendezvous.api.JoinObserver`).
         servers: the store servers the opener runs for this handler (they show in its ``statistics()``).
+        share_store: whether rank 0's agent serves the round's workers' store
+            (:attr:`~aelastic.rendezvous.api.RendezvousParameters.share_store`; ``use_agent_store``).
     """
 
     backend_name: str
     bootstrap_host: str
-    heartbeat_timeout: float = 5.0
-    read_timeout: float = 60.0
+    heartbeat_timeout: float = cast(float, HEARTBEAT_TIMEOUT.default)
+    read_timeout: float = cast(float, READ_TIMEOUT.default)
     observer: JoinObserver | None = None
     servers: tuple[StoreServer, ...] = ()
+    share_store: bool = True
+
+
+@dataclasses.dataclass(slots=True)
+class _Known:
+    """What this node knows of the shared state, from its reads (see the module docstring's "Reads")."""
+
+    seen: Versioned = dataclasses.field(default_factory=lambda: Versioned(0, None))  # the last whole read: what a
+    # write compare-and-sets against
+    committed: RendezvousState = dataclasses.field(default_factory=RendezvousState)  # the state as last written
+    state: View = dataclasses.field(default_factory=RendezvousState)  # what this node decides on: the whole state
+    # (written, with the pending join requests folded in), or its digest's view
+    version: int = -1  # the newest version this node read, whole or as a digest (-1: none yet)
+    joined: int = 0  # the join requests consumed up to that version (digests)
+    folds: FoldCache = dataclasses.field(default_factory=lambda: FoldCache())
+
+    def adopt(self, seen: Versioned) -> None:
+        """Take a whole read, unless a newer version was read already."""
+        if seen.version >= self.version:
+            self.seen, self.version, self.joined = seen, seen.version, seen.joined
+            self.committed = committed_state(seen)
+            self.state = self.folds.state_of(seen)
+
+
+@dataclasses.dataclass(slots=True)
+class _OwnRequest:
+    """This node's latest join request, and whether publishing its fold is this node's job."""
+
+    request: bytes | None = None
+    ticket: int | None = None  # its ticket (digests): folded once a version's ``joined`` reaches it
+    publish: bool = False  # digests: this node's request changes what others wait for, so it writes the fold
 
 
 class DynamicRendezvousHandler(RendezvousHandler):
-    """torch's ``DynamicRendezvousHandler`` semantics, event driven. Open it with :func:`open_dynamic_rendezvous`."""
+    """torch's ``DynamicRendezvousHandler`` semantics, event driven. Open it with :func:`open_dynamic_rendezvous`.
+
+    The pure core (:mod:`.state`) decides each step; what the handler does for each of its actions is the table
+    :data:`_STEPS` (and :data:`_FAILURES` for the actions that end an operation with an error).
+    """
 
     def __init__(
         self,
@@ -204,46 +242,33 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self.settings = settings
         self.backend = backend
         self._task_group = task_group
-        self._backend_name = options.backend_name
-        self._heartbeat_timeout = options.heartbeat_timeout
-        self._read_timeout = options.read_timeout
-        self._seen = Versioned(0, None)  # the last whole read: what a write compare-and-sets against
-        self._committed = RendezvousState()
-        self._state: View = self._committed  # what this node decides on: the whole state, or its digest's view
-        self._version = -1  # the newest version this node read, whole or as a digest (-1: none yet)
-        self._joined = 0  # the join requests consumed up to that version (digests)
-        self._request: bytes | None = None  # this node's latest join request
-        self._ticket: int | None = None  # its ticket (digests): folded once a version's joined reaches it
-        self._publish = False  # this node's request changes what others wait for: write the folded state
+        self._options = options
+        self._known = _Known()
+        self._own = _OwnRequest()
         self._liveness_started = False
         self._joining: anyio.Event | None = None  # set when this node's wait for its round to complete ends
         self._bootstrap = BootstrapStores(task_group, options.bootstrap_host)
-        # torch's switch, read where torch's handler reads it: rank 0's worker serves the workers' store itself.
-        self._share_store = os.environ.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "0") != "1"
         self._round: int | None = None
         self._world = 0  # the world size of the round this node finished
-        self._observer = options.observer
-        self._servers = options.servers  # the store servers the backend hosts for this handler (c10d's host)
-        self._folds = FoldCache()
         self._counted = RendezvousStatistics()  # what this handler did (stores and folds: see statistics())
 
     def __repr__(self) -> str:
-        s = self._state
+        s = self._known.state
         return (
             f"<DynamicRendezvousHandler {self.node.id} run={self.settings.run_id!r} round={s.round} "
             f"complete={s.complete} closed={s.closed} participants={len(s.participants)} "
-            f"waiting={len(s.wait_list)} reserve={len(s.redundancy_list)} version={self._seen.version}>"
+            f"waiting={len(s.wait_list)} reserve={len(s.redundancy_list)} version={self._known.seen.version}>"
         )
 
     def get_backend(self) -> str:
-        return self._backend_name
+        return self._options.backend_name
 
     def get_run_id(self) -> str:
         return self.settings.run_id
 
     @property
     def use_agent_store(self) -> bool:
-        return self._share_store
+        return self._options.share_store
 
     @property
     def local_addr(self) -> str:
@@ -251,12 +276,12 @@ class DynamicRendezvousHandler(RendezvousHandler):
 
     def statistics(self) -> RendezvousStatistics:
         served = self._bootstrap.server
-        servers = self._servers if served is None else (*self._servers, served)
+        servers = self._options.servers if served is None else (*self._options.servers, served)
         return dataclasses.replace(
             self._counted,
             stores=tuple(server.statistics() for server in servers),
-            folds=self._folds.folds,
-            requests_folded=self._folds.requests_folded,
+            folds=self._known.folds.folds,
+            requests_folded=self._known.folds.requests_folded,
         )
 
     def _count(self, **added: int) -> None:
@@ -267,15 +292,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
     @property
     def state(self) -> View:
         """The state as this node last read it: whole, or as its view from the state's digest."""
-        return self._state
+        return self._known.state
 
     # --- reading and writing --------------------------------------------------------------------------------
-
-    def _adopt(self, seen: Versioned) -> None:
-        if seen.version >= self._version:
-            self._seen, self._version, self._joined = seen, seen.version, seen.joined
-            self._committed = committed_state(seen)
-            self._state = self._folds.state_of(seen)
 
     async def _look(self, known: int = -1) -> None:
         """Read what this node decides on: its view from the newest digest (O(1) bytes) where the backend keeps
@@ -288,7 +307,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
             return
         self._count(digest_reads=1, digest_bytes_read=len(read.summary or b"") + len(read.shard or b""))
         # A whole read of the same version holds the pending requests too: keep it.
-        if read.version < self._version or (read.version == self._version and isinstance(self._state, RendezvousState)):
+        have = self._known
+        if read.version < have.version or (read.version == have.version and isinstance(have.state, RendezvousState)):
             return
         if read.summary is None:
             view = StateView(self.node, 0, False, False, (0, 0, 0), 0)
@@ -298,7 +318,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         if counted is None:
             await self._refresh()  # where a late request lands (wait list or reserve) only the fold can tell
             return
-        self._version, self._joined, self._state = read.version, read.joined, counted
+        have.version, have.joined, have.state = read.version, read.joined, counted
 
     def _with_own_request(self, view: StateView, joined: int) -> StateView | None:
         """``view`` (whose version consumed ``joined`` requests) with this node's pending request counted in: it
@@ -306,20 +326,20 @@ class DynamicRendezvousHandler(RendezvousHandler):
         dropped), so the node does not ask again and its timers run. The count does not depend on the version
         read, as long as it precedes the request: each request a later version consumed is one more participant
         and one more consumed. ``None`` when the round is complete or closed: only the fold can tell."""
-        if self._ticket is None or joined >= self._ticket:
+        if self._own.ticket is None or joined >= self._own.ticket:
             return view
         if view.complete or view.closed:
             return None
-        counted = len(view.participants) + self._ticket - joined
+        counted = len(view.participants) + self._own.ticket - joined
         # Whether the requests counted regroup the round (fast quorum) only the fold can tell: _triggers judges.
         return view._replace(sizes=(counted, *view.sizes[1:]), where="participants", regrouped=False)
 
     async def _whole(self) -> RendezvousState:
         """The whole state, for what a view cannot tell (which members left, and their ranks)."""
-        if isinstance(self._state, StateView):
+        if isinstance(self._known.state, StateView):
             await self._refresh()
-        assert isinstance(self._state, RendezvousState)  # a whole read always replaces a view
-        return self._state
+        assert isinstance(self._known.state, RendezvousState)  # a whole read always replaces a view
+        return self._known.state
 
     def _triggers(self, counted: StateView) -> bool:
         """Whether this node's join request is the one whose fold others wait for, judged from the view that
@@ -335,48 +355,37 @@ class DynamicRendezvousHandler(RendezvousHandler):
             return True
         return n in (self.settings.min_nodes, self.settings.max_nodes)
 
-    def _must_publish(self) -> bool:
-        """Whether the join requests folded into this node's view change what other nodes wait for, so that the
-        view must be written (which wakes them): the round completed, a node joined the wait list of a complete
-        round, the round reached ``min_nodes`` (the others start their last call when they see it), or the round
-        regrouped after a loss (fast quorum: the participants complete it when they see it).
+    def _fold_to_publish(self) -> RendezvousState | None:
+        """The folded state this node is to write, if its view folds join requests in and publishing it is this
+        node's job: on a backend with digests, the node whose request triggers it (``_own.publish``); on others,
+        the node whose own request is the newest in its read (the last node to append always is). Whether the fold
+        changes what others wait for is :func:`_changes_what_others_wait_for`'s answer. A query: it writes nothing.
 
         One node does it, not every node that sees it (a thousand nodes reading one burst of requests would
-        otherwise each encode and compare-and-set the whole state): the node whose own request is the newest in
-        its read; the last node to append always is. Publishing only wakes the others sooner: the folded view is
-        already the state (every later write is decided on a read that includes those requests), so if that node
-        dies first, the others see the same view when their wait ends (it never outlasts the liveness grace).
+        otherwise each encode and compare-and-set the whole state). Publishing only wakes the others sooner: the
+        folded view is already the state (every later write is decided on a read that includes those requests), so
+        if that node dies first, the others see the same view when their wait ends (it never outlasts the liveness
+        grace).
         """
-        written, view = self._committed, self._state
-        if not isinstance(view, RendezvousState) or view is written:
-            return False
-        if self.backend.digests:
-            if not self._publish:
-                return False
-        elif self._seen.pending[-1:] != (self._request,):
-            return False
-        quorum = self.settings.min_nodes
-        self._publish = (
-            view.complete != written.complete
-            or len(view.wait_list) > len(written.wait_list)
-            or len(written.participants) < quorum <= len(view.participants)
-            or (self.settings.fast_quorum and regrouped(view) and not regrouped(written))
-        )
-        return self._publish
+        view, known = self._known.state, self._known
+        if not isinstance(view, RendezvousState) or view is known.committed:
+            return None
+        ours = self._own.publish if self.backend.digests else known.seen.pending[-1:] == (self._own.request,)
+        return view if ours else None
 
     async def _refresh(self) -> None:
         seen = await self.backend.get_state()
         self._count(state_reads=1, state_bytes_read=len(seen.data or b"") + sum(len(r) + 1 for r in seen.pending))
-        self._adopt(seen)
+        self._known.adopt(seen)
 
     async def _write(self, state: RendezvousState) -> bool:
         digest = make_digest(state) if self.backend.digests else _NO_DIGEST
-        seen, won = await self.backend.set_state(encode_state(state), self._seen, digest)
+        seen, won = await self.backend.set_state(encode_state(state), self._known.seen, digest)
         if won:
             self._count(writes_won=1)
         else:
             self._count(writes_lost=1)
-        self._adopt(seen)
+        self._known.adopt(seen)
         return won
 
     async def _wait_for_change(self, until: float) -> None:
@@ -385,16 +394,17 @@ class DynamicRendezvousHandler(RendezvousHandler):
         # longer than the liveness grace without re-reading (a safety net; changes normally arrive pushed).
         grace = self.settings.keep_alive_interval * self.settings.keep_alive_max_attempt
         limit = min(until, anyio.current_time() + grace)
-        seen = self._seen if self._seen.version == self._version else Versioned(self._version, None)
+        known = self._known
+        seen = known.seen if known.seen.version == known.version else Versioned(known.version, None)
         woke = False
         with anyio.move_on_after(max(0.0, limit - anyio.current_time())):
             await self.backend.wait_for_change(seen)
             woke = True
         self._count(wake_ups=1)
-        if not woke and self._ticket is not None and self._joined < self._ticket:
+        if not woke and self._own.ticket is not None and self._known.joined < self._own.ticket:
             # No news while this node's request waits to be folded: the node that was to publish it may hang.
             # Read the whole state, which holds the request, and publish it if others wait for what it changes.
-            self._publish = True
+            self._own.publish = True
             await self._refresh()
         else:
             await self._look(seen.version + 1 if woke else -1)
@@ -409,64 +419,65 @@ class DynamicRendezvousHandler(RendezvousHandler):
         """
         if not fresh:
             await self._look()
-        observe = self._observer if node is not None else None
+        observe = self._options.observer if node is not None else None
         while True:
-            if self._must_publish():
-                assert isinstance(self._state, RendezvousState)  # _must_publish says so
-                await self._write(self._state)
-                continue
+            fold = self._fold_to_publish()
+            if fold is not None:
+                # The job stays this node's only while its folds change what others wait for.
+                self._own.publish = _changes_what_others_wait_for(self._known.committed, fold, self.settings)
+                if self._own.publish:
+                    await self._write(fold)
+                    continue
             now = anyio.current_time()
-            timers = update_timers(timers, self._state, self.settings, now, node=node)
-            action = decide(self._state, timers, now)
+            timers = update_timers(timers, self._known.state, self.settings, now, node=node)
+            action = decide(self._known.state, timers, now)
             if observe is not None:
-                observe(self.node, self._state, self.settings, timers, now, action)
+                observe(self.node, self._known.state, self.settings, timers, now, action)
             if action is Action.FINISH:
                 return timers
-            if action is Action.ERROR_CLOSED:
-                raise RendezvousClosedError(f"rendezvous {self.settings.run_id!r} is closed")
-            if action is Action.GRACEFUL_EXIT:
-                raise RendezvousGracefulExitError(
-                    f"rendezvous {self.settings.run_id!r} closed while {self.node.id} waited in reserve"
-                )
-            if action is Action.ERROR_TIMEOUT:
-                # The node has already taken itself off the lists: count the others, and itself.
-                joined = 1 + len(self._state.participants) - (self.node in self._state.participants)
-                raise RendezvousTimeoutError(
-                    f"rendezvous {self.settings.run_id!r} did not complete within join_timeout="
-                    f"{self.settings.join_timeout:g}s: {joined} node(s) joined, "
-                    f"min_nodes={self.settings.min_nodes}"
-                )
-            if action is Action.WAIT:
-                deadlines = [timers.join_deadline]
-                if timers.last_call_deadline is not None:
-                    deadlines.append(timers.last_call_deadline)
-                self._joining = joining = anyio.Event()
-                try:
-                    await self._wait_for_change(min(deadlines))
-                finally:
-                    self._joining = None
-                    joining.set()
-            elif action in JOIN_REQUESTS:
-                endpoint = await self._bootstrap.reserve()
-                self._request = encode_join_request(JoinRequest(self.node, self.settings.max_nodes, endpoint))
-                self._ticket = await self.backend.request_join(self._request)
-                self._count(join_requests=1)
-                counted = None
-                if self._ticket is not None and isinstance(self._state, StateView):
-                    # No read: the view this request was decided on counts it as well as a newer one would.
-                    counted = self._with_own_request(self._state, self._joined)
-                if counted is None:
-                    self._publish = self._ticket is not None
-                    await self._refresh()
-                elif self._triggers(counted):
-                    self._publish = True
-                    await self._refresh()
-                else:
-                    self._state = counted
-            elif isinstance(self._state, StateView):
-                await self._refresh()  # a write is decided again on the whole state it replaces
-            else:
-                await self._write(apply(self._state, action, self.node, self.settings))
+            failure = _FAILURES.get(action)
+            if failure is not None:
+                raise failure(self)
+            await _STEPS.get(action, DynamicRendezvousHandler._apply_step)(self, action, timers)
+
+    async def _wait_step(self, action: Action, timers: NodeTimers) -> None:
+        """WAIT: until the next change, or the nearest of this node's deadlines."""
+        deadlines = [timers.join_deadline]
+        if timers.last_call_deadline is not None:
+            deadlines.append(timers.last_call_deadline)
+        self._joining = joining = anyio.Event()
+        try:
+            await self._wait_for_change(min(deadlines))
+        finally:
+            self._joining = None
+            joining.set()
+
+    async def _join_step(self, action: Action, timers: NodeTimers) -> None:
+        """A join request (:data:`~aelastic.rendezvous.joins.JOIN_REQUESTS`): append it, then count it in."""
+        endpoint = await self._bootstrap.reserve()
+        own = self._own
+        own.request = encode_join_request(JoinRequest(self.node, self.settings.max_nodes, endpoint))
+        own.ticket = await self.backend.request_join(own.request)
+        self._count(join_requests=1)
+        counted = None
+        if own.ticket is not None and isinstance(self._known.state, StateView):
+            # No read: the view this request was decided on counts it as well as a newer one would.
+            counted = self._with_own_request(self._known.state, self._known.joined)
+        if counted is None:
+            own.publish = own.ticket is not None
+            await self._refresh()
+        elif self._triggers(counted):
+            own.publish = True
+            await self._refresh()
+        else:
+            self._known.state = counted
+
+    async def _apply_step(self, action: Action, timers: NodeTimers) -> None:
+        """Any other write action: apply it to the whole state and compare-and-set the result."""
+        if isinstance(self._known.state, StateView):
+            await self._refresh()  # a write is decided again on the whole state it replaces
+        else:
+            await self._write(apply(self._known.state, action, self.node, self.settings))
 
     # --- liveness ---------------------------------------------------------------------------------------------
 
@@ -496,12 +507,13 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 self.settings.run_id, ", ".join(sorted(hosts)), ", ".join(sorted(n.id for n in gone)),
             )  # fmt: skip
             try:
-                with anyio.fail_after(self._read_timeout):
+                with anyio.fail_after(self._options.read_timeout):
                     await self._evict(gone)
             except TimeoutError as exc:
                 raise RendezvousConnectionError(
                     f"rendezvous {self.settings.run_id!r}: lost {self.backend.location}: evicting the dead "
-                    f"node(s) {sorted(n.id for n in gone)} got no answer within read_timeout={self._read_timeout:g}s"
+                    f"node(s) {sorted(n.id for n in gone)} got no answer within "
+                    f"read_timeout={self._options.read_timeout:g}s"
                 ) from exc
 
     async def _liveness(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -531,7 +543,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             try:
                 # The neighbour's check is bounded with the beat: a store that goes silent while it is in flight
                 # must not hang the liveness, which is what notices a lost store.
-                with anyio.fail_after(self._heartbeat_timeout):
+                with anyio.fail_after(self._options.heartbeat_timeout):
                     await self.backend.keep_alive(self.node.key)
                     reached = anyio.current_time()
                     neighbour = self._neighbour()
@@ -541,29 +553,29 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 # A missed beat is what liveness is for: the others judge this node. Only a backend that no beat
                 # has reached for read_timeout is given up on: other operations may hang on it meanwhile.
                 lost = anyio.current_time() - reached
-                error = str(exc) or f"no answer within heartbeat_timeout={self._heartbeat_timeout:g}s"
-                if lost >= self._read_timeout:
+                error = str(exc) or f"no answer within heartbeat_timeout={self._options.heartbeat_timeout:g}s"
+                if lost >= self._options.read_timeout:
                     raise RendezvousConnectionError(
                         f"rendezvous {self.settings.run_id!r}: lost {self.backend.location}: no heartbeat of "
-                        f"{self.node.id} reached it for {lost:.0f}s (read_timeout={self._read_timeout:g}s); "
+                        f"{self.node.id} reached it for {lost:.0f}s (read_timeout={self._options.read_timeout:g}s); "
                         f"last error: {error}"
                     ) from exc
                 logger.warning("rendezvous %s: heartbeat of %s failed: %s", self.settings.run_id, self.node.id, error)
                 continue
             if dead is not None:
                 try:
-                    with anyio.fail_after(self._read_timeout):  # nor may the eviction hang the liveness
+                    with anyio.fail_after(self._options.read_timeout):  # nor may the eviction hang the liveness
                         await self._evict(frozenset({dead}))
                 except TimeoutError as exc:
                     raise RendezvousConnectionError(
                         f"rendezvous {self.settings.run_id!r}: lost {self.backend.location}: evicting the dead "
-                        f"node {dead.id} got no answer within read_timeout={self._read_timeout:g}s"
+                        f"node {dead.id} got no answer within read_timeout={self._options.read_timeout:g}s"
                     ) from exc
 
     def _neighbour(self) -> NodeDesc | None:
-        if isinstance(self._state, StateView):
-            return self._state.neighbour
-        nodes = sorted(self._state.all_nodes())
+        if isinstance(self._known.state, StateView):
+            return self._known.state.neighbour
+        nodes = sorted(self._known.state.all_nodes())
         if self.node not in nodes or len(nodes) < 2:
             return None
         return nodes[nodes.index(self.node) - 1]
@@ -581,7 +593,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             if await self._write(apply(state, Action.REMOVE_DEAD, self.node, self.settings, present)):
                 record_rendezvous(
                     "member_left" if left else "member_dead", self.settings.run_id, self.node.id,
-                    backend=self._backend_name, round=self._round, dead=names,
+                    backend=self._options.backend_name, round=self._round, dead=names,
                 )  # fmt: skip
                 return
 
@@ -592,19 +604,19 @@ class DynamicRendezvousHandler(RendezvousHandler):
         timers = NodeTimers(join_deadline=began + self.settings.join_timeout)
         await self._start_liveness()
         node, settings = self.node, self.settings
-        record_rendezvous("join", settings.run_id, node.id, backend=self._backend_name, round=self._round)
+        record_rendezvous("join", settings.run_id, node.id, backend=self._options.backend_name, round=self._round)
         timers = await self._run(lambda s, t, now: decide_exit(s, node, settings, t, now), timers, node)
         await self._run(lambda s, t, now: decide_join(s, node, settings, t, now), timers, node, fresh=True)
-        state = self._state
+        state = self._known.state
         rank = state.rank_of(node)
         if rank is None:  # the state machine finishes a join only as a member of a complete round
             raise RendezvousClosedError(f"rendezvous {settings.run_id!r}: join finished without a rank")
         round_store = self.backend.store.prefixed(round_prefix(settings.run_id, state.round))
-        bootstrap = await self._bootstrap.start_round(rank, state.master, serve=self._share_store)
+        bootstrap = await self._bootstrap.start_round(rank, state.master, serve=self._options.share_store)
         self._round, self._world = state.round, state.world_size
         record_rendezvous(
-            "round_complete", settings.run_id, node.id, backend=self._backend_name, round=state.round, rank=rank,
-            world_size=state.world_size, duration_ms=(anyio.current_time() - began) * 1000,
+            "round_complete", settings.run_id, node.id, backend=self._options.backend_name, round=state.round,
+            rank=rank, world_size=state.world_size, duration_ms=(anyio.current_time() - began) * 1000,
             master_endpoint=f"{bootstrap.master_addr}:{bootstrap.master_port}",
         )  # fmt: skip
         logger.info(
@@ -616,7 +628,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
 
     async def num_nodes_waiting(self) -> int:
         await self._look()
-        return self._state.num_waiting
+        return self._known.state.num_waiting
 
     async def wait_for_membership_change(self, finished: Finished | None = None) -> str:
         excused: set[int] = set()
@@ -632,7 +644,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         return ranks
 
     async def _member_ranks(self) -> frozenset[int]:
-        s = self._state
+        s = self._known.state
         if self._round is None or s.round != self._round or not s.complete:
             return frozenset()
         if len(s.participants) == self._world:  # no member left (members are never added): all ranks
@@ -644,7 +656,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
 
     async def _restart_reason(self, finished: Finished | None, excused: set[int]) -> str | None:
         """Why the round must be redone, if it must. Ranks in ``excused`` left after ``finished`` said they had."""
-        s = self._state
+        s = self._known.state
         if s.closed:
             return "the rendezvous was closed"
         if self._round is None:
@@ -668,13 +680,14 @@ class DynamicRendezvousHandler(RendezvousHandler):
 
     async def is_closed(self) -> bool:
         await self._look()
-        return self._state.closed
+        return self._known.state.closed
 
     async def set_closed(self) -> None:
         timers = NodeTimers(join_deadline=anyio.current_time() + self.settings.close_timeout)
         settings = self.settings
         await self._run(lambda s, t, now: decide_close(s, settings, t, now), timers, None)
-        record_rendezvous("closed", settings.run_id, self.node.id, backend=self._backend_name, round=self._round)
+        backend = self._options.backend_name
+        record_rendezvous("closed", settings.run_id, self.node.id, backend=backend, round=self._round)
 
     async def leave(self) -> None:
         # As a node found dead: recorded as lost, so the survivors' next round completes as soon as they are all
@@ -689,6 +702,52 @@ class DynamicRendezvousHandler(RendezvousHandler):
             logger.warning("rendezvous %s: shutdown failed: %r", self.settings.run_id, exc)
             return False
         return True
+
+
+Step = Callable[[DynamicRendezvousHandler, Action, NodeTimers], Awaitable[None]]
+
+_STEPS: Final[Mapping[Action, Step]] = {
+    Action.WAIT: DynamicRendezvousHandler._wait_step,
+    **dict.fromkeys(JOIN_REQUESTS, DynamicRendezvousHandler._join_step),
+}
+"""What the handler does for each action of the core; every other write action is ``_apply_step``'s (FINISH ends
+the operation, and the actions of :data:`_FAILURES` end it with an error)."""
+
+
+def _timed_out(handler: DynamicRendezvousHandler) -> Exception:
+    state, settings = handler.state, handler.settings
+    # The node has already taken itself off the lists: count the others, and itself.
+    joined = 1 + len(state.participants) - (handler.node in state.participants)
+    return RendezvousTimeoutError(
+        f"rendezvous {settings.run_id!r} did not complete within join_timeout={settings.join_timeout:g}s: "
+        f"{joined} node(s) joined, min_nodes={settings.min_nodes}"
+    )
+
+
+_FAILURES: Final[Mapping[Action, Callable[[DynamicRendezvousHandler], Exception]]] = {
+    Action.ERROR_CLOSED: lambda h: RendezvousClosedError(f"rendezvous {h.settings.run_id!r} is closed"),
+    Action.GRACEFUL_EXIT: lambda h: RendezvousGracefulExitError(
+        f"rendezvous {h.settings.run_id!r} closed while {h.node.id} waited in reserve"
+    ),
+    Action.ERROR_TIMEOUT: _timed_out,
+}
+"""The error each failing action of the core raises from the operation."""
+
+
+def _changes_what_others_wait_for(
+    written: RendezvousState, view: RendezvousState, settings: RendezvousSettings
+) -> bool:
+    """Whether the join requests folded into ``view`` change what other nodes wait for, so that it must be written
+    (which wakes them): the round completed, a node joined the wait list of a complete round, the round reached
+    ``min_nodes`` (the others start their last call when they see it), or the round regrouped after a loss (fast
+    quorum: the participants complete it when they see it)."""
+    quorum = settings.min_nodes
+    return (
+        view.complete != written.complete
+        or len(view.wait_list) > len(written.wait_list)
+        or len(written.participants) < quorum <= len(view.participants)
+        or (settings.fast_quorum and regrouped(view) and not regrouped(written))
+    )
 
 
 def _departed(state: RendezvousState) -> frozenset[int]:

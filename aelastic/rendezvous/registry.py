@@ -22,6 +22,7 @@ from .._groups import single_error
 from ..errors import ConfigurationError
 from .api import JoinObserver, RendezvousHandler, RendezvousParameters
 from .backends.base import StateReader
+from .settings import ConfKey
 from .state import RendezvousSettings
 
 __all__ = [
@@ -65,13 +66,15 @@ SettingsOf = Callable[[RendezvousParameters], RendezvousSettings]
 class BackendEntry:
     """One registered backend; see the module docstring. ``open_reader`` None: the backend keeps no shared state
     to show (``static``); ``settings`` None (with a reader): the shared timing keys
-    (:class:`~aelastic.rendezvous.settings.TimingSettings`) give them."""
+    (:class:`~aelastic.rendezvous.settings.TimingSettings`) give them. ``keys``: the ``--rdzv-conf`` keys it
+    reads (the reference lists them; empty: not declared)."""
 
     name: str
     open: OpenHandler
     check: CheckParameters | None = None
     open_reader: OpenReader | None = None
     settings: SettingsOf | None = None
+    keys: tuple[ConfKey, ...] = ()
 
     def rendezvous_settings(self, params: RendezvousParameters) -> RendezvousSettings:
         """The protocol settings ``params`` give, as the backend's nodes derive them."""
@@ -93,16 +96,17 @@ def _builtin(name: str) -> BackendEntry:
         from .backends import c10d
 
         return BackendEntry(
-            "c10d", c10d.open_c10d_rendezvous, c10d.c10d_setup, c10d.open_c10d_reader, c10d.c10d_settings
-        )
+            "c10d", c10d.open_c10d_rendezvous, c10d.c10d_setup, c10d.open_c10d_reader, c10d.c10d_settings,
+            c10d.C10D_KEYS,
+        )  # fmt: skip
     if name == "static":
         from .backends import static
 
-        return BackendEntry("static", static.open_static_rendezvous, static.static_setup)
+        return BackendEntry("static", static.open_static_rendezvous, static.static_setup, keys=static.STATIC_KEYS)
     from .backends import etcd
 
     opener = etcd.open_etcd_rendezvous if name == "etcd" else etcd.open_etcd_v2_rendezvous
-    return BackendEntry(name, opener, etcd.etcd_setup, etcd.open_etcd_reader, etcd.etcd_settings)
+    return BackendEntry(name, opener, etcd.etcd_setup, etcd.open_etcd_reader, etcd.etcd_settings, etcd.ETCD_KEYS)
 
 
 def register_backend(
@@ -112,13 +116,15 @@ def register_backend(
     check: CheckParameters | None = None,
     open_reader: OpenReader | None = None,
     settings: SettingsOf | None = None,
+    keys: tuple[ConfKey, ...] = (),
 ) -> None:
     """Register a backend: ``opener(params, observer=...)`` is an async context manager yielding a handler.
 
     ``check(params)``, if given, raises :class:`~aelastic.errors.ConfigurationError` for parameters the opener
     would refuse, without any I/O (its return value is ignored); :func:`check_parameters` runs it.
     ``open_reader(params)``, if given, opens a read-only :class:`~aelastic.rendezvous.backends.StateReader` of
-    the backend's state, which ``aelastic status`` shows with the ``settings(params)`` the nodes derive. A
+    the backend's state, which ``aelastic status`` shows with the ``settings(params)`` the nodes derive.
+    ``keys``: the ``--rdzv-conf`` keys it reads (:class:`~aelastic.rendezvous.settings.ConfKey`). A
     :class:`BackendEntry` may be given instead of the opener and the keywords.
 
     Third-party packages register through the entry-point group ``aelastic.rendezvous_backends``; the entry point
@@ -130,7 +136,7 @@ def register_backend(
     entry = (
         opener
         if isinstance(opener, BackendEntry)
-        else BackendEntry(name, opener, check=check, open_reader=open_reader, settings=settings)
+        else BackendEntry(name, opener, check=check, open_reader=open_reader, settings=settings, keys=keys)
     )
     if name in _BUILTIN:
         raise ConfigurationError(f"rendezvous backend {name!r} is built in; register another name")

@@ -32,9 +32,8 @@ import anyio.abc
 import anyio.lowlevel
 
 from .._net import format_address
-from ..errors import StoreProtocolError
 from ._handshake import HandshakeDeadlines
-from .table import Connection, Refused, StoreTable
+from .table import Connection, StoreTable
 
 __all__ = ["serve_protocols"]
 
@@ -117,7 +116,7 @@ class _ProtocolConnection(Connection):
                     table.check_buffered(self)
                 return
         except Exception as exc:
-            self._end(exc)
+            self.end(exc)
             return
         finally:
             self.busy = False
@@ -136,23 +135,9 @@ class _ProtocolConnection(Connection):
             self._write()
             table.check_buffered(self)
         except Exception as exc:
-            self._end(exc)
+            self.end(exc)
         finally:
             self.busy = False
-
-    def _end(self, exc: Exception) -> None:
-        """Close the connection whose handling ``exc`` ended (call it in the ``except`` block): refused, once the
-        replies queued so far are sent; a protocol violation, at once; anything else is a bug (:meth:`fail`)."""
-        if isinstance(exc, Refused):
-            logger.warning("refusing store connection from %s: %s", self.peer, exc)
-            self._write()
-            if self.transport is not None:
-                self.transport.close()  # after the queued replies are sent
-        elif isinstance(exc, StoreProtocolError):
-            logger.warning("closing store connection from %s: %s", self.peer, exc)
-            self.abort()
-        else:
-            self.fail()
 
     def _write(self) -> None:
         if self.outbox and self.transport is not None:
@@ -187,6 +172,11 @@ class _ProtocolConnection(Connection):
         self.outbox.clear()
         if self.transport is not None:
             self.transport.abort()
+
+    def linger(self) -> None:
+        self._write()
+        if self.transport is not None:
+            self.transport.close()  # asyncio closes it once its write buffer is sent
 
 
 class _BufferedConnection(_ProtocolConnection, asyncio.BufferedProtocol):

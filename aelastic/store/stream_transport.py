@@ -33,10 +33,10 @@ is writable and sends the rest, then handles the requests that waited in the par
 Handshake deadline: one queue of deadlines (:class:`~aelastic.store._handshake.HandshakeDeadlines`) and one task
 whose cancel scope's deadline is the earliest, instead of a cancel scope per connection.
 
-A protocol violation closes the connection (logged), and so does an exception from a handler (a bug: logged with
-its traceback, :meth:`~aelastic.store.table.Connection.fail`); a peer that goes away closes it quietly (logged at
-debug level). ``abort`` closes a connection at once, except the one being handled: that one is closed when its handling
-returns, so the handlers never see a connection disappear under them. Cancelling :func:`serve_streams` closes the
+How a connection whose handling raised is closed (refused, a protocol violation, a bug) is the table's rule,
+:meth:`~aelastic.store.table.Connection.end`; a peer that goes away closes it quietly (logged at debug level).
+``abort`` closes a connection at once, except the one being handled: that one is closed when its handling returns,
+so the handlers never see a connection disappear under them. Cancelling :func:`serve_streams` closes the
 listeners, every connection and the epoll object.
 """
 
@@ -56,9 +56,8 @@ import anyio.abc
 import anyio.lowlevel
 
 from .._net import format_address
-from ..errors import StoreProtocolError
 from ._handshake import HandshakeDeadlines
-from .table import Connection, Refused, StoreTable
+from .table import Connection, StoreTable
 
 __all__ = ["serve_streams"]
 
@@ -128,17 +127,8 @@ class _Serving:
                     return  # the drain task handles the rest once the replies so far are sent
             conn.flush()
             table.check_buffered(conn)
-        except Refused as exc:
-            logger.warning("refusing store connection from %s: %s", conn.peer, exc)
-            conn.lingering = True  # the auth CHECK's NOT_READY first, so that an aelastic client can say why
-            conn.flush()
-            if not conn.draining:
-                conn.abort()
-        except StoreProtocolError as exc:
-            logger.warning("closing store connection from %s: %s", conn.peer, exc)
-            conn.abort()
-        except Exception:
-            conn.fail()
+        except Exception as exc:
+            conn.end(exc)
         finally:
             conn.busy = False
             if conn.closed:
@@ -259,6 +249,12 @@ class _SocketConnection(Connection):
             self.closed = True
             if not self.busy:  # else run() closes it once the handling returns
                 self.serving.close(self)
+
+    def linger(self) -> None:
+        self.lingering = True  # a drain that empties the outbox closes it
+        self.flush()
+        if not self.draining:
+            self.abort()
 
 
 async def serve_streams(

@@ -75,8 +75,9 @@ class Refused(StoreProtocolError):
 class Connection(abc.ABC):
     """What the request handlers see of a connection: parser, outbox, handshake and wait state.
 
-    A transport subclasses it and implements how queued bytes leave (``notify``), how the connection closes
-    (``abort``) and how many bytes wait to be sent (``backlog``).
+    A transport subclasses it and implements how queued bytes leave (``notify``), how the connection closes, at
+    once (``abort``) or once the replies queued so far are sent (``linger``), and how many bytes wait to be sent
+    (``backlog``). Which of them ends a connection whose handling raised is decided here, once (:meth:`end`).
     """
 
     __slots__ = ("_peer", "awaited", "established", "outbox", "parser", "validated", "wait_keys")
@@ -112,6 +113,20 @@ class Connection(abc.ABC):
         """The handshake is done: serve requests from now on, with no deadline."""
         self.established = True
 
+    def end(self, exc: Exception) -> None:
+        """Close the connection whose request handling ``exc`` ended (call it in the transport's ``except
+        Exception`` block): refused (:class:`Refused`), once the replies queued so far are sent, so that an aelastic
+        client reads the auth CHECK's NOT_READY and can say why; a protocol violation, at once; anything else is a
+        bug (:meth:`fail`)."""
+        if isinstance(exc, Refused):
+            logger.warning("refusing store connection from %s: %s", self.peer, exc)
+            self.linger()
+        elif isinstance(exc, StoreProtocolError):
+            logger.warning("closing store connection from %s: %s", self.peer, exc)
+            self.abort()
+        else:
+            self.fail()
+
     def fail(self) -> None:
         """A bug met while handling this connection's requests (call it in an ``except Exception`` block): log it
         with its traceback and close this connection only. The store serves the others on, on every transport, as
@@ -126,6 +141,10 @@ class Connection(abc.ABC):
     @abc.abstractmethod
     def abort(self) -> None:
         """Close the connection now (from any task)."""
+
+    @abc.abstractmethod
+    def linger(self) -> None:
+        """Send the replies queued so far, then close the connection; read nothing more from it."""
 
 
 def log_handshake_timeout(conn: Connection, timeout: float) -> None:

@@ -25,7 +25,7 @@ SLURM_CPUS = 2  # room for two tasks per node (test_more_than_one_task_per_node_
 SLURM_GPUS = 2  # fake gres/gpu devices: a step with --gpus-per-node=2 sees SLURM_GPUS_ON_NODE=2
 
 HERE = Path(__file__).resolve().parent
-TRAIN = HERE / "allreduce_train.py"
+TRAIN = HERE.parents[1] / "examples" / "slurm" / "allreduce.py"  # the docs' Slurm transcript runs it
 BIN = Path(sys.executable).parent  # the venv's console scripts: aelastic, torchrun
 SHOW = os.environ.get("AELASTIC_SLURM_SHOW") == "1"
 

@@ -1,5 +1,5 @@
 """The node check (``--node-check``): every node is tested before the round that admits it, and a node that fails,
-or is slower than ``--node-check-slowdown`` times the median, is left out with the reason (docs/node-check.md).
+or is slower than ``--node-check-slowdown`` times the median, is left out with the reason (docs/howto/node-check.md).
 
 The agent side is :mod:`.parent` (the check of a round, through the round's store, and the check process), over
 :mod:`.plan` (the groups of each check round, the messages, the verdict: pure). The child side is :mod:`.child`,

@@ -6,10 +6,8 @@ agent on this machine already serves it) it connects as a client instead, as tor
 a kernel-chosen port (``--standalone``). ``auth_token`` (or ``$AELASTIC_AUTH_TOKEN``) makes that store refuse
 clients without the token (:mod:`aelastic.store.auth`).
 
-Keys: the timing keys (:mod:`..settings`), ``is_host``, ``read_timeout``, ``auth_token``, ``disconnect_grace``
-(seconds, default 2: the hosting node evicts a node whose connections all closed once they stay closed that long;
-0 turns it off, leaving dead nodes to the keep-alive as torch does); torchrun's ``timeout`` is accepted and not
-read (torch's c10d backend does not read it either).
+Keys (:data:`C10D_KEYS`): the dynamic backends' (:mod:`..settings`), ``is_host``, ``auth_token`` and
+``disconnect_grace``.
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ import os
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, cast
 
 from ..._net import format_address, is_local_host, parse_endpoint
 from ...errors import ConfigurationError
@@ -26,7 +24,7 @@ from ...store.auth import resolve_auth_token
 from ...store.client import open_store_client
 from ..api import JoinObserver, RendezvousHandler, RendezvousParameters
 from ..dynamic import HandlerOptions, open_dynamic_rendezvous
-from ..settings import TIMING_KEYS, TORCHRUN_KEYS, TimingSettings, conf_bool, conf_float
+from ..settings import DYNAMIC_KEYS, READ_TIMEOUT, ConfKey, TimingSettings, key_names
 from ..state import NodeDesc, RendezvousSettings
 from .base import StateReader
 from .disconnects import DisconnectWatch
@@ -43,10 +41,23 @@ __all__ = [
 ]
 
 C10D_DEFAULT_PORT: Final = 29400
-C10D_KEYS: Final = TIMING_KEYS | TORCHRUN_KEYS | {"is_host", "read_timeout", "auth_token", "disconnect_grace"}
-DISCONNECT_GRACE: Final = 2.0
-"""Seconds the hosting node waits, after every connection from a node's address closed, for it to reconnect before
-it evicts the node (``--rdzv-conf disconnect_grace``; 0: never, only the keep-alive finds dead nodes, as torch)."""
+IS_HOST: Final = ConfKey(
+    "is_host", "boolean", None,
+    "whether this node serves the rendezvous store; by default, the node whose own address is the endpoint's host",
+)  # fmt: skip
+AUTH_TOKEN: Final = ConfKey(
+    "auth_token", "text", None,
+    "a token every node presents to the rendezvous store, which the hosting node's store requires (default: "
+    "$AELASTIC_AUTH_TOKEN, else none). It crosses the network in the clear: it keeps strangers and other jobs off "
+    "the store, not someone who reads the traffic; the workers' store takes none (torch's client cannot send one)",
+)  # fmt: skip
+DISCONNECT_GRACE: Final = ConfKey(
+    "disconnect_grace", "seconds", 2.0,
+    "the hosting node evicts a node once every connection from its address has stayed closed this long (its agent "
+    "died, the network up); 0: never, the keep-alive alone finds dead nodes, as torch",
+    minimum=0,
+)  # fmt: skip
+C10D_KEYS: Final = (*DYNAMIC_KEYS, IS_HOST, AUTH_TOKEN, DISCONNECT_GRACE)
 
 _local_ids = iter(range(1 << 62))  # distinguishes handlers of one process, like torch's _NodeDescGenerator
 
@@ -60,7 +71,7 @@ class C10dSettings:
     read_timeout: float
     heartbeat_timeout: float
     auth_token: str | None = field(default=None, repr=False)
-    disconnect_grace: float = DISCONNECT_GRACE
+    disconnect_grace: float = cast(float, DISCONNECT_GRACE.default)
 
     def __post_init__(self) -> None:
         if self.disconnect_grace < 0:
@@ -70,16 +81,15 @@ class C10dSettings:
 
     @classmethod
     def from_parameters(cls, params: RendezvousParameters) -> C10dSettings:
-        params.warn_unknown(set(C10D_KEYS))
+        params.warn_unknown(key_names(C10D_KEYS))
         timing = TimingSettings.from_parameters(params)
-        is_host = conf_bool(params, "is_host", False) if "is_host" in params.config else None
         return cls(
             rendezvous=timing.rendezvous,
-            is_host=is_host,
-            read_timeout=conf_float(params, "read_timeout", 60.0),
+            is_host=IS_HOST.read(params),
+            read_timeout=READ_TIMEOUT.read(params),
             heartbeat_timeout=timing.heartbeat_timeout,
-            auth_token=resolve_auth_token(None if (raw := params.config.get("auth_token")) is None else str(raw)),
-            disconnect_grace=conf_float(params, "disconnect_grace", DISCONNECT_GRACE, positive=False),
+            auth_token=resolve_auth_token(AUTH_TOKEN.read(params)),
+            disconnect_grace=DISCONNECT_GRACE.read(params),
         )
 
 
@@ -118,7 +128,7 @@ async def open_c10d_rendezvous(
         node = NodeDesc(addr, os.getpid(), next(_local_ids))
         options = HandlerOptions(
             "c10d", addr, settings.heartbeat_timeout, settings.read_timeout, observer=observer,
-            servers=() if server is None else (server,),
+            servers=() if server is None else (server,), share_store=params.share_store,
         )  # fmt: skip
         async with open_dynamic_rendezvous(node, settings.rendezvous, backend, options) as handler:
             yield handler

@@ -39,6 +39,7 @@ class DisconnectWatch:
             raise ValueError(f"DisconnectWatch grace={grace!r}: must be a number of seconds > 0")
         self.grace = grace
         self._open: dict[str, int] = {}
+        self._closed: set[str] = set()  # hosts whose last connection closed, not yet timed
         self._emptied: dict[str, float] = {}  # host -> when its last connection closed (monotonic)
         self._changed = anyio.Event()
 
@@ -51,17 +52,23 @@ class DisconnectWatch:
         count = self._open.get(host, 0) + (1 if opened else -1)
         if count > 0:
             self._open[host] = count
+            self._closed.discard(host)
             self._emptied.pop(host, None)
             return
         self._open.pop(host, None)
         if not opened:
-            self._emptied[host] = anyio.current_time()
+            # Timed by wait_gone, not here: asyncio calls this from a protocol callback, where anyio's clock is
+            # out of reach when the application's loop was started without anyio (asyncio.run).
+            self._closed.add(host)
             self._changed.set()
 
     async def wait_gone(self) -> frozenset[str]:
         """Wait until a host has had no open connection for ``grace`` seconds; those hosts (each reported once)."""
         while True:
             now = anyio.current_time()
+            for host in self._closed:
+                self._emptied.setdefault(host, now)
+            self._closed.clear()
             gone = frozenset(h for h, t in self._emptied.items() if now - t >= self.grace)
             if gone:
                 for host in gone:

@@ -61,7 +61,7 @@ from ...etcd.store import EtcdStore
 from ..api import JoinObserver, RendezvousHandler, RendezvousParameters
 from ..codec import Digest
 from ..dynamic import HandlerOptions, open_dynamic_rendezvous
-from ..settings import TIMING_KEYS, TORCHRUN_KEYS, TimingSettings, conf_float
+from ..settings import DYNAMIC_KEYS, READ_TIMEOUT, ConfKey, TimingSettings, key_names
 from ..state import NodeDesc, RendezvousSettings
 from .base import RendezvousBackend, StateReader, Versioned
 
@@ -79,22 +79,17 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_KEY_PREFIX: Final = "/aelastic/rendezvous"
 _UNAVAILABLE: Final = 14  # gRPC status of "no leader" / "leader changed"
-_ETCD_KEYS: Final = frozenset(
-    {
-        "key_prefix",
-        "protocol",
-        "cacert",
-        "ca_cert",
-        "cert",
-        "ssl_cert",
-        "key",
-        "ssl_cert_key",
-        "username",
-        "password",
-        "read_timeout",
-    }
+ETCD_KEYS: Final = (
+    *DYNAMIC_KEYS,
+    ConfKey("key_prefix", "text", DEFAULT_KEY_PREFIX, "where the rendezvous keys live in etcd; must start with '/'"),
+    ConfKey("protocol", "text", "http", "http or https, for endpoints given without a scheme"),
+    ConfKey("cacert", "text", None, "a CA bundle (PEM) to verify etcd's certificate", aliases=("ca_cert",)),
+    ConfKey("cert", "text", None, "a client certificate (PEM), with key", aliases=("ssl_cert",)),
+    ConfKey("key", "text", None, "the client certificate's private key (PEM)", aliases=("ssl_cert_key",)),
+    ConfKey("username", "text", None, "etcd's user, with password"),
+    ConfKey("password", "text", None, "the etcd user's password"),
 )
-_ALIASES: Final = {"ca_cert": "cacert", "ssl_cert": "cert", "ssl_cert_key": "key"}
+_ALIASES: Final = {alias: key.name for key in ETCD_KEYS for alias in key.aliases}
 
 _local_ids = iter(range(1 << 62))
 
@@ -273,12 +268,12 @@ class EtcdRendezvousSettings:
             endpoints, ca_cert=text("cacert"), cert=text("cert"), key=text("key"),
             username=text("username"), password=text("password"),
         )  # fmt: skip
-        return cls(config, key_prefix, conf_float(params, "read_timeout", 60.0))
+        return cls(config, key_prefix, READ_TIMEOUT.read(params))
 
 
 def etcd_setup(params: RendezvousParameters) -> tuple[TimingSettings, EtcdRendezvousSettings]:
     """The etcd backend's timing and connection settings, validated without I/O."""
-    params.warn_unknown(set(TIMING_KEYS | TORCHRUN_KEYS | _ETCD_KEYS))
+    params.warn_unknown(key_names(ETCD_KEYS))
     return TimingSettings.from_parameters(params), EtcdRendezvousSettings.from_parameters(params)
 
 
@@ -313,8 +308,9 @@ async def open_etcd_rendezvous(
         stack.push_async_callback(backend.release)
         node = NodeDesc(addr, os.getpid(), next(_local_ids))
         options = HandlerOptions(
-            params.backend, addr, timing.heartbeat_timeout, settings.read_timeout, observer=observer
-        )
+            params.backend, addr, timing.heartbeat_timeout, settings.read_timeout, observer=observer,
+            share_store=params.share_store,
+        )  # fmt: skip
         async with open_dynamic_rendezvous(node, rendezvous, backend, options) as handler:
             yield handler
 

@@ -18,7 +18,7 @@ from ...store.api import Store
 from ..api import JoinObserver, RendezvousHandler, RendezvousParameters
 from ..codec import Digest
 from ..dynamic import HandlerOptions, open_dynamic_rendezvous
-from ..settings import TIMING_KEYS, TORCHRUN_KEYS, TimingSettings, conf_float
+from ..settings import DYNAMIC_KEYS, READ_TIMEOUT, TimingSettings, key_names
 from ..state import NodeDesc
 from .base import RendezvousBackend, Versioned
 
@@ -87,11 +87,16 @@ async def open_memory_rendezvous(
     shared: MemoryRendezvous, params: RendezvousParameters, store: Store, *, observer: JoinObserver | None = None
 ) -> AsyncIterator[RendezvousHandler]:
     """A dynamic-rendezvous handler over ``shared``; ``params.config`` takes the timing keys and ``read_timeout``."""
-    params.warn_unknown(set(TIMING_KEYS | TORCHRUN_KEYS | {"read_timeout"}))
+    params.warn_unknown(key_names(DYNAMIC_KEYS))
     timing = TimingSettings.from_parameters(params)
     node = NodeDesc(params.local_addr or "127.0.0.1", os.getpid(), next(shared.local_ids))
     options = HandlerOptions(
-        "memory", node.addr, timing.heartbeat_timeout, conf_float(params, "read_timeout", 60.0), observer=observer
+        "memory",
+        node.addr,
+        timing.heartbeat_timeout,
+        READ_TIMEOUT.read(params),
+        observer=observer,
+        share_store=params.share_store,
     )
     async with open_dynamic_rendezvous(node, timing.rendezvous, MemoryBackend(shared, store), options) as handler:
         yield handler

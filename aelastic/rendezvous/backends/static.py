@@ -1,13 +1,13 @@
 """The ``static`` backend: torch's fixed-world rendezvous (``static_tcp_rendezvous``).
 
 ``rank`` is given (torchrun passes ``--node-rank``), the world is ``max_nodes`` nodes, rank 0 serves the store at
-the endpoint; each round is a barrier in the store. Keys: ``rank``, ``timeout`` (how long to reach the store, 900 s
-by default, as torch's) and ``read_timeout`` (known, not read). It keeps no shared rendezvous state, so
+the endpoint; each round is a barrier in the store. Keys: :data:`STATIC_KEYS`. It keeps no shared rendezvous state, so
 ``aelastic status`` has nothing to show for it, and it never calls a join observer (there are no join steps).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Final
@@ -20,12 +20,15 @@ from ...store.client import StoreClient
 from ...store.server import StoreServer
 from ..api import Finished, JoinObserver, RendezvousHandler, RendezvousInfo, RendezvousParameters, RendezvousStatistics
 from ..bootstrap import BootstrapStores
-from ..settings import conf_float, conf_int
+from ..settings import READ_TIMEOUT, ConfKey, key_names
 from .hosting import local_address, serve_or_connect
 
 __all__ = ["StaticRendezvousHandler", "open_static_rendezvous", "static_setup"]
 
-STATIC_KEYS: Final = frozenset({"rank", "timeout", "read_timeout"})
+RANK: Final = ConfKey("rank", "integer", None, "this node's rank, < the number of nodes (torchrun passes --node-rank)",
+                      minimum=0)  # fmt: skip
+TIMEOUT: Final = ConfKey("timeout", "seconds", 900.0, "how long to reach rank 0's store (torch's static backend's)")
+STATIC_KEYS: Final = (RANK, TIMEOUT, dataclasses.replace(READ_TIMEOUT, doc="accepted, not read", read_by=False))
 
 
 class StaticRendezvousHandler(RendezvousHandler):
@@ -101,10 +104,10 @@ class StaticRendezvousHandler(RendezvousHandler):
 
 def static_setup(params: RendezvousParameters) -> tuple[int, str, int, float]:
     """The static backend's rank, store address and read timeout, validated without I/O."""
-    params.warn_unknown(set(STATIC_KEYS))
-    if "rank" not in params.config:
+    params.warn_unknown(key_names(STATIC_KEYS))
+    if RANK.name not in params.config:
         raise ConfigurationError("static rendezvous needs --rdzv-conf rank=N (torchrun passes --node-rank)")
-    rank = conf_int(params, "rank", 0, minimum=0)
+    rank: int = RANK.read(params)
     if rank >= params.max_nodes:
         raise ConfigurationError(f"static rendezvous rank={rank}: must be < the number of nodes {params.max_nodes}")
     if params.min_nodes != params.max_nodes:
@@ -112,7 +115,7 @@ def static_setup(params: RendezvousParameters) -> tuple[int, str, int, float]:
             f"static rendezvous nodes '{params.min_nodes}:{params.max_nodes}': a static world has min == max"
         )
     host, port = parse_endpoint(params.endpoint, None)
-    return rank, host, port, conf_float(params, "timeout", 900.0)
+    return rank, host, port, TIMEOUT.read(params)
 
 
 @asynccontextmanager

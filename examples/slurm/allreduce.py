@@ -1,6 +1,11 @@
-"""A training script for the Slurm launch tests: every rank joins the gloo group, checks its world size against the
-launcher's WORLD_SIZE (and argv[1], the expected size, when given), all-reduces its rank, prints one line and writes
-it as JSON to <argv[2]>/rank-<host>-<local rank>.json."""
+"""Every rank joins the gloo group, checks its world size against the launcher's WORLD_SIZE (and argv[1], the
+expected size, when given), all-reduces its rank and prints one line (and writes it as JSON to
+<argv[2]>/rank-<host>-<local rank>.json, which tests/slurm/test_launch.py reads). In a Slurm allocation of two nodes:
+
+    srun -N2 aelastic run --nproc-per-node 2 examples/slurm/allreduce.py
+
+prints ``rank 3/4 on node2: all_reduce(rank) = 6`` and the three other ranks' lines (docs/howto/slurm.md).
+"""
 
 from __future__ import annotations
 

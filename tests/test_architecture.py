@@ -1,0 +1,400 @@
+"""ARCHITECTURE.md's rules, checked on the code: the import map, no import circle, module size, the sans-IO cores,
+torch's variables read only in config/, no side channels, the error tree. Each reads the source (and, where a name
+must be resolved, imports the module); none runs aelastic.
+
+The import map and the list of sans-IO cores are read from ARCHITECTURE.md itself, so that the document and the
+code cannot drift apart: a new import between packages fails here until the map says it, and an arrow the code no
+longer has fails too.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "aelastic"
+ARCHITECTURE = (ROOT / "ARCHITECTURE.md").read_text()
+MAX_LINES = 800
+
+
+def _name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES: dict[str, Path] = {_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+TREES: dict[str, ast.Module] = {m: ast.parse(p.read_text(), str(p)) for m, p in MODULES.items()}
+
+
+def _imports(module: str) -> Iterator[str]:
+    """The aelastic modules ``module`` imports, type-only imports and imports inside functions included (a circle
+    of names is a circle of ideas)."""
+    is_package = MODULES[module].name == "__init__.py"
+    for node in ast.walk(TREES[module]):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".") if is_package else module.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                prefix = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                prefix = node.module or ""
+            targets = [f"{prefix}.{a.name}" if f"{prefix}.{a.name}" in MODULES else prefix for a in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in MODULES:
+                target = target.rpartition(".")[0]
+            if target.startswith("aelastic") and target != module:
+                yield target
+
+
+EDGES: dict[str, set[str]] = {m: set(_imports(m)) for m in MODULES}
+
+
+def _strongly_connected(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's components of more than one node, iteratively (no recursion limit)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in edges:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(edges[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(edges.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_import_circle() -> None:
+    # A module importing its own package's __init__ is not a circle of ideas (the package re-exports it).
+    edges = {m: {t for t in ts if not m.startswith(t + ".")} for m, ts in EDGES.items()}
+    assert _strongly_connected(edges) == []
+
+
+def test_circles_are_found() -> None:
+    """The check above can fail: a made-up circle is one."""
+    assert _strongly_connected({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_module_over_the_size_limit() -> None:
+    sizes = {m: len(p.read_text().splitlines()) for m, p in MODULES.items()}
+    assert {m: n for m, n in sizes.items() if n >= MAX_LINES} == {}
+
+
+# --- the import map ---------------------------------------------------------------------------------------------
+
+
+def _unit(module: str) -> str:
+    """A unit of the map: a subpackage or top-level module of aelastic (``aelastic`` itself for its __init__)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "aelastic"
+
+
+def _map() -> tuple[dict[str, set[str]], set[str]]:
+    """The arrows and the leaves of ARCHITECTURE.md's import map (its first code block after "Import direction");
+    parenthesised words are comments."""
+    section = ARCHITECTURE.split("## Import direction", 1)[1]
+    block = section.split("```", 2)[1]
+    arrows: dict[str, set[str]] = defaultdict(set)
+    leaves: set[str] = set()
+    for line in block.splitlines():
+        line = re.sub(r"\([^)]*\)", "", line).strip()
+        if not line:
+            continue
+        if line.startswith("leaves:"):
+            leaves |= {w.strip() for w in line.removeprefix("leaves:").split(",")}
+            continue
+        left, right = line.split("→")
+        for source in left.split(","):
+            arrows[source.strip()] |= {w.strip() for w in right.split(",")}
+    return arrows, leaves
+
+
+def _unit_edges() -> dict[str, set[str]]:
+    units: dict[str, set[str]] = defaultdict(set)
+    for module, targets in EDGES.items():
+        units[_unit(module)] |= {_unit(t) for t in targets} - {_unit(module)}
+    return units
+
+
+def test_architecture_map_is_the_code() -> None:
+    arrows, leaves = _map()
+    code = _unit_edges()
+    missing = {
+        u: sorted(ts - leaves - arrows.get(u, set())) for u, ts in code.items() if ts - leaves - arrows.get(u, set())
+    }
+    stale = {u: sorted(ts - code.get(u, set())) for u, ts in arrows.items() if ts - code.get(u, set())}
+    assert missing == {}, "imports between packages that ARCHITECTURE.md's map lacks"
+    assert stale == {}, "arrows of ARCHITECTURE.md's map that no import makes"
+
+
+def test_leaves_import_nothing_but_errors() -> None:
+    _, leaves = _map()
+    code = _unit_edges()
+    assert {leaf: sorted(code[leaf] - {"errors"}) for leaf in leaves if code[leaf] - {"errors"}} == {}
+
+
+def test_units_import_one_way() -> None:
+    """No circle between packages either (the map is a direction, not a web)."""
+    _, leaves = _map()
+    code = {u: ts - leaves for u, ts in _unit_edges().items() if u not in leaves}
+    assert _strongly_connected(code) == []
+
+
+# --- the sans-IO cores --------------------------------------------------------------------------------------------
+
+
+def _cores() -> list[str]:
+    """The modules ARCHITECTURE.md names as sans-IO cores (its sentence that begins "The sans-IO cores")."""
+    sentence = ARCHITECTURE.split("The sans-IO cores", 1)[1].split("\n\n", 1)[0]
+    names = re.findall(r"`([\w/]+\.py)`", sentence)
+    return ["aelastic." + n.removesuffix(".py").replace("/", ".") for n in names if not n.startswith("tests/")]
+
+
+IO_MODULES = frozenset({"anyio", "asyncio", "trio", "sniffio", "ssl", "httpx", "h11", "uvloop"})
+# Not imported by a core itself: what opens sockets, starts threads or processes, or reads a clock.
+DIRECT_IO = IO_MODULES | {"socket", "select", "threading", "subprocess", "os", "time", "datetime"}
+
+
+def test_the_cores_are_named() -> None:
+    cores = _cores()
+    assert len(cores) >= 7
+    assert [c for c in cores if c not in MODULES] == []
+
+
+@pytest.mark.parametrize("core", _cores())
+def test_core_imports_no_io(core: str) -> None:
+    assert sorted(_third_party(core) & DIRECT_IO) == []
+    clocks = {
+        node.attr
+        for node in ast.walk(TREES[core])
+        if isinstance(node, ast.Attribute) and node.attr in {"current_time", "monotonic", "perf_counter", "time_ns"}
+    }
+    assert clocks == set()
+    # Nor through the aelastic modules it imports, and those they import in turn.
+    reached, todo = set(), [core]
+    while todo:
+        for target in EDGES[todo.pop()] - reached:
+            reached.add(target)
+            todo.append(target)
+    assert {m: sorted(_third_party(m) & IO_MODULES) for m in reached if _third_party(m) & IO_MODULES} == {}
+
+
+def _third_party(module: str) -> set[str]:
+    """The top-level names of what ``module`` imports outside aelastic."""
+    tree = TREES[module]
+    return {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names} | {
+        n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level and n.module
+    }
+
+
+# --- torch's variables ----------------------------------------------------------------------------------------------
+
+TORCH_VARIABLE = re.compile(
+    r"^(PET_\w+|TORCHELASTIC_\w+|TORCH_\w+|NCCL_\w+|GLOO_\w+|LOGLEVEL|PYTHON_EXEC|MASTER_ADDR|MASTER_PORT|RANK|"
+    r"LOCAL_RANK|WORLD_SIZE|GROUP_RANK|GROUP_WORLD_SIZE|LOCAL_WORLD_SIZE|ROLE_\w+|OMP_NUM_THREADS)$"
+)
+
+# Code that runs in a worker, not in the agent: it reads what the agent exported for it.
+WORKER_SIDE = {"aelastic.agent.errors": "record() runs in the worker and reads its TORCHELASTIC_ERROR_FILE"}
+
+
+def _child_side(module: str) -> bool:
+    parts = module.split(".")
+    return "child" in parts or parts[-1] == "sitecustomize"
+
+
+def _environment_reads(module: str) -> Iterator[tuple[int, ast.expr]]:
+    """``(line, key expression)`` of each read of the process environment: ``os.environ.get(K)`` (``pop``,
+    ``setdefault``), ``os.getenv(K)``, ``os.environ[K]``, ``K in os.environ``."""
+
+    def is_environ(node: ast.expr) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr == "environ" and ast.unparse(node.value) == "os"
+
+    for node in ast.walk(TREES[module]):
+        if isinstance(node, ast.Call) and node.args:
+            func = node.func
+            if (
+                isinstance(func, ast.Attribute) and func.attr in {"get", "pop", "setdefault"} and is_environ(func.value)
+            ) or ast.unparse(func) == "os.getenv":
+                yield node.lineno, node.args[0]
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and is_environ(node.value):
+            yield node.lineno, node.slice
+        elif isinstance(node, ast.Compare) and any(is_environ(c) for c in node.comparators):
+            yield node.lineno, node.left
+
+
+def test_torch_variables_are_read_in_config_only() -> None:
+    found = []
+    for module in MODULES:
+        if module.startswith("aelastic.config") or _child_side(module) or module in WORKER_SIDE:
+            continue
+        for line, key in _environment_reads(module):
+            try:
+                name = eval(compile(ast.Expression(key), module, "eval"), vars(importlib.import_module(module)))
+            except Exception:
+                name = None
+            if not isinstance(name, str):
+                found.append(f"{module}:{line}: reads the variable {ast.unparse(key)!r}, which cannot be resolved")
+            elif TORCH_VARIABLE.match(name):
+                found.append(f"{module}:{line}: reads torch's {name}")
+    assert found == []
+
+
+def test_environment_reads_are_found() -> None:
+    """The scan above can fail: each form of a read is found."""
+    tree = ast.parse("import os\nos.environ.get('A')\nos.getenv('B')\nos.environ['C']\n'D' in os.environ\n")
+    TREES["aelastic.__probe__"] = tree
+    try:
+        assert [ast.literal_eval(k) for _, k in _environment_reads("aelastic.__probe__")] == ["A", "B", "C", "D"]
+    finally:
+        del TREES["aelastic.__probe__"]
+
+
+# --- no side channels ---------------------------------------------------------------------------------------------
+
+# Process-global state, each with why it is allowed (ARCHITECTURE.md, "No side channels").
+GLOBAL_STATE = {
+    ("aelastic.metrics", "_default"): "torch's metrics API: configure() sets the process's handler",
+    ("aelastic.metrics", "_groups"): "torch's metrics API: configure(handler, group)",
+    ("aelastic.events", "_factories"): "a registry by name: register_event_handler()",
+    ("aelastic.rendezvous.registry", "_entries"): "a registry by name: register_backend()",
+    ("aelastic.rendezvous.api", "_warned_keys"): "a warning once per process and key",
+    ("aelastic.agent.link.child", "_link"): "a worker's one link to its agent",
+    ("aelastic.agent.restart.child", "_session"): "a worker's one restart session with its agent",
+    ("aelastic.agent.timers.child", "_last_heartbeat"): "a worker's watchdog: when it last beat",
+    ("aelastic.agent.checkpoint.child.api", "_clients"): "a worker's one checkpoint client per agent",
+}
+_MUTATORS = frozenset(
+    {"add", "append", "clear", "discard", "extend", "insert", "pop", "popitem", "remove", "setdefault", "update"}
+)
+
+
+def _global_state(module: str) -> set[str]:
+    """The module-level names that functions of ``module`` rebind (``global``) or mutate in place."""
+    tree = TREES[module]
+    top = {
+        t.id
+        for node in tree.body
+        for t in (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
+        if isinstance(t, ast.Name)
+    }
+    found: set[str] = set()
+    for function in ast.walk(tree):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(function):
+            if isinstance(node, ast.Global):
+                found |= set(node.names)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _MUTATORS:
+                if isinstance(node.func.value, ast.Name) and node.func.value.id in top:
+                    found.add(node.func.value.id)
+            elif isinstance(node, (ast.Assign, ast.AugAssign, ast.Delete)):
+                targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+                found |= {
+                    t.value.id
+                    for t in targets
+                    if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name) and t.value.id in top
+                }
+    return found
+
+
+def test_no_process_global_state_but_the_declared() -> None:
+    found = {(m, name) for m in MODULES for name in _global_state(m)}
+    assert sorted(found - set(GLOBAL_STATE)) == []
+    assert sorted(set(GLOBAL_STATE) - found) == [], "declared global state that is gone: remove its entry"
+
+
+def test_context_variables_only_for_the_event_log() -> None:
+    users = sorted(m for m, p in MODULES.items() if "ContextVar" in p.read_text())
+    assert users == ["aelastic.events"]
+
+
+# --- the error tree -----------------------------------------------------------------------------------------------
+
+# Exceptions defined outside errors.py that a caller can meet, each with why it lives where it does.
+PUBLIC_ELSEWHERE = {
+    ("aelastic.agent.errors", "ChildFailedError"): "the failure report itself, with the failure records it formats",
+    ("aelastic.agent.errors", "NoProgressError"): "a failure report (ChildFailedError's kind), beside it",
+    ("aelastic.agent.errors", "FailedElsewhereError"): "a failure report (ChildFailedError's kind), beside it",
+}
+
+
+def _exception_classes() -> Iterator[tuple[str, str]]:
+    for module in MODULES:
+        if _child_side(module):
+            continue  # a worker's code, some of it not importable here (a start-up hook); exempt below anyway
+        for name, value in vars(importlib.import_module(module)).items():
+            if isinstance(value, type) and issubclass(value, BaseException) and value.__module__ == module:
+                yield module, name
+
+
+def _public(module: str) -> bool:
+    """A module users import names from: a package, or a module at aelastic's top level (not a private one)."""
+    parts = module.split(".")
+    return not any(p.startswith("_") for p in parts) and (MODULES[module].name == "__init__.py" or len(parts) == 2)
+
+
+def _exported() -> set[str]:
+    """The names the public modules export (their ``__all__``)."""
+    names: set[str] = set()
+    for module in MODULES:
+        if _public(module) and not _child_side(module):
+            names |= set(getattr(importlib.import_module(module), "__all__", ()))
+    return names
+
+
+def test_exceptions_live_in_errors_py() -> None:
+    """Every exception a caller can meet is defined in errors.py, except those declared above; the others never
+    leave aelastic (no public module exports them), or are a child side's (a worker's: they import nothing of
+    aelastic, so they derive from builtins)."""
+    exported = _exported()
+    stray = [
+        f"{module}.{name}"
+        for module, name in _exception_classes()
+        if module != "aelastic.errors"
+        and (module, name) not in PUBLIC_ELSEWHERE
+        and not _child_side(module)
+        and name in exported
+    ]
+    assert stray == []
+    assert all(name in exported for _, name in PUBLIC_ELSEWHERE)
