@@ -25,6 +25,7 @@ __all__ = [
     "EventType",
     "KeyValue",
     "Lease",
+    "Member",
     "Op",
     "OpResponse",
     "PutOp",
@@ -38,6 +39,7 @@ __all__ = [
     "b64",
     "int_field",
     "key_range",
+    "members_of",
     "prefix_range_end",
     "txn_request",
     "watch_create_request",
@@ -188,6 +190,28 @@ class Lease:
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Lease:
         return cls(int_field(obj, "ID"), int_field(obj, "TTL"))
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One member of the cluster. A member added but not started yet has no ``name`` and no ``client_urls``."""
+
+    id: int
+    name: str
+    peer_urls: tuple[str, ...]
+    client_urls: tuple[str, ...] = ()
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Member:
+        return cls(
+            int_field(obj, "ID"), str(obj.get("name") or ""), tuple(obj.get("peerURLs", ())),
+            tuple(obj.get("clientURLs", ())),
+        )  # fmt: skip
+
+
+def members_of(obj: dict[str, Any]) -> tuple[Member, ...]:
+    """The ``members`` of a member list, add or remove answer, by id."""
+    return tuple(sorted((Member.from_json(m) for m in obj.get("members", ())), key=lambda m: m.id))
 
 
 # --- requests -----------------------------------------------------------------------------------------------------
