@@ -686,6 +686,11 @@ class Watch:
         where = self._stream.endpoint if self._stream is not None else "-"
         return f"<Watch {self._key!r} at {where} next_revision={self._next}>"
 
+    @property
+    def next_revision(self) -> int:
+        """The revision of the next event, at the earliest (once entered: every change from it on is delivered)."""
+        return self._next
+
     async def __aenter__(self) -> Watch:
         await self._open()
         return self

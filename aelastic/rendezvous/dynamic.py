@@ -380,9 +380,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
         grace = self.settings.keep_alive_interval * self.settings.keep_alive_max_attempt
         limit = min(until, anyio.current_time() + grace)
         seen = self._seen if self._seen.version == self._version else Versioned(self._version, None)
-        woke = False
+        woke, pushed = False, None
         with anyio.move_on_after(max(0.0, limit - anyio.current_time())):
-            await self.backend.wait_for_change(seen)
+            pushed = await self.backend.wait_for_change(seen)
             woke = True
         self._count(wake_ups=1)
         if not woke and self._ticket is not None and self._joined < self._ticket:
@@ -390,6 +390,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
             # Read the whole state, which holds the request, and publish it if others wait for what it changes.
             self._publish = True
             await self._refresh()
+        elif pushed is not None:
+            self._adopt(pushed)  # the change brought the state with it: no read (a round's release wakes N nodes)
         else:
             await self._look(seen.version + 1 if woke else -1)
 
