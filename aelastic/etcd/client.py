@@ -458,8 +458,8 @@ class EtcdClient:
             return
         try:
             address = stream.get_extra_info("client_addr")
-        except OSError:  # the member closed the connection after its answer (it is going down): keep the last one
-            return
+        except (OSError, ValueError):  # the member closed the connection after its answer (uvloop: ValueError)
+            return  # it is going down: keep the last one
         if isinstance(address, tuple) and address:
             self._local_address = str(address[0]).removeprefix("::ffff:")
 

@@ -16,7 +16,12 @@ Keys, under ``<key_prefix>/<run_id>/`` (``key_prefix`` defaults to ``/aelastic/r
 ``store/...``
     the members' :class:`~aelastic.etcd.EtcdStore` (each round's store is cut from it).
 
-Waiting for a change is a watch of ``state`` from the revision after the last one seen.
+Waiting for a change: a node's handler follows ``state`` with one watch (every wait awaits its word, with the
+state written); outside a handler (``aelastic status``), a watch from the revision after the read.
+
+``--rdzv-endpoint embedded[:HOST,...]`` is the job's own etcd (:mod:`aelastic.etcd.embedded`): the first hosts run
+its members beside their agents, and every node's rendezvous uses it with member failover. Its keys:
+``etcd_port`` (client port, default 2379; peers use the next), ``etcd_members`` (the members it keeps: 3; odd).
 
 torch's ``etcd-v2`` backend name is accepted as an alias (it spoke etcd's v2 API, gone since etcd 3.6).
 """
@@ -46,6 +51,8 @@ from ...errors import (
     RendezvousStateError,
 )
 from ...etcd.client import EtcdClient, EtcdConfig, open_etcd_client, parse_endpoints
+from ...etcd.embedded import JobEtcdSettings, open_job_etcd
+from ...etcd.layout import DEFAULT_CLIENT_PORT, DEFAULT_SIZE, Layout, parse_embedded
 from ...etcd.messages import (
     Compare,
     CompareResult,
@@ -61,11 +68,12 @@ from ...etcd.messages import (
     WatchEvent,
     prefix_range_end,
 )
+from ...etcd.server import find_etcd_binary
 from ...etcd.store import EtcdStore
 from ..api import JoinObserver, RendezvousHandler, RendezvousParameters
 from ..codec import Digest
 from ..dynamic import HandlerOptions, open_dynamic_rendezvous
-from ..settings import TIMING_KEYS, TORCHRUN_KEYS, TimingSettings, conf_float
+from ..settings import TIMING_KEYS, TORCHRUN_KEYS, TimingSettings, conf_float, conf_int
 from ..state import NodeDesc, RendezvousSettings
 from .base import RendezvousBackend, StateReader, Versioned
 
@@ -96,8 +104,11 @@ _ETCD_KEYS: Final = frozenset(
         "username",
         "password",
         "read_timeout",
+        "etcd_port",
+        "etcd_members",
     }
 )
+_TLS_KEYS: Final = ("cacert", "cert", "key", "username", "password")  # an external etcd's; the job's own has none
 _ALIASES: Final = {"ca_cert": "cacert", "ssl_cert": "cert", "ssl_cert_key": "key"}
 
 _FOLLOW_RETRY, _FOLLOW_RETRY_MAX = 0.1, 2.0  # pauses between attempts to follow the state when no member answers
@@ -371,6 +382,7 @@ class EtcdRendezvousSettings:
     etcd: EtcdConfig
     key_prefix: str
     read_timeout: float
+    embedded: Layout | None = None  # the job's own etcd (--rdzv-endpoint embedded:...), else an external one
 
     @classmethod
     def from_parameters(cls, params: RendezvousParameters) -> EtcdRendezvousSettings:
@@ -388,12 +400,38 @@ class EtcdRendezvousSettings:
         key_prefix = text("key_prefix") or DEFAULT_KEY_PREFIX
         if not key_prefix.startswith("/"):
             raise ConfigurationError(f"--rdzv-conf key_prefix={key_prefix!r}: must start with '/'")
+        read_timeout = conf_float(params, "read_timeout", 60.0)
+        hosts = parse_embedded(params.endpoint)
+        if hosts is not None:
+            layout = _layout(params, hosts)
+            for name in _TLS_KEYS:
+                if text(name) is not None:
+                    raise ConfigurationError(
+                        f"--rdzv-conf {name}: the job's own etcd (--rdzv-endpoint {params.endpoint!r}) speaks plain "
+                        "HTTP inside the job; TLS and users are for an external etcd"
+                    )
+            return cls(EtcdConfig(layout.endpoints()), key_prefix, read_timeout, layout)
+        for name in ("etcd_port", "etcd_members"):
+            if name in conf:
+                raise ConfigurationError(f"--rdzv-conf {name}: only for the job's own etcd (--rdzv-endpoint embedded)")
         endpoints = parse_endpoints(params.endpoint or "localhost", protocol=text("protocol") or "http")
         config = EtcdConfig(
             endpoints, ca_cert=text("cacert"), cert=text("cert"), key=text("key"),
             username=text("username"), password=text("password"),
         )  # fmt: skip
-        return cls(config, key_prefix, conf_float(params, "read_timeout", 60.0))
+        return cls(config, key_prefix, read_timeout)
+
+
+def _layout(params: RendezvousParameters, hosts: tuple[str, ...]) -> Layout:
+    """The job's own etcd that ``--rdzv-endpoint embedded:...`` and its keys describe; the etcd binary found."""
+    if not hosts:
+        raise ConfigurationError(
+            f"--rdzv-endpoint {params.endpoint!r}: name the job's hosts, the same list on every node "
+            "(embedded:HOST,HOST,...; under Slurm, srun fills in the step's nodes)"
+        )
+    find_etcd_binary()  # a node without it could neither start nor replace a member: refused now, in one line
+    port = conf_int(params, "etcd_port", DEFAULT_CLIENT_PORT)
+    return Layout(hosts, port, conf_int(params, "etcd_members", DEFAULT_SIZE), token=f"aelastic-{params.run_id}")
 
 
 def etcd_setup(params: RendezvousParameters) -> tuple[TimingSettings, EtcdRendezvousSettings]:
@@ -418,18 +456,21 @@ async def open_etcd_rendezvous(
     """
     timing, settings = etcd_setup(params)
     rendezvous = timing.rendezvous
-    grace = rendezvous.keep_alive_interval * rendezvous.keep_alive_max_attempt
+    lease_ttl = max(1, math.ceil(rendezvous.keep_alive_interval * rendezvous.keep_alive_max_attempt))
     async with AsyncExitStack() as stack:
+        if settings.embedded is not None:
+            client = await _join_job_etcd(stack, settings.embedded, params, rendezvous.join_timeout, lease_ttl)
         try:
             with anyio.fail_after(settings.read_timeout):
-                client = await stack.enter_async_context(open_etcd_client(settings.etcd))
+                if settings.embedded is None:
+                    client = await stack.enter_async_context(open_etcd_client(settings.etcd))
                 addr = params.local_addr or await client.local_address()
         except (EtcdConnectionError, TimeoutError) as exc:
             raise RendezvousConnectionError(
                 f"could not reach etcd at {','.join(settings.etcd.endpoints)} within "
                 f"read_timeout={settings.read_timeout:g}s: {exc}"
             ) from exc
-        backend = EtcdBackend(client, settings.key_prefix, params.run_id, lease_ttl=max(1, math.ceil(grace)))
+        backend = EtcdBackend(client, settings.key_prefix, params.run_id, lease_ttl=lease_ttl)
         await stack.enter_async_context(backend.following())
         stack.push_async_callback(backend.release)
         node = NodeDesc(addr, os.getpid(), next(_local_ids))
@@ -438,6 +479,22 @@ async def open_etcd_rendezvous(
         )
         async with open_dynamic_rendezvous(node, rendezvous, backend, options) as handler:
             yield handler
+
+
+async def _join_job_etcd(
+    stack: AsyncExitStack, layout: Layout, params: RendezvousParameters, start_timeout: float, lease_ttl: int
+) -> EtcdClient:
+    """This node's part in the job's own etcd, for the stack's length: the client that follows its members."""
+    settings = JobEtcdSettings(layout, lease_ttl, start_timeout, local_addr=params.local_addr)
+    try:
+        job = await stack.enter_async_context(open_job_etcd(settings, params.run_id))
+    except (TimeoutError, EtcdError) as exc:
+        raise RendezvousConnectionError(
+            f"the job's etcd (first members on {', '.join(layout.initial)}, etcd_port {layout.client_port}) did "
+            f"not answer with a leader within join_timeout={start_timeout:g}s: "
+            f"{exc or 'fewer than a quorum of its first members started'}"
+        ) from exc
+    return job.client
 
 
 @asynccontextmanager
