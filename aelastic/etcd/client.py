@@ -99,6 +99,7 @@ DEFAULT_PORT: Final = 2379
 _UNAUTHENTICATED: Final = 16  # gRPC status of an expired or foreign auth token
 _NOT_FOUND: Final = 5
 _UNAVAILABLE: Final = 14  # "no leader", "leader changed": another member may answer
+_UNHEALTHY: Final = "etcdserver: unhealthy cluster (code 14)"  # a member add refused before it was proposed
 _OUT_OF_RANGE: Final = 11  # a read at a revision that was compacted away
 _RETRY_INITIAL: Final = 0.05  # pauses between rounds over the members while none has a leader
 _RETRY_MAX: Final = 1.0
@@ -587,9 +588,21 @@ class EtcdClient:
 
     async def member_add(self, peer_urls: Sequence[str]) -> tuple[Member, tuple[Member, ...]]:
         """Add a member that will listen for its peers at ``peer_urls``: the new member and every member after the
-        change (what the new member's ``--initial-cluster`` lists). Never repeated after the request went out."""
-        obj = await self._call("/v3/cluster/member/add", {"peerURLs": list(peer_urls)}, idempotent=False)
-        return Member.from_json(obj.get("member", {})), members_of(obj)
+        change (what the new member's ``--initial-cluster`` lists). Never repeated after the request went out,
+        but for etcd's refusal while the cluster is unhealthy (its members must have been connected for 5 s, and
+        enough of them started), which is asked again after a growing pause, bounded by the caller's deadline."""
+        pause = _RETRY_INITIAL
+        while True:
+            try:
+                obj = await self._call("/v3/cluster/member/add", {"peerURLs": list(peer_urls)}, idempotent=False)
+            except EtcdRequestError as exc:
+                if exc.code != _UNAVAILABLE or not str(exc).endswith(_UNHEALTHY):
+                    raise
+                logger.debug("etcd: %s; adding again in %.2f s", exc, pause)
+                await anyio.sleep(pause)
+                pause = min(pause * 2, _RETRY_MAX)
+                continue
+            return Member.from_json(obj.get("member", {})), members_of(obj)
 
     async def member_remove(self, member_id: int) -> None:
         """Remove the member ``member_id`` from the cluster; one already gone is fine."""

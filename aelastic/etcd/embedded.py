@@ -158,6 +158,7 @@ class JobEtcd:
         self.member: LocalEtcdMember | None = None
         self._client: EtcdClient | None = None
         self._tg = task_group
+        self._run_id = run_id
         self._root = f"/aelastic/job-etcd/{run_id}/".encode()
         self._node_key = self._root + f"nodes/{own or 'node'}-{os.getpid()}-{secrets.token_hex(3)}".encode()
         self._lease = 0
@@ -170,6 +171,7 @@ class JobEtcd:
         self._member_failed = False  # this node's member ended on its own: it does not start another
         self._leaving = False
         self._started: list[LocalEtcdMember] = []  # every member this node started: all stopped when it leaves
+        self._changed = anyio.Event()  # set (and replaced) at every reconciliation
 
     def __repr__(self) -> str:
         hosted = self.member.name if self.member is not None else "no member"
@@ -187,6 +189,12 @@ class JobEtcd:
             members=tuple(m.name or f"(added {m.id:x})" for m in self._members), up=self._up,
             hosted=self.member.name if self.member is not None else None, heals=self._heals,
         )  # fmt: skip
+
+    async def wait_for_members(self, check: Callable[[JobEtcdStatistics], bool]) -> JobEtcdStatistics:
+        """Return this node's view of the cluster once ``check`` holds for it (checked after each change it saw)."""
+        while not check(stats := self.statistics()):
+            await self._changed.wait()
+        return stats
 
     def _key(self, kind: str, name: str = "") -> bytes:
         return self._root + f"{kind}/{name}".encode() if name else self._root + kind.encode()
@@ -209,6 +217,7 @@ class JobEtcd:
                 logger.error("the job's etcd: %s; this node goes on without a member", exc)
             else:
                 await self._register(self.member)
+        await self._reconcile()  # the node says what the cluster is as it joins (and replaces a lost member)
 
     def _member_config(self, name: str, cluster: str, *, existing: bool) -> MemberConfig:
         """The member advertised as ``name``, in ``cluster`` (``--initial-cluster``)."""
@@ -220,7 +229,7 @@ class JobEtcd:
         )  # fmt: skip
 
     async def _start(self, config: MemberConfig) -> LocalEtcdMember:
-        data_dir = tempfile.mkdtemp(prefix=f"aelastic-etcd-{config.name}-", dir=self._data_root)
+        data_dir = tempfile.mkdtemp(prefix=f"aelastic-etcd-{self._run_id}-{config.name}-", dir=self._data_root)
         try:
             member = await start_member(config, data_dir, self._tg, binary=self._binary, guarded=True)
         except BaseException:
@@ -328,6 +337,8 @@ class JobEtcd:
             or (not m.name and not claimed and not initial.intersection(m.peer_urls))  # a healer died before it
         ]  # fmt: skip
         self._members, self._up = members, sum(m.name in alive for m in members)
+        self._changed.set()
+        self._changed = anyio.Event()
         urls = [m.client_urls[0] for m in members if m.client_urls]
         if urls:
             self.client.set_endpoints(urls)
@@ -340,7 +351,7 @@ class JobEtcd:
 
     def _tell(self, members: Sequence[Member], lost: Sequence[Member], claimed: bool) -> None:
         """Log what the cluster is and tolerates, when that changed."""
-        names = ", ".join(m.name or "(starting)" for m in members)
+        names = ", ".join(sorted(m.name or "(starting)" for m in members))
         text = f"the job's etcd: {self._up} of {len(members)} member(s) up ({names})"
         if lost:
             text += f"; lost: {', '.join(m.name or f'(added {m.id:x})' for m in lost)}"
