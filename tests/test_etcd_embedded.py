@@ -15,12 +15,12 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import anyio
 import anyio.abc
 import pytest
+from helpers.etcd import job_etcd_left_behind
 from helpers.procs import alive, listenable, wait_gone
 
 from aelastic.errors import ConfigurationError
@@ -248,7 +248,6 @@ class Nodes:
         self._scopes: dict[str, anyio.CancelScope] = {}
         self._leave: dict[str, anyio.Event] = {}
         self._done: dict[str, anyio.Event] = {}
-        self.pids: list[int] = []  # every guard a node started
 
     def start(self, host: str) -> None:
         self.ready[host], self._leave[host], self._done[host] = anyio.Event(), anyio.Event(), anyio.Event()
@@ -261,8 +260,6 @@ class Nodes:
             with anyio.CancelScope() as self._scopes[host]:
                 async with open_job_etcd(settings, self.run_id) as job:
                     self.jobs[host] = job
-                    if job.member is not None:
-                        self.pids.append(job.member.process.pid)
                     self.ready[host].set()
                     await self._leave[host].wait()
         finally:
@@ -281,12 +278,8 @@ class Nodes:
 
     def left_behind(self) -> list[str]:
         """What the nodes left: a guard or etcd process, a data directory, a port no server could take."""
-        found = [f"process {pid}" for pid in self.pids if alive(pid)]
-        found += [str(p) for root in ("/dev/shm", tempfile.gettempdir()) for p in Path(root).glob(
-            f"aelastic-etcd-{self.run_id}-*")]  # fmt: skip
-        found += [f"{h}:{p}" for h in self.layout.hosts for p in (self.layout.client_port, self.layout.peer_port)
-                  if not listenable(h, p)]  # fmt: skip
-        return found
+        ports = (self.layout.client_port, self.layout.peer_port)
+        return job_etcd_left_behind(self.run_id, [(h, p) for h in self.layout.hosts for p in ports])
 
 
 async def _members(client: EtcdClient) -> list[str]:
