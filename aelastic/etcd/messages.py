@@ -347,10 +347,14 @@ def txn_request(compare: Sequence[Compare], success: Sequence[Op], failure: Sequ
     }
 
 
-def watch_create_request(key: bytes, range_end: bytes | None, start_revision: int) -> dict[str, Any]:
+def watch_create_request(
+    key: bytes, range_end: bytes | None, start_revision: int, *, progress_notify: bool = False
+) -> dict[str, Any]:
     """The body of ``/v3/watch`` that opens a watch of ``key`` (or ``[key, range_end)``) from ``start_revision``
-    (0: from now)."""
+    (0: from now); ``progress_notify``: the server sends an empty message at its progress interval, too."""
     create = key_range(key, range_end)
     if start_revision:
         create["start_revision"] = str(start_revision)
+    if progress_notify:
+        create["progress_notify"] = True
     return {"create_request": create}

@@ -248,6 +248,7 @@ class MemberConfig:
     listen_client_url: str | None = None
     listen_peer_url: str | None = None
     timing: RaftTiming = RaftTiming()
+    watch_progress: float | None = None  # seconds between progress notifications to watches that ask (None: etcd's)
 
     def command(self, binary: str, data_dir: str) -> list[str]:
         return [
@@ -264,6 +265,8 @@ class MemberConfig:
             # Ephemeral data (a test's, a job's rendezvous): durability buys nothing, fsync costs every write.
             "--unsafe-no-fsync",
             *self.timing.flags(),
+            *(() if self.watch_progress is None else
+              ("--experimental-watch-progress-notify-interval", f"{round(self.watch_progress * 1000)}ms")),
         ]  # fmt: skip
 
 

@@ -51,7 +51,7 @@ from ...errors import (
     RendezvousStateError,
 )
 from ...etcd.client import EtcdClient, EtcdConfig, open_etcd_client, parse_endpoints
-from ...etcd.embedded import JobEtcdSettings, open_job_etcd
+from ...etcd.embedded import JobEtcdSettings, client_config, open_job_etcd
 from ...etcd.layout import DEFAULT_CLIENT_PORT, DEFAULT_SIZE, Layout, parse_embedded
 from ...etcd.messages import (
     Compare,
@@ -410,7 +410,7 @@ class EtcdRendezvousSettings:
                         f"--rdzv-conf {name}: the job's own etcd (--rdzv-endpoint {params.endpoint!r}) speaks plain "
                         "HTTP inside the job; TLS and users are for an external etcd"
                     )
-            return cls(EtcdConfig(layout.endpoints()), key_prefix, read_timeout, layout)
+            return cls(client_config(layout), key_prefix, read_timeout, layout)
         for name in ("etcd_port", "etcd_members"):
             if name in conf:
                 raise ConfigurationError(f"--rdzv-conf {name}: only for the job's own etcd (--rdzv-endpoint embedded)")
