@@ -77,6 +77,15 @@ def etcd_processes(cluster: Cluster) -> list[str]:
     return found
 
 
+def report_round(agents: list[Proc], pattern: str, died: float, scenario: str) -> None:
+    """The rendezvous' share of a recovery: from the death to the last survivor's new round (its agent's log),
+    before its workers start (importing torch, joining gloo: the same on every backend)."""
+    times = [agent.logged_at(pattern) for agent in agents]
+    if all(t is not None for t in times):
+        report_time(scenario, max(t for t in times if t is not None) - died,
+                    "the survivors' agents complete the rendezvous round of the smaller world, from the death")  # fmt: skip
+
+
 def wait_healed(cluster: Cluster, via: Host, expected: list[str], agents: list[Proc]) -> None:
     """Wait until the member list is ``expected`` and every live agent says all its members are up."""
     cluster.wait_for(f"the members {expected}", lambda: members(cluster, via) == expected, HEAL)
@@ -104,6 +113,7 @@ def test_the_job_etcd_survives_two_member_nodes_lost_one_after_the_other(cluster
     took = time.time() - died
     report_time(f"job etcd: first member's (and rank 0's) host dies ({kind}): survivors training", took,
                 "the other three all-reduce in a world of 3, from the death")  # fmt: skip
+    report_round(agents[1:], "round 1 complete", died, f"job etcd: first member's host dies ({kind}): new round")
     wait_healed(cluster, h1, ["h1", "h2", "h3"], agents[1:])
     healed = members(cluster, h2)
     print(f"[job etcd] {kind}: world of 3 {took:.2f} s after h0's death; members before {before}, after {healed}")
@@ -115,6 +125,7 @@ def test_the_job_etcd_survives_two_member_nodes_lost_one_after_the_other(cluster
     took_second = time.time() - second
     report_time(f"job etcd: a second member's host dies ({kind}): survivors training", took_second,
                 "the remaining two all-reduce in a world of 2, from the death")  # fmt: skip
+    report_round(agents[2:], "round 2 complete", second, f"job etcd: a second member's host dies ({kind}): new round")
     print(f"[job etcd] {kind}: world of 2 {took_second:.2f} s after h1's death; members {members(cluster, h2)}")
 
     (cluster.out / "stop").touch()
