@@ -81,9 +81,9 @@ def report_round(agents: list[Proc], pattern: str, died: float, scenario: str) -
     """The rendezvous' share of a recovery: from the death to the last survivor's new round (its agent's log),
     before its workers start (importing torch, joining gloo: the same on every backend)."""
     times = [agent.logged_at(pattern) for agent in agents]
+    what = "the survivors' agents complete the rendezvous round of the smaller world, from the death"
     if all(t is not None for t in times):
-        report_time(scenario, max(t for t in times if t is not None) - died,
-                    "the survivors' agents complete the rendezvous round of the smaller world, from the death")  # fmt: skip
+        report_time(scenario, max(t for t in times if t is not None) - died, what)
 
 
 def wait_healed(cluster: Cluster, via: Host, expected: list[str], agents: list[Proc]) -> None:
