@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-MODULES = ("store_ops", "rank_scale", "rendezvous", "agent")
+MODULES = ("store_ops", "rank_scale", "rendezvous", "agent", "job_etcd")
 README = HERE.parent / "README.md"
 README_START, README_END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
 OUT = HERE / "out"

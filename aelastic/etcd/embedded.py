@@ -47,7 +47,7 @@ from typing import Final, TypeVar
 import anyio
 import anyio.abc
 
-from ..errors import EtcdConnectionError, EtcdError, EtcdLeaseExpiredError, EtcdRequestError
+from ..errors import EtcdConnectionError, EtcdError, EtcdLeaseExpiredError
 from .client import EtcdClient, EtcdConfig, open_etcd_client
 from .layout import Layout, is_address
 from .messages import Compare, DeleteOp, EventType, Member, PutOp, RangeOp, prefix_range_end
@@ -280,7 +280,8 @@ class JobEtcd:
                 logger.warning("the job's etcd: this node's lease expired; registering again")
                 await self._renew()
             except (EtcdError, TimeoutError) as exc:
-                logger.warning("the job's etcd: keeping this node's lease: %s", str(exc) or "no answer")
+                if not self._leaving:  # the members stop as the job ends
+                    logger.warning("the job's etcd: keeping this node's lease: %s", str(exc) or "no answer")
 
     async def _renew(self) -> None:
         try:
@@ -457,21 +458,28 @@ class JobEtcd:
 
     async def _wait_unused(self) -> None:
         """Return once no node is registered under ``nodes/`` (they delete their key when done, or their lease
-        expires)."""
+        expires), or once the cluster stops answering: the other members saw that first and stopped, so nothing
+        can use it any more (a request of a cluster without quorum would only be repeated until its deadline)."""
         nodes = self._root + b"nodes/"
         end = prefix_range_end(nodes)
-        while True:
-            try:
-                counted = await self.client.range(RangeOp(nodes, end, count_only=True))
-                if counted.count == 0:
-                    return
-                async with self.client.watch(nodes, end, start_revision=counted.revision + 1) as events:
-                    async for event in events:
-                        if event.type is EventType.DELETE:
-                            break
-            except (EtcdConnectionError, EtcdRequestError) as exc:
-                logger.debug("the job's etcd: waiting for the other nodes to leave: %r", exc)
-                await anyio.sleep(_RETRY_MAX)
+        try:
+            with anyio.fail_after(_REQUEST_TIMEOUT):
+                listed = await self.client.range(RangeOp(nodes, end, keys_only=True))
+            present = {kv.key for kv in listed.kvs}
+            if not present:
+                return
+            # The registrations from the list's revision on, kept here: no read after the last one goes, when the
+            # members that saw it first may be gone.
+            async with self.client.watch(nodes, end, start_revision=listed.revision + 1) as events:
+                async for event in events:
+                    if event.type is EventType.DELETE:
+                        present.discard(event.kv.key)
+                    else:
+                        present.add(event.kv.key)
+                    if not present:
+                        return
+        except (EtcdError, TimeoutError) as exc:
+            logger.debug("the job's etcd: no answer while the other nodes leave (%r): they have", exc)
 
 
 async def _until_answered(call: Callable[[], Awaitable[T]]) -> T:

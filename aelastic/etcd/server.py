@@ -249,6 +249,7 @@ class MemberConfig:
     listen_peer_url: str | None = None
     timing: RaftTiming = RaftTiming()
     watch_progress: float | None = None  # seconds between progress notifications to watches that ask (None: etcd's)
+    fsync: bool = False  # durable writes, as an operator's etcd makes them; ephemeral data needs none
 
     def command(self, binary: str, data_dir: str) -> list[str]:
         return [
@@ -263,7 +264,7 @@ class MemberConfig:
             "--initial-cluster-state", "existing" if self.existing else "new",
             "--initial-cluster-token", self.token,
             # Ephemeral data (a test's, a job's rendezvous): durability buys nothing, fsync costs every write.
-            "--unsafe-no-fsync",
+            *(() if self.fsync else ("--unsafe-no-fsync",)),
             *self.timing.flags(),
             *(() if self.watch_progress is None else
               ("--experimental-watch-progress-notify-interval", f"{round(self.watch_progress * 1000)}ms")),
@@ -297,9 +298,10 @@ async def open_local_etcd(*, binary: str | None = None, timing: RaftTiming | Non
 
 @asynccontextmanager
 async def open_local_etcd_cluster(
-    size: int = 3, *, binary: str | None = None, timing: RaftTiming | None = None
+    size: int = 3, *, binary: str | None = None, timing: RaftTiming | None = None, fsync: bool = False
 ) -> AsyncIterator[LocalEtcd]:
-    """A ``size``-member etcd cluster on loopback; every member serves clients when this yields.
+    """A ``size``-member etcd cluster on loopback; every member serves clients when this yields. ``fsync``: durable
+    writes to a data directory on disk, as an operator's etcd (the benchmarks' external etcd).
 
     Each member can be stopped on its own (``etcd.members[i].stop()``) to test failover. On exit (or cancellation)
     every member is stopped and reaped and the data directories removed. Bound the start with ``anyio.fail_after``.
@@ -320,7 +322,9 @@ async def open_local_etcd_cluster(
             async with anyio.create_task_group() as tg:
                 try:
                     for name, client, peer in zip(names, clients, peers, strict=True):
-                        config = MemberConfig(name, client, peer, cluster, token, timing=timing or RaftTiming())
+                        config = MemberConfig(
+                            name, client, peer, cluster, token, timing=timing or RaftTiming(), fsync=fsync
+                        )
                         members.append(await start_member(config, str(Path(root, name)), tg, binary=executable))
                     for member in members:
                         await member.wait_ready()
