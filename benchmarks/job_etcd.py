@@ -89,8 +89,9 @@ def start_up_once(system: str, script: Path, external: str) -> float:
     argv = [sys.executable, "-m", "aelastic", "run", "--nnodes", "4", "--nproc-per-node", "1", "--rdzv-id", run_id]
     flags = rendezvous_flags(system, port, external)
     procs = [
-        subprocess.Popen([*argv, "--local-addr", host, *flags, script], env=env, stdout=subprocess.DEVNULL,
-                         stderr=subprocess.PIPE)  # fmt: skip
+        subprocess.Popen(
+            [*argv, "--local-addr", host, *flags, script], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
         for host in HOSTS
     ]
     errors = []
