@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-MODULES = ("store_ops", "rank_scale", "rendezvous", "agent", "goodput", "node_check")
+MODULES = ("store_ops", "rank_scale", "rendezvous", "agent", "goodput", "node_check", "job_etcd")
 SUMMARY = HERE.parent / "docs" / "benchmarks" / "index.md"  # the documentation site's benchmark page
 SUMMARY_START, SUMMARY_END = "<!-- benchmarks:start -->", "<!-- benchmarks:end -->"
 OUT = HERE / "out"

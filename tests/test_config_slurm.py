@@ -142,6 +142,25 @@ def test_flags_and_pet_variables_win_and_the_line_says_so(monkeypatch: pytest.Mo
     assert result.sources["min_nodes"] == "PET_NNODES"
 
 
+def test_the_jobs_own_etcd_runs_on_the_steps_nodes_with_a_per_job_port() -> None:
+    """``--rdzv-backend etcd --rdzv-endpoint embedded`` (issue 33): the step's nodes, in order, and two ports of the
+    job's own; an etcd_port given stays."""
+    seen = set()
+    for env in STEP.values():
+        result = resolved(env, "--rdzv-backend", "etcd", "--rdzv-endpoint", "embedded")
+        cfg = result.command.config
+        seen.add((cfg.rdzv_backend, cfg.rdzv_endpoint, cfg.rdzv_configs.get("etcd_port")))
+    assert seen == {("etcd", "embedded:node1,node2", "15006")}
+    assert "--rdzv-endpoint embedded:node1,node2 (the nodes of SLURM_STEP_NODELIST=node[1-2])" in result.slurm_line
+    assert "--rdzv-conf etcd_port=15006 (15000 + (2 * SLURM_JOB_ID) % 15000)" in result.slurm_line
+    given = resolved(STEP["node1"], "--rdzv-backend", "etcd", "--rdzv-endpoint", "embedded", "--rdzv-conf",
+                     "etcd_port=2479").command.config  # fmt: skip
+    assert (given.rdzv_endpoint, given.rdzv_configs["etcd_port"]) == ("embedded:node1,node2", "2479")
+    named = resolved(STEP["node1"], "--rdzv-backend", "etcd", "--rdzv-endpoint", "embedded:a,b,c").command.config
+    assert named.rdzv_endpoint == "embedded:a,b,c"  # the user's own list: no Slurm value replaces it
+    assert named.rdzv_configs["etcd_port"] == "15006"  # but the job's port: jobs sharing a node differ
+
+
 def test_any_rendezvous_flag_keeps_the_backend_and_endpoint_as_given() -> None:
     env = STEP["node1"]
     cfg = resolved(env, "--rdzv-backend", "c10d", "--rdzv-endpoint", "192.0.2.9:7").command.config

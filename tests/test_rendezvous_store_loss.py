@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio
+import anyio.abc
 import pytest
 from helpers.relay import Relay, open_relay
 
@@ -145,3 +146,34 @@ async def test_a_store_silent_during_an_eviction_fails_the_evicting_node_after_r
     assert any("evicting the dead node" in str(error) for error in errors), errors
     for error in errors:
         assert f"127.0.0.1:{relay.port}" in str(error)
+
+
+async def test_a_store_that_goes_away_says_what_was_lost_and_what_would_have_survived() -> None:
+    """The store's host crashes (its kernel closes the connections): the node fails at once, in words (issue 33),
+    not with the stream's ``EndOfStream()``."""
+    crash = anyio.CancelScope()
+    async with anyio.create_task_group() as tg:
+
+        async def serve(*, task_status: anyio.abc.TaskStatus[int]) -> None:
+            with crash:
+                async with open_store_server("127.0.0.1", 0) as server:
+                    task_status.started(server.port)
+                    await anyio.sleep_forever()
+
+        port = await tg.start(serve)
+
+        async def lose_the_store_while_a_member() -> None:
+            params = RendezvousParameters("c10d", f"127.0.0.1:{port}", "gone", 1, 1, read_timeout=60, **FAST)
+            async with open_rendezvous(params) as handler:
+                await handler.next_rendezvous()
+                crash.cancel()  # the server closes every connection
+                await handler.wait_for_membership_change()  # only losing the store ends it
+
+        with anyio.fail_after(30), pytest.raises(RendezvousConnectionError) as caught:
+            await lose_the_store_while_a_member()
+    message = str(caught.value)
+    assert message.startswith(f"rendezvous 'gone': lost the rendezvous store at 127.0.0.1:{port} (its connection "
+                              "closed): the agent on 127.0.0.1 that served it is gone"), message  # fmt: skip
+    assert "--rdzv-endpoint embedded:" in message
+    assert "EndOfStream" not in message
+    assert "\n" not in message

@@ -14,6 +14,8 @@ value               taken from
                     the first node of ``SLURM_JOB_NODELIST`` where ``--nnodes`` asks for more nodes than the step
                     has (one step per node, the node-loss layout). Port ``15000 + SLURM_JOB_ID % 15000``: two jobs
                     sharing a node differ unless their ids are 15000 apart; below the kernel's ephemeral range.
+                    (etcd, ``--rdzv-endpoint embedded``) the job's own etcd on those nodes (all of them, in the
+                    nodelist's order), and ``--rdzv-conf etcd_port`` ``15000 + (2 * SLURM_JOB_ID) % 15000``.
 ``--rdzv-id``       ``slurm-<SLURM_JOB_ID>-<SLURM_RESTART_COUNT or 0>``: a requeued job (same job id, restart count
                     + 1) never meets its dead predecessor's rendezvous, whatever store outlived it (an etcd, an
                     ``aelastic store``).
@@ -44,7 +46,9 @@ __all__ = [
     "Derived",
     "check_not_loopback",
     "check_one_task_per_node",
+    "embedded",
     "endpoint",
+    "etcd_port",
     "gpus_on_node",
     "in_batch_shell",
     "in_step",
@@ -120,21 +124,45 @@ def job_port(environ: Mapping[str, str]) -> int:
     return PORT_BASE + job % PORT_SPAN
 
 
-def endpoint(environ: Mapping[str, str], max_nodes: int) -> Derived:
-    """The c10d store's ``HOST:PORT``: the first node of the step, or of the job where ``max_nodes`` is more than the
-    step's nodes; port from the job id."""
+def _nodelist(environ: Mapping[str, str], max_nodes: int) -> tuple[str, str, list[str]]:
+    """The step's nodes, or the job's where ``max_nodes`` is more than the step's (one step per node): the variable,
+    its text and its hosts."""
     variable = "SLURM_STEP_NODELIST"
     step_count = len(expand_hostlist(environ.get(variable, ""), variable))
     if max_nodes > step_count and environ.get("SLURM_JOB_NODELIST"):
         variable = "SLURM_JOB_NODELIST"
     text = environ.get(variable, "")
-    host = expand_hostlist(text, variable)[0]
+    return variable, text, expand_hostlist(text, variable)
+
+
+def endpoint(environ: Mapping[str, str], max_nodes: int) -> Derived:
+    """The c10d store's ``HOST:PORT``: the first node of the step, or of the job where ``max_nodes`` is more than the
+    step's nodes; port from the job id."""
+    variable, text, hosts = _nodelist(environ, max_nodes)
     port = job_port(environ)
     return Derived(
-        format_address(host, port),
+        format_address(hosts[0], port),
         f"first node of {variable}={text}, port {PORT_BASE} + SLURM_JOB_ID % {PORT_SPAN}",
         f"{variable}={text}",
     )
+
+
+def embedded(environ: Mapping[str, str], max_nodes: int) -> Derived:
+    """The job's own etcd (``--rdzv-endpoint embedded``): ``embedded:HOST,...`` over the nodes of the step, or of
+    the job where ``max_nodes`` is more than the step's nodes (a batch node that only launches is among the job's:
+    name the training nodes yourself there)."""
+    variable, text, hosts = _nodelist(environ, max_nodes)
+    return Derived("embedded:" + ",".join(hosts), f"the nodes of {variable}={text}", f"{variable}={text}")
+
+
+def etcd_port(environ: Mapping[str, str]) -> Derived:
+    """The job's own etcd's client port, ``15000 + (2 * SLURM_JOB_ID) % 15000`` (its peers use the next one): two
+    ports per job, so that jobs with neighbouring ids sharing a node differ."""
+    job = _int(environ, "SLURM_JOB_ID")
+    if job is None:
+        raise ConfigurationError("SLURM_JOB_ID='': Slurm sets it to the job's number")
+    port = PORT_BASE + (2 * job) % PORT_SPAN
+    return Derived(str(port), f"{PORT_BASE} + (2 * SLURM_JOB_ID) % {PORT_SPAN}")
 
 
 def gpus_on_node(environ: Mapping[str, str]) -> Derived | None:

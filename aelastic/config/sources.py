@@ -15,9 +15,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._net import parse_endpoint
+from ..etcd.layout import EMBEDDED
 from . import slurm
 from .launch_config import LaunchConfig
-from .values import parse_nnodes
+from .values import parse_nnodes, parse_rdzv_conf
 
 __all__ = ["apply_slurm", "describe", "given", "sources"]
 
@@ -94,6 +95,14 @@ def apply_slurm(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[a
             store = slurm.endpoint(environ, max_nodes)
             take("rdzv_endpoint", store, "--rdzv-endpoint")
             host_from = store.variable
+        if args.rdzv_backend in ("etcd", "etcd-v2") and args.rdzv_endpoint.partition(":")[0] == EMBEDDED:
+            if args.rdzv_endpoint == EMBEDDED:
+                take("rdzv_endpoint", slurm.embedded(environ, max_nodes), "--rdzv-endpoint")
+            if "etcd_port" not in parse_rdzv_conf(args.rdzv_conf):
+                port = slurm.etcd_port(environ)
+                args.rdzv_conf = ",".join(filter(None, (args.rdzv_conf, f"etcd_port={port.value}")))
+                derived["rdzv_conf"] = f"etcd_port from {port.source}"
+                said.append(f"--rdzv-conf etcd_port={port.value} ({port.source})")
         if given(args, "rdzv_id", environ) is None:
             take("rdzv_id", slurm.run_id(environ), "--rdzv-id")
     elif nnodes_flag is None:

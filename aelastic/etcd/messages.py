@@ -25,6 +25,7 @@ __all__ = [
     "EventType",
     "KeyValue",
     "Lease",
+    "Member",
     "Op",
     "OpResponse",
     "PutOp",
@@ -38,6 +39,7 @@ __all__ = [
     "b64",
     "int_field",
     "key_range",
+    "members_of",
     "prefix_range_end",
     "txn_request",
     "watch_create_request",
@@ -190,6 +192,28 @@ class Lease:
         return cls(int_field(obj, "ID"), int_field(obj, "TTL"))
 
 
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One member of the cluster. A member added but not started yet has no ``name`` and no ``client_urls``."""
+
+    id: int
+    name: str
+    peer_urls: tuple[str, ...]
+    client_urls: tuple[str, ...] = ()
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Member:
+        return cls(
+            int_field(obj, "ID"), str(obj.get("name") or ""), tuple(obj.get("peerURLs", ())),
+            tuple(obj.get("clientURLs", ())),
+        )  # fmt: skip
+
+
+def members_of(obj: dict[str, Any]) -> tuple[Member, ...]:
+    """The ``members`` of a member list, add or remove answer, by id."""
+    return tuple(sorted((Member.from_json(m) for m in obj.get("members", ())), key=lambda m: m.id))
+
+
 # --- requests -----------------------------------------------------------------------------------------------------
 
 
@@ -323,10 +347,14 @@ def txn_request(compare: Sequence[Compare], success: Sequence[Op], failure: Sequ
     }
 
 
-def watch_create_request(key: bytes, range_end: bytes | None, start_revision: int) -> dict[str, Any]:
+def watch_create_request(
+    key: bytes, range_end: bytes | None, start_revision: int, *, progress_notify: bool = False
+) -> dict[str, Any]:
     """The body of ``/v3/watch`` that opens a watch of ``key`` (or ``[key, range_end)``) from ``start_revision``
-    (0: from now)."""
+    (0: from now); ``progress_notify``: the server sends an empty message at its progress interval, too."""
     create = key_range(key, range_end)
     if start_revision:
         create["start_revision"] = str(start_revision)
+    if progress_notify:
+        create["progress_notify"] = True
     return {"create_request": create}

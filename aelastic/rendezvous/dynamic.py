@@ -396,9 +396,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
         limit = min(until, anyio.current_time() + grace)
         known = self._known
         seen = known.seen if known.seen.version == known.version else Versioned(known.version, None)
-        woke = False
+        woke, pushed = False, None
         with anyio.move_on_after(max(0.0, limit - anyio.current_time())):
-            await self.backend.wait_for_change(seen)
+            pushed = await self.backend.wait_for_change(seen)
             woke = True
         self._count(wake_ups=1)
         if not woke and self._own.ticket is not None and self._known.joined < self._own.ticket:
@@ -406,6 +406,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
             # Read the whole state, which holds the request, and publish it if others wait for what it changes.
             self._own.publish = True
             await self._refresh()
+        elif pushed is not None:
+            self._known.adopt(pushed)  # the change brought the state with it: no read (a round's release wakes N nodes)
         else:
             await self._look(seen.version + 1 if woke else -1)
 

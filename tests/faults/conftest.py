@@ -82,9 +82,14 @@ class Host:
     link: str  # the veth end in the root namespace, on the bridge
     dir: Path
 
-    def command(self, *argv: str | os.PathLike[str], time_offset: int = 0) -> list[str]:
-        """``argv`` run in this host's network namespace (and with its clocks ``time_offset`` seconds ahead)."""
+    def command(self, *argv: str | os.PathLike[str], time_offset: int = 0, private_shm: bool = False) -> list[str]:
+        """``argv`` run in this host's network namespace (and with its clocks ``time_offset`` seconds ahead).
+        ``private_shm``: with a ``/dev/shm`` of its own (``ip netns exec`` gives each command a mount namespace of
+        its own; a tmpfs mounted there goes with the command's last process), as a separate machine has: what a
+        host keeps there vanishes with the host."""
         prefix = ["ip", "netns", "exec", self.netns]
+        if private_shm:
+            prefix += ["sh", "-c", 'mount -t tmpfs -o size=1g shm /dev/shm && exec "$@"', "sh"]
         if time_offset:
             prefix += ["unshare", "--time", "--monotonic", str(time_offset), "--boottime", str(time_offset)]
         return [*prefix, *map(str, argv)]
@@ -217,12 +222,12 @@ class Cluster:
 
     def spawn(
         self, host: Host, *argv: str | os.PathLike[str], log: str, env: dict[str, str] | None = None,
-        time_offset: int = 0,
+        time_offset: int = 0, private_shm: bool = False,
     ) -> Proc:  # fmt: skip
         path = host.dir / f"{log}.log"
         with path.open("ab") as f:
             popen = subprocess.Popen(
-                host.command(*argv, time_offset=time_offset),
+                host.command(*argv, time_offset=time_offset, private_shm=private_shm),
                 stdin=subprocess.DEVNULL,
                 stdout=f,
                 stderr=subprocess.STDOUT,
@@ -235,11 +240,11 @@ class Cluster:
     def agent(
         self, host: Host, *, nnodes: str, rdzv: Sequence[str], backend: str = "asyncio", max_restarts: int = 0,
         env: dict[str, str] | None = None, time_offset: int = 0, log: str = "agent", log_level: str = "INFO",
-        launcher: str = "aelastic", flags: Sequence[str] = (),
+        launcher: str = "aelastic", flags: Sequence[str] = (), private_shm: bool = False,
     ) -> Proc:  # fmt: skip
         """``aelastic run`` (or, with ``launcher="torchrun"``, torch's own launcher with the same torchrun flags)
         of the trainer on ``host``: one worker, this host's address, logs under its dir; ``flags`` go before the
-        script."""
+        script; ``private_shm``: see :meth:`Host.command`."""
         if launcher == "torchrun":
             command = [sys.executable, "-m", "torch.distributed.run"]
             env = {"LOGLEVEL": log_level, **(env or {})}
@@ -255,7 +260,7 @@ class Cluster:
             # gloo picks its interface from the hostname, which names the real machine: use the host's eth0.
             env={"FAULTS_HOST": host.name, "FAULTS_STEP_PAUSE": str(STEP_PAUSE), "GLOO_SOCKET_IFNAME": "eth0",
                  "OMP_NUM_THREADS": "1", **(env or {})},
-            time_offset=time_offset,
+            time_offset=time_offset, private_shm=private_shm,
         )  # fmt: skip
 
     def c10d(self, conf: str = FAST_CONF, run_id: str = "faults") -> list[str]:

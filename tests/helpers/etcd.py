@@ -12,3 +12,26 @@ def reader(endpoint: str) -> Etcd3Client:
     """A client of the first member of ``endpoint`` (a comma-separated list of URLs)."""
     parts = urlsplit(endpoint.split(",")[0])
     return Etcd3Client(parts.hostname, parts.port)
+
+
+def job_etcd_left_behind(run_id: str, endpoints: list[tuple[str, int]], member: str = "") -> list[str]:
+    """What a job's own etcd (``--rdzv-endpoint embedded``, run ``run_id``) left on this machine: a guard or etcd
+    process (their command lines name the member's data directory), a data directory, or one of ``endpoints``
+    (host, port) that no server could listen on. ``member``: of that member alone."""
+    import tempfile
+    from pathlib import Path
+
+    from helpers.procs import alive, listenable
+
+    def command(path: Path) -> bytes:
+        try:
+            return path.read_bytes()
+        except OSError:  # gone meanwhile
+            return b""
+
+    marker = f"aelastic-etcd-{run_id}-{member + '-' if member else ''}".encode()
+    commands = {int(p.parent.name): command(p) for p in Path("/proc").glob("[0-9]*/cmdline")}
+    found = [f"process {pid}: {c[:120]!r}" for pid, c in commands.items() if marker in c and alive(pid)]
+    found += [str(p) for root in ("/dev/shm", tempfile.gettempdir()) for p in Path(root).glob(f"{marker.decode()}*")]
+    found += [f"{host}:{port}" for host, port in endpoints if not listenable(host, port)]
+    return found

@@ -31,6 +31,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def listenable(host: str, port: int) -> bool:
+    """Whether a server could listen on ``host:port`` now, as servers bind (``SO_REUSEADDR``: the connections a
+    stopped server leaves in TIME_WAIT do not hold its port)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+            s.listen()
+        except OSError:
+            return False
+    return True
+
+
 async def wait_gone(pids: Iterable[int]) -> None:
     """Wait until every pid has exited (zombies count as gone). Uses pidfds: works for processes not our own."""
     for pid in pids:

@@ -5,6 +5,7 @@ How it is built and torn down: :mod:`tests.slurm.cluster`. A test module sets it
     SLURM_NODES = 3  # nodes node1..node3 (default 2)
     SLURM_GPUS = 2  # gres/gpu per node, fake devices (default 0)
     SLURM_CPUS = 2  # CPUs each node declares (default 1)
+    SLURM_PRIVATE_SHM = True  # each node a /dev/shm of its own, gone with the node (default: the machine's)
 
 and uses the cluster as a user of it would::
 
@@ -45,7 +46,8 @@ def slurm_cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
     size = getattr(request.module, "SLURM_NODES", 2)
     gpus = getattr(request.module, "SLURM_GPUS", 0)
     cpus = getattr(request.module, "SLURM_CPUS", 1)
-    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"), size, cpus=cpus, gpus=gpus)
+    private_shm = getattr(request.module, "SLURM_PRIVATE_SHM", False)
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"), size, cpus=cpus, gpus=gpus, private_shm=private_shm)
     left: list[str] = []
     try:
         start = time.monotonic()

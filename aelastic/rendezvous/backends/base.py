@@ -69,9 +69,13 @@ class StateReader(abc.ABC):
         creates what a node would, never blocks on what is missing."""
 
     @abc.abstractmethod
-    async def wait_for_change(self, seen: Versioned) -> None:
+    async def wait_for_change(self, seen: Versioned) -> Versioned | None:
         """Return once the state has moved past ``seen``'s version (at once if it already has); join requests
-        appended meanwhile do not count."""
+        appended meanwhile do not count.
+
+        A backend whose notification carries the new state (an etcd watch event holds the written value) may
+        return it: a read of that version that spares the caller one (a write that wins consumes every pending
+        request, so it has none; a later request makes the next compare-and-set fail). ``None``: read it."""
 
     async def read_key(self, key: str) -> bytes | None:
         """A key of the run's store that the nodes wrote (a round's failures), or None: it neither waits nor

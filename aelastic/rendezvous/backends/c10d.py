@@ -18,8 +18,11 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Final, cast
 
+import anyio
+
+from ..._groups import single_error
 from ..._net import format_address, is_local_host, parse_endpoint
-from ...errors import ConfigurationError
+from ...errors import ConfigurationError, RendezvousConnectionError, StoreConnectionError
 from ...store.auth import resolve_auth_token
 from ...store.client import open_store_client
 from ..api import JoinObserver, RendezvousHandler, RendezvousParameters
@@ -130,8 +133,30 @@ async def open_c10d_rendezvous(
             "c10d", addr, settings.heartbeat_timeout, settings.read_timeout, observer=observer,
             servers=() if server is None else (server,), share_store=params.share_store,
         )  # fmt: skip
-        async with open_dynamic_rendezvous(node, settings.rendezvous, backend, options) as handler:
-            yield handler
+        try:
+            with single_error():
+                async with open_dynamic_rendezvous(node, settings.rendezvous, backend, options) as handler:
+                    yield handler
+        except (StoreConnectionError, RendezvousConnectionError) as exc:
+            if server is not None:
+                raise  # this node serves the store: nothing remote was lost
+            raise RendezvousConnectionError(_store_lost(params.run_id, client.address, host, exc)) from exc
+
+
+def _store_lost(run_id: str, address: str, host: str, exc: Exception) -> str:
+    """What a node that lost the c10d store says: what was lost, why, and what would have survived it."""
+    if isinstance(exc, RendezvousConnectionError):  # the liveness gave up: its words say how long
+        detail = str(exc).partition(f"{address}: ")[2] or str(exc)
+    elif isinstance(exc.__cause__, anyio.EndOfStream | anyio.BrokenResourceError | ConnectionError):
+        detail = "its connection closed"
+    else:
+        detail = str(exc)
+    return (
+        f"rendezvous {run_id!r}: lost the rendezvous store at {address} ({detail}): the agent on {host} that served "
+        "it is gone, or its node, and with it every node's rendezvous (c10d keeps the rendezvous on that one node). "
+        "The job's own etcd (--rdzv-backend etcd --rdzv-endpoint embedded:HOST,...) survives the loss of any one "
+        "node: see docs/embedded-etcd.md"
+    )
 
 
 @asynccontextmanager

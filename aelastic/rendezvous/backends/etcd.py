@@ -16,7 +16,12 @@ Keys, under ``<key_prefix>/<run_id>/`` (``key_prefix`` defaults to ``/aelastic/r
 ``store/...``
     the members' :class:`~aelastic.etcd.EtcdStore` (each round's store is cut from it).
 
-Waiting for a change is a watch of ``state`` from the revision after the last one seen.
+Waiting for a change: a node's handler follows ``state`` with one watch (every wait awaits its word, with the
+state written); outside a handler (``aelastic status``), a watch from the revision after the read.
+
+``--rdzv-endpoint embedded[:HOST,...]`` is the job's own etcd (:mod:`aelastic.etcd.embedded`): the first hosts run
+its members beside their agents, and every node's rendezvous uses it with member failover. Its keys:
+``etcd_port`` (client port, default 2379; peers use the next), ``etcd_members`` (the members it keeps: 3; odd).
 
 torch's ``etcd-v2`` backend name is accepted as an alias (it spoke etcd's v2 API, gone since etcd 3.6).
 """
@@ -33,6 +38,7 @@ from dataclasses import dataclass
 from typing import Final
 
 import anyio
+import anyio.abc
 
 from ...errors import (
     ConfigurationError,
@@ -45,18 +51,24 @@ from ...errors import (
     RendezvousStateError,
 )
 from ...etcd.client import EtcdClient, EtcdConfig, open_etcd_client, parse_endpoints
+from ...etcd.embedded import JobEtcdSettings, client_config, open_job_etcd
+from ...etcd.layout import DEFAULT_CLIENT_PORT, DEFAULT_SIZE, Layout, parse_embedded
 from ...etcd.messages import (
     Compare,
     CompareResult,
     CompareTarget,
     DeleteOp,
+    EventType,
+    KeyValue,
     PutOp,
     RangeOp,
     RangeResponse,
     SortOrder,
     SortTarget,
+    WatchEvent,
     prefix_range_end,
 )
+from ...etcd.server import find_etcd_binary
 from ...etcd.store import EtcdStore
 from ..api import JoinObserver, RendezvousHandler, RendezvousParameters
 from ..codec import Digest
@@ -88,8 +100,25 @@ ETCD_KEYS: Final = (
     ConfKey("key", "text", None, "the client certificate's private key (PEM)", aliases=("ssl_cert_key",)),
     ConfKey("username", "text", None, "etcd's user, with password"),
     ConfKey("password", "text", None, "the etcd user's password"),
+    ETCD_PORT := ConfKey(
+        "etcd_port",
+        "integer",
+        DEFAULT_CLIENT_PORT,
+        "the job's own etcd (--rdzv-endpoint embedded:...): its members' client port, 1..65534 (the peer port is the "
+        "next one)",
+    ),
+    ETCD_MEMBERS := ConfKey(
+        "etcd_members",
+        "integer",
+        DEFAULT_SIZE,
+        "the job's own etcd: how many members it keeps, odd (the first hosts of the list start them; a lost one is "
+        "replaced on another node)",
+    ),
 )
 _ALIASES: Final = {alias: key.name for key in ETCD_KEYS for alias in key.aliases}
+_TLS_KEYS: Final = ("cacert", "cert", "key", "username", "password")  # an external etcd's; the job's own has none
+
+_FOLLOW_RETRY, _FOLLOW_RETRY_MAX = 0.1, 2.0  # pauses between attempts to follow the state when no member answers
 
 _local_ids = iter(range(1 << 62))
 
@@ -102,6 +131,42 @@ class _Token:
     read_revision: int
 
 
+class _Follower:
+    """What a task that follows the state key (:meth:`EtcdBackend.following`) has seen: the newest state written,
+    and from which revision on it has seen every change; waiters are woken at each news."""
+
+    def __init__(self) -> None:
+        self.since = math.inf  # every change from this revision on has been seen (inf: not started)
+        self.latest: Versioned | None = None
+        self._latest_revision = 0
+        self._news = anyio.Event()
+
+    def __repr__(self) -> str:
+        return f"<_Follower since={self.since} latest={self._latest_revision}>"
+
+    def started(self, since: int) -> None:
+        self.since = since
+        self._wake()
+
+    def written(self, state: Versioned, revision: int) -> None:
+        self.latest, self._latest_revision = state, revision
+        self._wake()
+
+    def _wake(self) -> None:
+        self._news.set()
+        self._news = anyio.Event()
+
+    async def wait_past(self, revision: int) -> Versioned | None:
+        """The newest state written after ``revision``, once there is one; ``None`` (read the state) when changes
+        after ``revision`` may have gone unseen (the follower started later)."""
+        while True:
+            if self.since > revision + 1:
+                return None
+            if self.latest is not None and self._latest_revision > revision:
+                return self.latest
+            await self._news.wait()
+
+
 class EtcdBackend(RendezvousBackend):
     """The rendezvous driver over etcd for one run id; see the module docstring.
 
@@ -112,7 +177,6 @@ class EtcdBackend(RendezvousBackend):
         if lease_ttl < 1:
             raise ConfigurationError(f"etcd lease TTL {lease_ttl}: must be >= 1 s")
         self.name = name
-        self.location = f"etcd at {','.join(client.config.endpoints)}"
         self.client = client
         self.root = f"{key_prefix.rstrip('/')}/{run_id}"
         self.store = EtcdStore(client, f"{self.root}/store")
@@ -125,6 +189,12 @@ class EtcdBackend(RendezvousBackend):
                     sort_order=SortOrder.ASCEND),
         ]  # fmt: skip
         self._leases: dict[str, int] = {}
+        self._follower: _Follower | None = None  # the task following the state key, while following() lasts
+        self._joined_read: Versioned | None = None  # the read a join request's txn made, for the next get_state
+
+    @property
+    def location(self) -> str:  # type: ignore[override]  # the members may change (a job's own etcd heals)
+        return f"etcd at {','.join(self.client.config.endpoints)}"
 
     def __repr__(self) -> str:
         return f"<EtcdBackend {self.name} {self.root!r} leases={len(self._leases)} {self.client!r}>"
@@ -135,19 +205,25 @@ class EtcdBackend(RendezvousBackend):
     def _versioned(self, read_revision: int, state: RangeResponse, joins: RangeResponse) -> Versioned:
         """The state and its pending join requests from the two ranges of ``self._read_ops``."""
         pending = tuple(kv.value for kv in joins.kvs)
-        kvs = state.kvs
-        if not kvs:
+        if not state.kvs:
             return Versioned(0, None, _Token(0, read_revision), pending)
-        raw = kvs[0].value
-        head, sep, body = raw.partition(b"\n")
+        return self._decoded(state.kvs[0], read_revision, pending)
+
+    def _decoded(self, kv: KeyValue, read_revision: int, pending: tuple[bytes, ...]) -> Versioned:
+        head, sep, body = kv.value.partition(b"\n")
         if not sep or not head.isdigit():
             raise RendezvousStateError(
-                f"etcd key {self._state_key.decode()!r} holds {raw[:40]!r}: not '<version>\\n<state>'"
+                f"etcd key {self._state_key.decode()!r} holds {kv.value[:40]!r}: not '<version>\\n<state>'"
             )
-        return Versioned(int(head), body, _Token(kvs[0].mod_revision, read_revision), pending)
+        return Versioned(int(head), body, _Token(kv.mod_revision, read_revision), pending)
 
     async def get_state(self) -> Versioned:
-        """The state and the join requests pending on it, read at one revision."""
+        """The state and the join requests pending on it, read at one revision. The first read after a join request
+        is the one the request's txn made (it holds the request)."""
+        if self._joined_read is not None:
+            read, self._joined_read = self._joined_read, None
+            await anyio.lowlevel.checkpoint()
+            return read
         state, joins = await self.client.read(self._read_ops)
         return self._versioned(state.revision, state, joins)
 
@@ -181,30 +257,97 @@ class EtcdBackend(RendezvousBackend):
         return self._versioned(response.revision, response.range(0), response.range(1)), False
 
     async def request_join(self, request: bytes) -> None:
-        """A key of its own under ``joins/``; the create revision orders the requests."""
-        await self.client.put(self._joins + secrets.token_hex(8).encode(), request)
+        """A key of its own under ``joins/`` (the create revision orders the requests), put in a txn that reads
+        the state and the requests back at its revision: the read that follows a join costs no round trip."""
+        key = self._joins + secrets.token_hex(8).encode()
+        try:
+            response = await self.client.txn([], [PutOp(key, request), *self._read_ops])
+        except EtcdConnectionError as exc:  # outcome unknown: putting the same key again is safe, the read is not
+            logger.warning("etcd rendezvous %s: %s; putting the join request again", self.root, exc)
+            await self.client.put(key, request)
+            return
+        self._joined_read = self._versioned(response.revision, response.range(1), response.range(2))
 
-    async def wait_for_change(self, seen: Versioned) -> None:
-        """A watch of the state key from the revision after ``seen`` was read; returns at its first event.
+    async def wait_for_change(self, seen: Versioned) -> Versioned | None:
+        """Returns once the state key changed after ``seen`` was read, with the state it wrote: the write's txn
+        deleted every join request at that revision, so none is pending. Join requests are other keys: they wake
+        no one.
 
-        Join requests are other keys: they wake no one. Watching from the read's revision (not the state's older
-        ``mod_revision``) starts the watch at the head of history, where etcd delivers events at once.
+        Inside :meth:`following` the follower's word is awaited (no request); else a watch of the state key from
+        the revision after the read, for this wait alone (watching from the read's revision, not the state's
+        older ``mod_revision``, starts at the head of history, where etcd delivers events at once).
         """
         if not isinstance(seen.token, _Token):
             await anyio.lowlevel.checkpoint()
-            return
+            return None
+        after = seen.token.read_revision
+        if self._follower is not None:
+            return await self._follower.wait_past(after)
+        follower = _Follower()
+        async with anyio.create_task_group() as tg:
+            await tg.start(self._follow, follower, after + 1)
+            written = await follower.wait_past(after)
+            tg.cancel_scope.cancel()
+        return written
+
+    @asynccontextmanager
+    async def following(self) -> AsyncIterator[None]:
+        """Follow the state key in a task of its own while this lasts: every wait for a change then awaits its
+        word, so a round's completion wakes N waiting nodes with the state it wrote and no request (not N watches
+        opened, closed and read again). Returns once the watch is registered; raises what opening it raises."""
+        follower = _Follower()
+        async with anyio.create_task_group() as tg:
+            await tg.start(self._follow, follower, 0)
+            self._follower = follower
+            try:
+                yield
+            finally:
+                self._follower = None
+                tg.cancel_scope.cancel()
+
+    async def _follow(
+        self, follower: _Follower, start: int, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Tell ``follower`` each state written from revision ``start`` on (0: from now). The watch reopens on the
+        next member by itself; when none answers, it is opened again from where it stopped (from now, telling the
+        follower, if that history is gone) until the caller stops it: the liveness judges a lost etcd."""
+        pause = _FOLLOW_RETRY
+        while True:
+            start, stopped = await self._follow_from(follower, start, task_status)
+            if isinstance(stopped, EtcdCompactedError):
+                continue  # from now: the follower tells waiters of older reads to read
+            if follower.since == math.inf:
+                raise stopped  # never started: the caller's error
+            logger.warning("etcd rendezvous %s: following the state: %s; again in %.1f s", self.root, stopped, pause)
+            await anyio.sleep(pause)
+            pause = min(2 * pause, _FOLLOW_RETRY_MAX)
+
+    async def _follow_from(
+        self, follower: _Follower, start: int, task_status: anyio.abc.TaskStatus[None]
+    ) -> tuple[int, EtcdError]:
+        """One watch of the state key from ``start``, until it fails: where to follow from next, and why."""
         try:
-            async with self.client.watch(self._state_key, start_revision=seen.token.read_revision + 1) as events:
-                async for _ in events:
-                    return
-        except EtcdCompactedError:
-            # The history after `seen` is gone, so the key changed (or nothing did and we re-read harmlessly).
-            current = await self.get_state()
-            if current.version != seen.version:
-                return
-            async with self.client.watch(self._state_key) as events:
-                async for _ in events:
-                    return
+            async with self.client.watch(self._state_key, start_revision=start) as events:
+                first = follower.since == math.inf
+                follower.started(events.next_revision)
+                if first:
+                    task_status.started()
+                async for event in events:
+                    written = self._written(event)
+                    if written is not None:
+                        follower.written(written, event.kv.mod_revision)
+                    start = events.next_revision
+        except EtcdCompactedError as exc:
+            return 0, exc
+        except EtcdError as exc:
+            return start, exc
+        raise AssertionError("unreachable: a watch never ends")
+
+    def _written(self, event: WatchEvent) -> Versioned | None:
+        """The state a watch event of the state key wrote (``None`` for a deletion: no node deletes it)."""
+        if event.type is not EventType.PUT:
+            return None
+        return self._decoded(event.kv, event.kv.mod_revision, ())
 
     async def keep_alive(self, node_key: str) -> None:
         """Renew ``node_key``'s lease; on the first beat (or after it expired) grant one and attach ``alive/``."""
@@ -246,6 +389,7 @@ class EtcdRendezvousSettings:
     etcd: EtcdConfig
     key_prefix: str
     read_timeout: float
+    embedded: Layout | None = None  # the job's own etcd (--rdzv-endpoint embedded:...), else an external one
 
     @classmethod
     def from_parameters(cls, params: RendezvousParameters) -> EtcdRendezvousSettings:
@@ -263,12 +407,38 @@ class EtcdRendezvousSettings:
         key_prefix = text("key_prefix") or DEFAULT_KEY_PREFIX
         if not key_prefix.startswith("/"):
             raise ConfigurationError(f"--rdzv-conf key_prefix={key_prefix!r}: must start with '/'")
+        read_timeout = READ_TIMEOUT.read(params)
+        hosts = parse_embedded(params.endpoint)
+        if hosts is not None:
+            layout = _layout(params, hosts)
+            for name in _TLS_KEYS:
+                if text(name) is not None:
+                    raise ConfigurationError(
+                        f"--rdzv-conf {name}: the job's own etcd (--rdzv-endpoint {params.endpoint!r}) speaks plain "
+                        "HTTP inside the job; TLS and users are for an external etcd"
+                    )
+            return cls(client_config(layout), key_prefix, read_timeout, layout)
+        for name in (ETCD_PORT.name, ETCD_MEMBERS.name):
+            if name in conf:
+                raise ConfigurationError(f"--rdzv-conf {name}: only for the job's own etcd (--rdzv-endpoint embedded)")
         endpoints = parse_endpoints(params.endpoint or "localhost", protocol=text("protocol") or "http")
         config = EtcdConfig(
             endpoints, ca_cert=text("cacert"), cert=text("cert"), key=text("key"),
             username=text("username"), password=text("password"),
         )  # fmt: skip
-        return cls(config, key_prefix, READ_TIMEOUT.read(params))
+        return cls(config, key_prefix, read_timeout)
+
+
+def _layout(params: RendezvousParameters, hosts: tuple[str, ...]) -> Layout:
+    """The job's own etcd that ``--rdzv-endpoint embedded:...`` and its keys describe; the etcd binary found."""
+    if not hosts:
+        raise ConfigurationError(
+            f"--rdzv-endpoint {params.endpoint!r}: name the job's hosts, the same list on every node "
+            "(embedded:HOST,HOST,...; under Slurm, srun fills in the step's nodes)"
+        )
+    find_etcd_binary()  # a node without it could neither start nor replace a member: refused now, in one line
+    port = ETCD_PORT.read(params)
+    return Layout(hosts, port, ETCD_MEMBERS.read(params), token=f"aelastic-{params.run_id}")
 
 
 def etcd_setup(params: RendezvousParameters) -> tuple[TimingSettings, EtcdRendezvousSettings]:
@@ -293,18 +463,22 @@ async def open_etcd_rendezvous(
     """
     timing, settings = etcd_setup(params)
     rendezvous = timing.rendezvous
-    grace = rendezvous.keep_alive_interval * rendezvous.keep_alive_max_attempt
+    lease_ttl = max(1, math.ceil(rendezvous.keep_alive_interval * rendezvous.keep_alive_max_attempt))
     async with AsyncExitStack() as stack:
+        if settings.embedded is not None:
+            client = await _join_job_etcd(stack, settings.embedded, params, rendezvous.join_timeout, lease_ttl)
         try:
             with anyio.fail_after(settings.read_timeout):
-                client = await stack.enter_async_context(open_etcd_client(settings.etcd))
+                if settings.embedded is None:
+                    client = await stack.enter_async_context(open_etcd_client(settings.etcd))
                 addr = params.local_addr or await client.local_address()
         except (EtcdConnectionError, TimeoutError) as exc:
             raise RendezvousConnectionError(
                 f"could not reach etcd at {','.join(settings.etcd.endpoints)} within "
                 f"read_timeout={settings.read_timeout:g}s: {exc}"
             ) from exc
-        backend = EtcdBackend(client, settings.key_prefix, params.run_id, lease_ttl=max(1, math.ceil(grace)))
+        backend = EtcdBackend(client, settings.key_prefix, params.run_id, lease_ttl=lease_ttl)
+        await stack.enter_async_context(backend.following())
         stack.push_async_callback(backend.release)
         node = NodeDesc(addr, os.getpid(), next(_local_ids))
         options = HandlerOptions(
@@ -313,6 +487,22 @@ async def open_etcd_rendezvous(
         )  # fmt: skip
         async with open_dynamic_rendezvous(node, rendezvous, backend, options) as handler:
             yield handler
+
+
+async def _join_job_etcd(
+    stack: AsyncExitStack, layout: Layout, params: RendezvousParameters, start_timeout: float, lease_ttl: int
+) -> EtcdClient:
+    """This node's part in the job's own etcd, for the stack's length: the client that follows its members."""
+    settings = JobEtcdSettings(layout, lease_ttl, start_timeout, local_addr=params.local_addr)
+    try:
+        job = await stack.enter_async_context(open_job_etcd(settings, params.run_id))
+    except (TimeoutError, EtcdError) as exc:
+        raise RendezvousConnectionError(
+            f"the job's etcd (first members on {', '.join(layout.initial)}, etcd_port {layout.client_port}) did "
+            f"not answer with a leader within join_timeout={start_timeout:g}s: "
+            f"{exc or 'fewer than a quorum of its first members started'}"
+        ) from exc
+    return job.client
 
 
 @asynccontextmanager

