@@ -420,14 +420,18 @@ class JobEtcd:
         """See the module docstring (closing). The background tasks stop (a replacement in flight with them), then
         every member this node started, shielded; the rest is bounded."""
         self._leaving = True  # no replacement starts from here on
+        at_once = False
         try:
             if cleanly and self._client is not None:
                 await self._leave_cleanly(self.member)
+                # The cluster is done with, or this member has left it: nothing to hand over. A graceful stop of
+                # etcd would wait for peers that may have stopped already (a leader's for seconds).
+                at_once = True
         finally:
             self._tg.cancel_scope.cancel()
             with anyio.CancelScope(shield=True):
                 for member in self._started:
-                    await member.stop()
+                    await member.stop(at_once=at_once)
 
     async def _leave_cleanly(self, member: LocalEtcdMember | None) -> None:
         gone = [DeleteOp(self._node_key)]

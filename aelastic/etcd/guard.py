@@ -1,13 +1,14 @@
 """The guard of a job's etcd member: ``python -I -S .../aelastic/etcd/guard.py DATA_DIR ETCD [ARG...]``.
 
 It starts etcd (its log goes to the guard's stderr, which the agent reads), and leaves nothing behind whatever
-ends: when etcd exits, when the agent asks (SIGTERM), or when the agent is gone by any death (fd 0 is the read end
-of a pipe whose only write end the agent holds: end of file), it stops etcd (SIGTERM, a grace, SIGKILL), removes
+ends: when etcd exits, when the agent asks (SIGTERM; SIGUSR1: at once, etcd killed without its graceful stop), or
+when the agent is gone by any death (fd 0 is the read end of a pipe whose only write end the agent holds: end of
+file), it stops etcd (SIGTERM, a grace, SIGKILL), removes
 the member's data directory, and exits with etcd's status (0 where it stopped etcd). etcd runs under the
 parent-death signal (SIGKILL), so it dies with a guard that is killed outright; in a session of its own, so a
 terminal's Ctrl-C reaches the agent and the guard (which ignores it), and the agent's stop is the one that acts.
 
-It blocks in ``poll(2)`` on the pipe, a pidfd of etcd and a wake-up pipe for SIGTERM: no polling, no timers but
+It blocks in ``poll(2)`` on the pipe, a pidfd of etcd and a wake-up pipe for its signals: no polling, no timers but
 the stop's grace. Standard library only (the child-side rule of :mod:`aelastic.agent`), run by path.
 """
 
@@ -40,7 +41,8 @@ def main(argv: list[str]) -> int:
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
     signal.set_wakeup_fd(wake_write)
-    signal.signal(signal.SIGTERM, lambda *_: None)  # a handler, so the wake-up fd hears of it
+    for signum in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(signum, lambda *_: None)  # a handler, so the wake-up fd hears of it
     try:
         etcd = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True,
@@ -54,19 +56,22 @@ def main(argv: list[str]) -> int:
     poller = select.poll()
     for fd in (0, exited, wake_read):
         poller.register(fd, select.POLLIN)
-    stopped = False
+    stopped = at_once = False
     while not stopped and etcd.poll() is None:
         for fd, _ in poller.poll():
             if fd == 0 and not os.read(0, 4096):  # the agent closed its end, or died
                 stopped = True
             elif fd == wake_read:
-                os.read(wake_read, 64)
+                at_once = signal.SIGUSR1 in os.read(wake_read, 64)  # the wake-up fd carries the signals' numbers
                 stopped = True
             elif fd == 0:
                 continue  # nothing is ever written; read and ignored
     if stopped and etcd.poll() is None:
         with contextlib.suppress(ProcessLookupError):
-            etcd.terminate()
+            if at_once:
+                etcd.kill()
+            else:
+                etcd.terminate()
         try:
             etcd.wait(GRACE)
         except subprocess.TimeoutExpired:

@@ -93,11 +93,14 @@ def _free_ports(count: int) -> list[int]:
 class LocalEtcdMember:
     """One etcd process of a :class:`LocalEtcd`."""
 
-    def __init__(self, name: str, client_url: str, peer_url: str, process: anyio.abc.Process) -> None:
+    def __init__(
+        self, name: str, client_url: str, peer_url: str, process: anyio.abc.Process, *, guarded: bool = False
+    ) -> None:
         self.name = name
         self.client_url = client_url
         self.peer_url = peer_url
-        self.process = process
+        self.process = process  # etcd, or its guard (aelastic.etcd.guard) when guarded
+        self.guarded = guarded
         self._log: deque[str] = deque(maxlen=20)
         self._ready = anyio.Event()
         self._log_closed = anyio.Event()
@@ -166,17 +169,21 @@ class LocalEtcdMember:
                 f"{self.last_log()}"
             )
 
-    async def stop(self) -> None:
-        """TERM, a grace period, then KILL; always reaped. Shielded from cancellation."""
-        await _stop([self])
+    async def stop(self, *, at_once: bool = False) -> None:
+        """TERM, a grace period, then KILL; always reaped. Shielded from cancellation. ``at_once``: etcd is killed
+        without its graceful stop, which hands leadership over and waits for its peers: for a member whose cluster
+        is done with, or that has left it (its data is ephemeral either way). Its guard still removes the data."""
+        await _stop([self], at_once=at_once)
 
 
-async def _stop(members: Sequence[LocalEtcdMember]) -> None:
+async def _stop(members: Sequence[LocalEtcdMember], *, at_once: bool = False) -> None:
     with anyio.CancelScope(shield=True):
         for member in members:
             if member.running:
+                # A guard stops etcd at once on SIGUSR1 and cleans up after it, as on SIGTERM.
+                how = signal.SIGTERM if not at_once else signal.SIGUSR1 if member.guarded else signal.SIGKILL
                 with suppress(ProcessLookupError):
-                    member.process.send_signal(signal.SIGTERM)
+                    member.process.send_signal(how)
         with anyio.move_on_after(_STOP_GRACE):
             for member in members:
                 await member.process.wait()
@@ -284,7 +291,7 @@ async def start_member(
         command, stdin=subprocess.PIPE if guarded else subprocess.DEVNULL, stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )  # fmt: skip
-    member = LocalEtcdMember(config.name, config.client_url, config.peer_url, process)
+    member = LocalEtcdMember(config.name, config.client_url, config.peer_url, process, guarded=guarded)
     task_group.start_soon(member._pump_log)
     return member
 
