@@ -26,10 +26,8 @@ The time from a host's death to the survivors training is measured by the fault 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -41,7 +39,7 @@ from typing import Any
 
 import anyio
 
-from benchmarks.rendezvous import System, aelastic_system, measure_release
+from benchmarks.rendezvous import System, aelastic_system, measure_release, report
 
 HOSTS = ("127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4")
 NOOP = "pass\n"
@@ -211,15 +209,7 @@ def main() -> None:
     args = parser.parse_args()
     repeats = args.repeats or (1 if args.quick else 5)
     records = anyio.run(run, args.quick, repeats)
-    print(f"\njob etcd, {os.cpu_count()} CPUs, {repeats} repetition(s); medians (p50) and max")
-    print(f"{'scenario':<58}{'system':<15}{'N':>6}{'p50':>12}{'max':>12}")
-    for r in records:
-        s = r["samples"]
-        print(f"{r['scenario']:<58}{r['system']:<15}{r['param']:>6}{statistics.median(s):>10.3f} {r['unit']:<4}"
-              f"{max(s):>8.3f} {r['unit']}")  # fmt: skip
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"benchmark": "job_etcd", "records": records}, f)
+    report("job_etcd", f"job etcd, {os.cpu_count()} CPUs, {repeats} repetition(s)", records, args.json, digits=3)
 
 
 if __name__ == "__main__":

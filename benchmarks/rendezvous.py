@@ -577,15 +577,21 @@ def main() -> None:
         return
     repeats = args.repeats or (1 if args.quick else 3)
     records = anyio.run(run, args.quick, repeats)
-    print(f"\nrendezvous, min = max = N, {os.cpu_count()} CPUs, {repeats} repetition(s); medians (p50) and max")
+    report("rendezvous", f"rendezvous, min = max = N, {os.cpu_count()} CPUs, {repeats} repetition(s)", records,
+           args.json, digits=1)  # fmt: skip
+
+
+def report(benchmark: str, title: str, records: list[dict[str, Any]], path: str | None, *, digits: int) -> None:
+    """Print ``records``' medians (p50) and maxima under ``title``; write them to ``path`` (``--json``) if given."""
+    print(f"\n{title}; medians (p50) and max")
     print(f"{'scenario':<58}{'system':<15}{'N':>6}{'p50':>12}{'max':>12}")
     for r in records:
         s = r["samples"]
-        print(f"{r['scenario']:<58}{r['system']:<15}{r['param']:>6}{statistics.median(s):>10.1f} {r['unit']:<4}"
-              f"{max(s):>8.1f} {r['unit']}")  # fmt: skip
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"benchmark": "rendezvous", "records": records}, f)
+        print(f"{r['scenario']:<58}{r['system']:<15}{r['param']:>6}{statistics.median(s):>10.{digits}f} "
+              f"{r['unit']:<4}{max(s):>8.{digits}f} {r['unit']}")  # fmt: skip
+    if path:
+        with open(path, "w") as f:
+            json.dump({"benchmark": benchmark, "records": records}, f)
 
 
 if __name__ == "__main__":

@@ -263,6 +263,19 @@ class Cluster:
             time_offset=time_offset, private_shm=private_shm,
         )  # fmt: skip
 
+    def store_host_dies(self, *, silent: bool, store_lost: float, verdict: float) -> tuple[list[Proc], float]:
+        """Every host trains on c10d (``--nnodes 2:<hosts>``), the store served by h0's agent; h0 dies (its
+        processes crash, or ``silent``: it loses power). Returns the survivors' agents, each awaited to its
+        failing exit, and the seconds from the death to the last exit. ``store_lost``: their ``read_timeout``."""
+        rdzv = self.c10d(f"{FAST_CONF},read_timeout={store_lost:g}")
+        agents = [self.agent(h, nnodes=f"2:{len(self.hosts)}", rdzv=rdzv, max_restarts=3) for h in self.hosts]
+        self.wait_training(self.hosts, len(self.hosts))
+        died = time.time()
+        self.kill_host(self.hosts[0], silent=silent)
+        for agent in agents[1:]:
+            assert agent.wait(timeout=verdict + store_lost) != 0, agent.output
+        return agents[1:], time.time() - died
+
     def c10d(self, conf: str = FAST_CONF, run_id: str = "faults") -> list[str]:
         """Rendezvous flags for c10d with the store served by h0's agent."""
         endpoint = f"{self.hosts[0].addr}:{C10D_PORT}"

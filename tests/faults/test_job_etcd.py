@@ -142,23 +142,14 @@ def test_c10d_store_host_death_ends_every_survivor_saying_what_would_have_surviv
     cluster4: Cluster, silent: bool
 ) -> None:
     """Today's behaviour on c10d in the same layout (recorded beside the job etcd's): every survivor ends."""
-    cluster = cluster4
-    h0 = cluster.hosts[0]
-    rdzv = cluster.c10d(f"{FAST_CONF},read_timeout={STORE_LOST:g}")
-    agents = [cluster.agent(h, nnodes="2:4", rdzv=rdzv, max_restarts=3) for h in cluster.hosts]
-    cluster.wait_training(cluster.hosts, 4)
-    died = time.time()
-    cluster.kill_host(h0, silent=silent)
-    for agent in agents[1:]:
-        assert agent.wait(timeout=VERDICT + STORE_LOST) != 0, agent.output
+    survivors, took = cluster4.store_host_dies(silent=silent, store_lost=STORE_LOST, verdict=VERDICT)
     kind = "silent" if silent else "crash"
-    report_time(f"c10d store host dies, 4 hosts ({kind}): job fails", time.time() - died,
-                "every survivor exited with an error")  # fmt: skip
-    store = f"{h0.addr}:{C10D_PORT}"
-    for agent in agents[1:]:
+    report_time(f"c10d store host dies, 4 hosts ({kind}): job fails", took, "every survivor exited with an error")
+    store = f"{cluster4.hosts[0].addr}:{C10D_PORT}"
+    for agent in survivors:
         last = agent.output.strip().splitlines()[-1]
         assert last.startswith(f"aelastic run: error: rendezvous 'faults': lost the rendezvous store at {store}"), last
-        assert f"the agent on {h0.addr} that served it is gone" in last, last
+        assert f"the agent on {cluster4.hosts[0].addr} that served it is gone" in last, last
         assert "--rdzv-endpoint embedded:" in last, last
         assert "EndOfStream" not in last, last
-    print(f"[c10d] {kind}: {agents[1].output.strip().splitlines()[-1]}")
+    print(f"[c10d] {kind}: {survivors[0].output.strip().splitlines()[-1]}")

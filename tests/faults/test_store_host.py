@@ -29,18 +29,11 @@ crash_or_silent = pytest.mark.parametrize(
 
 @crash_or_silent
 def test_c10d_store_host_death_fails_the_job_naming_the_store(cluster: Cluster, silent: bool) -> None:
-    h0 = cluster.hosts[0]
-    rdzv = cluster.c10d(f"{FAST_CONF},read_timeout={STORE_LOST:g}")
-    agents = [cluster.agent(h, nnodes="2:3", rdzv=rdzv, max_restarts=3) for h in cluster.hosts]
-    cluster.wait_training(cluster.hosts, 3)
-    died = time.time()
-    cluster.kill_host(h0, silent=silent)
-    for agent in agents[1:]:
-        assert agent.wait(timeout=VERDICT + STORE_LOST) != 0, agent.output
+    survivors, took = cluster.store_host_dies(silent=silent, store_lost=STORE_LOST, verdict=VERDICT)
     kind = "silent" if silent else "crash"
-    report_time(f"c10d store host dies ({kind}): job fails", time.time() - died, "both survivors exited with an error")
-    store = f"{h0.addr}:{C10D_PORT}"
-    for agent in agents[1:]:
+    report_time(f"c10d store host dies ({kind}): job fails", took, "both survivors exited with an error")
+    store = f"{cluster.hosts[0].addr}:{C10D_PORT}"
+    for agent in survivors:
         last = agent.output.strip().splitlines()[-1]
         assert last.startswith("aelastic run: error:"), agent.output
         assert store in last, agent.output

@@ -34,6 +34,7 @@ teardown` returns what it found left behind, which the fixture asserts is nothin
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -47,7 +48,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from helpers.procs import poll_until
 
@@ -90,6 +91,22 @@ def _tail(path: Path, chars: int = 3000) -> str:
 
 
 # --- can a cluster be built here ---------------------------------------------------------------------------------
+
+
+def step_records(folder: Path) -> list[dict[str, Any]]:
+    """What the test trainers wrote to ``folder`` (one JSON line per event, per host), in time order; a line still
+    being written is left out."""
+    lines = [line for path in folder.glob("*.jsonl") for line in path.read_text().splitlines()]
+    return sorted((json.loads(line) for line in lines if line.endswith("}")), key=lambda r: r["time"])
+
+
+def first_steps(folder: Path, hosts: set[str], world: int, after: float) -> dict[str, float] | None:
+    """When each of ``hosts`` first completed a step in a world of ``world`` after ``after``, if all have."""
+    seen: dict[str, float] = {}
+    for r in step_records(folder):
+        if r["event"] == "step" and r["world"] == world and r["time"] > after and r["host"] in hosts:
+            seen.setdefault(r["host"], r["time"])
+    return seen if set(seen) == hosts else None
 
 
 def missing_binaries() -> list[str]:

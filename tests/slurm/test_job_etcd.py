@@ -23,7 +23,7 @@ from helpers.results import report_time
 
 from aelastic.etcd.server import find_etcd_binary
 
-from .cluster import SlurmCluster
+from .cluster import SlurmCluster, first_steps, step_records
 
 pytestmark = pytest.mark.slurm
 
@@ -34,20 +34,6 @@ ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "examples" / "slurm" / "job_etcd.sbatch"
 TRAIN = ROOT / "examples" / "slurm" / "train.py"
 VERDICT = 90.0  # the waits of last resort, far beyond the target
-
-
-def _records(folder: Path) -> list[dict[str, Any]]:
-    lines = [line for path in folder.glob("*.jsonl") for line in path.read_text().splitlines()]
-    return sorted((json.loads(line) for line in lines if line.endswith("}")), key=lambda r: r["time"])
-
-
-def _first_step(folder: Path, hosts: set[str], world: int, after: float) -> dict[str, float] | None:
-    """When each of ``hosts`` first completed a step in a world of ``world`` after ``after``, if all have."""
-    seen: dict[str, float] = {}
-    for r in _records(folder):
-        if r["event"] == "step" and r["world"] == world and r["time"] > after and r["host"] in hosts:
-            seen.setdefault(r["host"], r["time"])
-    return seen if set(seen) == hosts else None
 
 
 def _members(cluster: SlurmCluster, via: str, port: int) -> list[str]:
@@ -71,16 +57,16 @@ def test_two_member_nodes_lost_one_after_the_other_with_a_batch_node_that_only_l
     port = 15000 + (2 * int(job)) % 15000  # the Slurm source's etcd_port for this job
     found: dict[str, Any] = {"job": job}
     try:
-        cluster.wait_for("a world of 4 training", lambda: _first_step(tmp_path, {f"node{i}" for i in range(2, 6)},
+        cluster.wait_for("a world of 4 training", lambda: first_steps(tmp_path, {f"node{i}" for i in range(2, 6)},
                                                                       4, 0), VERDICT)  # fmt: skip
-        first = {r["host"]: r["rank"] for r in _records(tmp_path) if r["event"] == "step" and r["world"] == 4}
+        first = {r["host"]: r["rank"] for r in step_records(tmp_path) if r["event"] == "step" and r["world"] == 4}
         assert first["node2"] == 0, first  # the first member's node is rank 0's
         found["members_before"] = _members(cluster, "node3", port)
         assert found["members_before"] == ["node2", "node3", "node4"], found
 
         lost = time.time()
         cluster.kill_node("node2")
-        steps = cluster.wait_for("a world of 3", lambda: _first_step(tmp_path, {"node3", "node4", "node5"}, 3, lost),
+        steps = cluster.wait_for("a world of 3", lambda: first_steps(tmp_path, {"node3", "node4", "node5"}, 3, lost),
                                  VERDICT)  # fmt: skip
         found["world_of_3_after"] = max(steps.values()) - lost
         healed = ["node3", "node4", "node5"]
@@ -89,7 +75,7 @@ def test_two_member_nodes_lost_one_after_the_other_with_a_batch_node_that_only_l
 
         lost = time.time()
         cluster.kill_node("node3")
-        steps = cluster.wait_for("a world of 2", lambda: _first_step(tmp_path, {"node4", "node5"}, 2, lost), VERDICT)
+        steps = cluster.wait_for("a world of 2", lambda: first_steps(tmp_path, {"node4", "node5"}, 2, lost), VERDICT)
         found["world_of_2_after"] = max(steps.values()) - lost
 
         (tmp_path / "stop").touch()

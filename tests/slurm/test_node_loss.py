@@ -17,7 +17,6 @@ Times are the workers' own records (every namespace shares the machine's clock) 
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -27,7 +26,7 @@ from typing import Any
 import pytest
 from helpers.results import report_time
 
-from .cluster import SlurmCluster
+from .cluster import SlurmCluster, first_steps, step_records
 
 pytestmark = pytest.mark.slurm
 
@@ -37,20 +36,6 @@ ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "examples" / "slurm" / "node_loss.sbatch"
 TRAIN = ROOT / "examples" / "slurm" / "train.py"
 KEEP_ALIVE = 5 * 3  # torch's defaults: keep_alive_interval 5 s x keep_alive_max_attempt 3
-
-
-def _records(folder: Path) -> list[dict[str, Any]]:
-    lines = [line for path in folder.glob("*.jsonl") for line in path.read_text().splitlines()]
-    return sorted((json.loads(line) for line in lines if line.endswith("}")), key=lambda r: r["time"])
-
-
-def _first_step(folder: Path, hosts: set[str], world: int, after: float) -> dict[str, float] | None:
-    """When each of ``hosts`` first completed a step in a world of ``world`` after ``after``, if all have."""
-    seen: dict[str, float] = {}
-    for r in _records(folder):
-        if r["event"] == "step" and r["world"] == world and r["time"] > after and r["host"] in hosts:
-            seen.setdefault(r["host"], r["time"])
-    return seen if set(seen) == hosts else None
 
 
 def _submit(cluster: SlurmCluster, tmp: Path, launcher: str | None = None) -> str:
@@ -66,7 +51,7 @@ def _submit(cluster: SlurmCluster, tmp: Path, launcher: str | None = None) -> st
 
 def _trained(folder: Path, steps: int) -> bool:
     """Whether every rank of the world of 3 has completed ``steps`` steps."""
-    done = [r for r in _records(folder) if r["event"] == "step" and r["world"] == 3 and r["step"] >= steps - 1]
+    done = [r for r in step_records(folder) if r["event"] == "step" and r["world"] == 3 and r["step"] >= steps - 1]
     return len({r["host"] for r in done}) == 3
 
 
@@ -79,26 +64,26 @@ def _run(
     found: dict[str, Any] = {"job": job}
     survivors = {"node1", "node2", "node3"} - {lost}
     try:
-        cluster.wait_for("a world of 3 training", lambda: _first_step(tmp, {"node1", "node2", "node3"}, 3, 0))
+        cluster.wait_for("a world of 3 training", lambda: first_steps(tmp, {"node1", "node2", "node3"}, 3, 0))
         cluster.wait_for(f"{steps} steps in the world of 3", lambda: _trained(tmp, steps))
         lost_at = time.time()
-        found["last_step_before"] = max(r["step"] for r in _records(tmp) if r["event"] == "step")
+        found["last_step_before"] = max(r["step"] for r in step_records(tmp) if r["event"] == "step")
         if silent:
             cluster.partition(lost)
         else:
             cluster.kill_node(lost)
         limit = 120 if launcher else (KEEP_ALIVE + 5 if silent else 10) + 30  # fail late, assert on the number
-        steps = cluster.wait_for("a world of 2", lambda: _first_step(tmp, survivors, 2, lost_at), limit)
+        steps = cluster.wait_for("a world of 2", lambda: first_steps(tmp, survivors, 2, lost_at), limit)
         found["world_of_2_after"] = max(steps.values()) - lost_at
-        starts = [r["at"] for r in _records(tmp) if r["event"] == "started" and r["at"] > lost_at]
+        starts = [r["at"] for r in step_records(tmp) if r["event"] == "started" and r["at"] > lost_at]
         found["workers_started_after"] = min(starts) - lost_at if starts else None
-        found["restored"] = {r["rank"]: r["loaded"] for r in _records(tmp) if r["event"] == "restored"
+        found["restored"] = {r["rank"]: r["loaded"] for r in step_records(tmp) if r["event"] == "restored"
                              and r["world"] == 2 and r["time"] > lost_at}  # fmt: skip
         if not silent:
             spare_at = time.time()
             (tmp / "spare").touch()
             hosts = survivors | {"node4"}
-            steps = cluster.wait_for("the spare joining", lambda: _first_step(tmp, hosts, 3, spare_at), limit + 60)
+            steps = cluster.wait_for("the spare joining", lambda: first_steps(tmp, hosts, 3, spare_at), limit + 60)
             found["spare_joined_after"] = max(steps.values()) - spare_at
         (tmp / "stop").touch()
         rcs = {}
@@ -118,7 +103,7 @@ def _run(
 def _pids(folder: Path, world: int, after: float) -> dict[str, set[int]]:
     """The pids of the workers that did a step in a world of ``world`` after ``after``, by host."""
     found: dict[str, set[int]] = {}
-    for r in _records(folder):
+    for r in step_records(folder):
         if r["event"] == "step" and r["world"] == world and r["time"] > after:
             found.setdefault(r["host"], set()).add(r["pid"])
     return found

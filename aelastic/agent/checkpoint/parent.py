@@ -372,11 +372,15 @@ class Keeper:
                 return slot
         return None
 
+    def _latest(self, rank_id: int) -> Slot | None:
+        """The latest checkpoint of this node's rank ``rank_id``, if it has one."""
+        rank = self._own.get(rank_id)
+        return None if rank is None else rank.latest
+
     async def _push_loop(self) -> None:
         while True:
             rank_id, _ = await self._pushing.next()
-            rank, successor = self._own.get(rank_id), self._successor
-            slot = None if rank is None else rank.latest
+            successor, slot = self._successor, self._latest(rank_id)
             if successor is None or slot is None or slot.header is None:
                 continue
             header = slot.header
@@ -404,8 +408,7 @@ class Keeper:
     async def _persist_loop(self) -> None:
         while True:
             rank_id, reason = await self._persisting.next()
-            rank, directory = self._own.get(rank_id), self.directory
-            slot = None if rank is None else rank.latest
+            directory, slot = self.directory, self._latest(rank_id)
             if directory is None or slot is None or slot.header is None:
                 continue
             header = slot.header

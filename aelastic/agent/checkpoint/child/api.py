@@ -77,6 +77,19 @@ class Mapping:
             )
             self._pinned = True
 
+    def layout(self, where: str) -> tuple[Header, dict[str, Any]]:
+        """The checkpoint's header and metadata (its tensors' names, types and places). On a bad layout the mapping
+        is closed and :class:`CheckpointError` raised, starting with ``where``."""
+        try:
+            header = Header.decode(self.mmap[:HEADER_SIZE])
+            meta: dict[str, Any] = json.loads(
+                bytes(self.mmap[header.meta_offset : header.meta_offset + header.meta_size])
+            )
+        except (LayoutError, ValueError) as exc:
+            self.close()
+            raise CheckpointError(f"{where}: {exc}") from None
+        return header, meta
+
     def close(self) -> None:
         if self._pinned:
             torch.cuda.cudart().cudaHostUnregister(self.tensor.data_ptr())  # type: ignore[no-untyped-call]
@@ -216,12 +229,7 @@ def open_checkpoint(what: str, rank: int | None) -> tuple[Mapping, Header, dict[
     finally:
         for fd in fds:
             os.close(fd)
-    try:
-        header = Header.decode(mapping.mmap[:HEADER_SIZE])
-        meta = json.loads(bytes(mapping.mmap[header.meta_offset : header.meta_offset + header.meta_size]))
-    except (LayoutError, ValueError) as exc:
-        mapping.close()
-        raise CheckpointError(f"aelastic.checkpoint.{what}: {reply.get('path', 'the checkpoint')}: {exc}") from None
+    header, meta = mapping.layout(f"aelastic.checkpoint.{what}: {reply.get('path', 'the checkpoint')}")
     return mapping, header, meta, LoadInfo(header.step, header.rank, header.world, str(reply["source"]))
 
 

@@ -55,7 +55,7 @@ from torch.futures import Future
 
 from ....errors import CheckpointError
 from .api import Mapping, client, copy_into, open_checkpoint, write_tail
-from .layout import DATA_OFFSET, HEADER_SIZE, Header, LayoutError, place
+from .layout import DATA_OFFSET, Header, place
 from .tree import StateError, dtype_from_name, dtype_name, flatten, unflatten
 
 __all__ = ["StorageReader", "StorageWriter", "decode_metadata", "encode_metadata"]
@@ -371,12 +371,7 @@ def _open_file(directory: Path, rank: int, step: int | None) -> tuple[Mapping, H
         mapping = Mapping(fd, os.fstat(fd).st_size, shared=False)
     finally:
         os.close(fd)
-    try:
-        header = Header.decode(mapping.mmap[:HEADER_SIZE])
-        meta = json.loads(bytes(mapping.mmap[header.meta_offset : header.meta_offset + header.meta_size]))
-    except (LayoutError, ValueError) as exc:
-        mapping.close()
-        raise CheckpointError(f"aelastic.checkpoint.StorageReader: {path}: {exc}") from None
+    header, meta = mapping.layout(f"aelastic.checkpoint.StorageReader: {path}")
     return mapping, header, meta
 
 
