@@ -109,7 +109,7 @@ def _pids(folder: Path, world: int, after: float) -> dict[str, set[int]]:
     return found
 
 
-def test_a_killed_node_leaves_a_world_of_2_within_10s_and_a_spare_joins(
+def test_a_killed_node_leaves_a_world_of_2_within_5s_and_a_spare_joins(
     slurm_cluster: SlurmCluster, tmp_path: Path
 ) -> None:
     """The survivors' workers keep their processes (``restartable``): the world of 2, and the world of 3 the spare
