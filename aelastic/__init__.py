@@ -13,6 +13,7 @@ from ._lazy import lazy_exports
 from .errors import (
     AelasticError,
     ConfigurationError,
+    NodeCheckError,
     QueueEmptyError,
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -58,6 +59,7 @@ __all__ = [
     "LaunchConfig",
     "LaunchControl",
     "NoProgressError",
+    "NodeCheckError",
     "ProcessFailure",
     "QueueEmptyError",
     "RendezvousClosedError",

@@ -34,7 +34,7 @@ AELASTIC = {
     "StoreConnectionError", "StoreError", "StoreProtocolError", "WorkerSpec", "WorkerState", "__version__", "launch",
     "record", "run",
     # How a job ends, beyond torch's (issue 31): its failure elsewhere, no progress, a worker SIGKILL does not end.
-    "FailedElsewhereError", "NoProgressError", "UnkillableWorkerError",
+    "FailedElsewhereError", "NoProgressError", "NodeCheckError", "UnkillableWorkerError",
 }  # fmt: skip
 ETCD = {
     "Compare", "DeleteOp", "EtcdClient", "EtcdClientStatistics", "EtcdConfig", "EtcdStore", "EventType", "KeyValue",

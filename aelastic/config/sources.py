@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._net import parse_endpoint
-from ..etcd.layout import EMBEDDED
 from . import slurm
 from .launch_config import LaunchConfig
 from .values import parse_nnodes, parse_rdzv_conf
@@ -95,8 +94,8 @@ def apply_slurm(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[a
             store = slurm.endpoint(environ, max_nodes)
             take("rdzv_endpoint", store, "--rdzv-endpoint")
             host_from = store.variable
-        if args.rdzv_backend in ("etcd", "etcd-v2") and args.rdzv_endpoint.partition(":")[0] == EMBEDDED:
-            if args.rdzv_endpoint == EMBEDDED:
+        if args.rdzv_backend in ("etcd", "etcd-v2") and _embedded(args.rdzv_endpoint):
+            if ":" not in args.rdzv_endpoint:
                 take("rdzv_endpoint", slurm.embedded(environ, max_nodes), "--rdzv-endpoint")
             if "etcd_port" not in parse_rdzv_conf(args.rdzv_conf):
                 port = slurm.etcd_port(environ)
@@ -121,6 +120,14 @@ def apply_slurm(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[a
     if overruled:
         line += "; flags win: " + "; ".join(overruled)
     return args, derived, line
+
+
+def _embedded(endpoint: str) -> bool:
+    """Whether ``endpoint`` names the job's own etcd (``embedded[:HOST,...]``). Its module is imported only here,
+    for an etcd run: a c10d run imports nothing of the etcd driver."""
+    from ..etcd.layout import EMBEDDED
+
+    return endpoint.partition(":")[0] == EMBEDDED
 
 
 def _check_endpoint(
