@@ -373,8 +373,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
         ours = self._own.publish if self.backend.digests else known.seen.pending[-1:] == (self._own.request,)
         return view if ours else None
 
-    async def _refresh(self) -> None:
-        seen = await self.backend.get_state()
+    async def _refresh(self, *, after_join: bool = False) -> None:
+        seen = await (self.backend.read_after_join() if after_join else self.backend.get_state())
         self._count(state_reads=1, state_bytes_read=len(seen.data or b"") + sum(len(r) + 1 for r in seen.pending))
         self._known.adopt(seen)
 
@@ -467,10 +467,10 @@ class DynamicRendezvousHandler(RendezvousHandler):
             counted = self._with_own_request(self._known.state, self._known.joined)
         if counted is None:
             own.publish = own.ticket is not None
-            await self._refresh()
+            await self._refresh(after_join=True)
         elif self._triggers(counted):
             own.publish = True
-            await self._refresh()
+            await self._refresh(after_join=True)
         else:
             self._known.state = counted
 

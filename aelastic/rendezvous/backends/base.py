@@ -120,6 +120,13 @@ class RendezvousBackend(StateReader):
         one was counted, this one included (at least that many are in any read that follows); others ``None``.
         """
 
+    async def read_after_join(self) -> Versioned:
+        """The state, read by the node whose :meth:`request_join` just returned, to count its request in. A backend
+        whose request read the state back in the same transaction returns that read (the state as of the request:
+        it holds the request; a later write makes a decision on it lose its compare-and-set, which reads again);
+        others read now (the default)."""
+        return await self.get_state()
+
     async def read_digest(self, node_key: str, known: int) -> DigestRead | None:
         """The newest digest, with the shard of ``node_key``; ``known``: a version known to exist (-1: none).
         ``None`` when this backend keeps no digests, or when the shard was overwritten by a newer version while

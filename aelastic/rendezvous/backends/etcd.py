@@ -190,6 +190,7 @@ class EtcdBackend(RendezvousBackend):
         ]  # fmt: skip
         self._leases: dict[str, int] = {}
         self._follower: _Follower | None = None  # the task following the state key, while following() lasts
+        self._joined_read: Versioned | None = None  # the read a join request's txn made, for read_after_join
 
     @property
     def location(self) -> str:  # type: ignore[override]  # the members may change (a job's own etcd heals)
@@ -251,10 +252,26 @@ class EtcdBackend(RendezvousBackend):
         return self._versioned(response.revision, response.range(0), response.range(1)), False
 
     async def request_join(self, request: bytes) -> None:
-        """A key of its own under ``joins/``; the create revision orders the requests. (Its txn could read the
-        state back, saving the read that follows, but a read kept for later is stale once another node writes:
-        ``get_state`` must return the state as of its call.)"""
-        await self.client.put(self._joins + secrets.token_hex(8).encode(), request)
+        """A key of its own under ``joins/`` (the create revision orders the requests), put in a txn that reads
+        the state and the requests back at its revision, for :meth:`read_after_join` (``get_state`` still reads:
+        a read kept for later is stale once another node writes)."""
+        key = self._joins + secrets.token_hex(8).encode()
+        self._joined_read = None
+        try:
+            response = await self.client.txn([], [PutOp(key, request), *self._read_ops])
+        except EtcdConnectionError as exc:  # outcome unknown: putting the same key again is safe, the read is not
+            logger.warning("etcd rendezvous %s: %s; putting the join request again", self.root, exc)
+            await self.client.put(key, request)
+            return
+        self._joined_read = self._versioned(response.revision, response.range(1), response.range(2))
+
+    async def read_after_join(self) -> Versioned:
+        """The read the join request's txn made (no round trip), else a read now."""
+        read, self._joined_read = self._joined_read, None
+        if read is None:
+            return await self.get_state()
+        await anyio.lowlevel.checkpoint()
+        return read
 
     async def wait_for_change(self, seen: Versioned) -> Versioned | None:
         """Returns once the state key changed after ``seen`` was read, with the state it wrote: the write's txn
