@@ -3,8 +3,9 @@
 
 * etcd (agents with ``--prewarm``): h0 (the first member's node, and rank 0's) dies: h1..h3 train in a world of
   3; h3 replaces h0's member (the member list before and after is printed, from etcdctl in a survivor's namespace);
-  then h1 (a second member's node, rank 0 by then) dies: h2 and h3 train on in a world of 2 and finish with exit status 0. Each host keeps
-  ``/dev/shm`` to itself (a member's data goes with its host, as on separate machines); no etcd process is left.
+  then h1 (a second member's node, rank 0 by then) dies: h2 and h3 train on in a world of 2 and finish with exit
+  status 0. Each host keeps ``/dev/shm`` to itself (a member's data goes with its host, as on separate machines);
+  no etcd process is left.
 * c10d, the store on h0: h0 dies and every survivor ends, saying what was lost and what would have survived.
 
 A host dies two ways (``test_store_host.py``): its processes crash while its kernel lives on, or it loses power

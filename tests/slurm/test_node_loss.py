@@ -140,8 +140,8 @@ def test_a_partitioned_node_is_survived_within_the_keep_alive_timeout(
     """Nothing closes: the keep-alive finds node3 dead 15-20 s after its last beat (its neighbour checks once per
     interval). The survivors' workers, blocked in a gloo all-reduce with the vanished node (gloo has no abort), get
     LOST_ABORT_GRACE (2 s) to let go before they are replaced. Asserted: the survivors' new workers start within
-    the keep-alive + 5 s + that grace (+ 5 s of slack) of the partition; their first all-reduce in the world of 2 follows after
-    torch's import and gloo's setup (printed)."""
+    the keep-alive + 5 s + that grace (+ 5 s of slack) of the partition; their first all-reduce in the world of 2
+    follows after torch's import and gloo's setup (printed)."""
     found = _run(slurm_cluster, tmp_path, silent=True)
     print(f"[slurm] aelastic, node3 partitioned: {found}")
     report_time("slurm", "node partitioned (3 nodes, 2:3): survivors training", found["world_of_2_after"],
