@@ -21,7 +21,7 @@ import anyio
 import anyio.abc
 import pytest
 from helpers.etcd import job_etcd_left_behind
-from helpers.procs import alive, listenable, wait_gone
+from helpers.procs import alive, free_port_pair, listenable, wait_gone
 
 from aelastic.errors import ConfigurationError
 from aelastic.etcd import EtcdClient, EtcdConfig, EventType, RaftTiming, open_etcd_client, open_local_etcd_cluster
@@ -226,23 +226,13 @@ def test_the_guard_imports_nothing_but_the_standard_library() -> None:
 HOSTS = ("127.0.0.1", "127.0.0.2", "127.0.0.3", "127.0.0.4")
 
 
-def _port(hosts: tuple[str, ...]) -> int:
-    """A client port P such that every host can listen on P and P + 1 now (P chosen by the kernel)."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port < 65534 and all(listenable(h, p) for h in hosts for p in (port, port + 1)):
-            return port
-
-
 class Nodes:
     """Nodes of one job's etcd as tasks of this process, each started, lost (cancelled) or left on its own."""
 
     def __init__(self, tg: anyio.abc.TaskGroup, hosts: tuple[str, ...], size: int = 3) -> None:
         self.tg = tg
         self.run_id = f"t{os.getpid()}x{id(self) % 100000}"
-        self.layout = Layout(hosts, _port(hosts), size, token=self.run_id)
+        self.layout = Layout(hosts, free_port_pair(hosts), size, token=self.run_id)
         self.jobs: dict[str, JobEtcd] = {}
         self.ready: dict[str, anyio.Event] = {}
         self._scopes: dict[str, anyio.CancelScope] = {}

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from helpers.etcd import job_etcd_left_behind
-from helpers.procs import listenable, poll_until
+from helpers.procs import free_port_pair, poll_until
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -35,23 +34,13 @@ while mode == "wait":
 """
 
 
-def _port() -> int:
-    """A client port P such that every host can listen on P and P + 1 now (P chosen by the kernel)."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port < 65534 and all(listenable(h, p) for h in HOSTS for p in (port, port + 1)):
-            return port
-
-
 class Job:
     """Four agents of one job with its own etcd, each in a process group of its own (as a terminal's job is)."""
 
     def __init__(self, tmp_path: Path, mode: str, nnodes: str = "4") -> None:
         self.folder = tmp_path
         self.run_id = f"agents{os.getpid()}{tmp_path.name[-6:]}".replace("_", "")
-        self.port = _port()
+        self.port = free_port_pair(HOSTS)
         script = tmp_path / "worker.py"
         script.write_text(WORKER)
         self.agents = [self._start(i, host, script, mode, nnodes) for i, host in enumerate(HOSTS)]

@@ -31,6 +31,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_port_pair(hosts: Iterable[str]) -> int:
+    """A port P (the kernel's pick) such that every one of ``hosts`` can listen on P and P + 1 now: an etcd
+    member's client and peer ports."""
+    hosts = tuple(hosts)
+    while True:
+        port = free_port()
+        if port < 65534 and all(listenable(h, p) for h in hosts for p in (port, port + 1)):
+            return port
+
+
 def listenable(host: str, port: int) -> bool:
     """Whether a server could listen on ``host:port`` now, as servers bind (``SO_REUSEADDR``: the connections a
     stopped server leaves in TIME_WAIT do not hold its port)."""
