@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from typing import Any
 import anyio
 import pytest
 import test_agent_e2e
-from test_agent_e2e import Job, c10d, common, wait_gone
+from test_agent_e2e import Agent, Job, c10d, common, wait_gone
 
 pytestmark = [pytest.mark.anyio, pytest.mark.torch]
 
@@ -368,13 +369,23 @@ async def test_dcp_restores_the_same_state_and_reshards_a_directory_from_4_to_2(
 # --- a lost node's ranks restore from a replica -----------------------------------------------------------------------
 
 
+async def wait_for_replica(agents: list[Agent], *, rank: int, step: int) -> None:
+    """Wait until one of ``agents`` logs (at DEBUG) that it holds a replica of ``rank``'s ``step`` or a later one."""
+    held = re.compile(rf"holding rank {rank}'s step (\d+), a replica")
+    with anyio.fail_after(test_agent_e2e.DEADLINE):
+        while not any(int(m[1]) >= step for agent in agents for m in held.finditer(agent.output)):
+            await anyio.sleep(0.05)  # a line appearing in another process's log has no event to await
+
+
 async def test_a_lost_nodes_rank_restores_from_the_replica_another_agent_kept(job: Job, rendezvous_store: str) -> None:
     script = job.script("train.py", TRAIN)
     flags = c10d(rendezvous_store, "2:3", "keep_alive_interval=0.5", "keep_alive_max_attempt=2")
     # A survivor whose collective fails before its agent hears of the loss fails too: a restart each.
     args = ["--max-restarts", "3", *flags, script, job.out, str(STEPS), "{}", "0.25"]
-    agents = [await job.agent(*common(1), *args) for _ in range(3)]
+    agents = [await job.agent(*common(1), *args, env={"LOGLEVEL": "DEBUG"}) for _ in range(3)]
     steps = await job.wait_records("step", 3, lambda r: r["step"] >= 2)  # one file per worker, rewritten
+    # The replicas are pushed after the commit, in the background: the loss must come once rank 1's step 2 is held.
+    await wait_for_replica(agents, rank=1, step=2)
     victim = next(r for r in steps if r["GROUP_RANK"] == "1")
     lost = next(a for a in agents if a.process.pid == victim["ppid"])
     lost.process.kill()  # the node's loss: its agent SIGKILLed, its worker with it (parent-death signal)

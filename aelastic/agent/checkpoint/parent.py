@@ -363,6 +363,7 @@ class Keeper:
     def received(self, slot: Slot, header: Header, sender: str) -> None:
         replica = self._replicas[header.rank]
         replica.commit(slot, header, f"replica from {sender}")
+        logger.debug("checkpoints: holding rank %d's step %d, a replica from %s", header.rank, header.step, sender)
 
     def slot_to_send(self, rank: int, step: int) -> Slot | None:
         for ranks in (self._own, self._replicas):
