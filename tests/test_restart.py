@@ -59,6 +59,7 @@ async def test_a_raising_worker_is_replaced_and_its_peers_keep_their_processes(j
 
 # On asyncio only: a hundred restarts take minutes, and what they test is the supervision's, the same on either
 # loop (the restarts above, the survivor's grace below and test_checkpoint's ten faults run on both).
+@pytest.mark.slow
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_faults_at_a_hundred_random_steps_change_nothing_of_the_final_model(job: Job) -> None:
     """99 kills, uncaught errors and exits, and one SIGSTOP inside an all-reduce (found by --hang-timeout), at random
@@ -118,7 +119,7 @@ async def test_a_survivor_that_does_not_let_go_is_killed_and_replaced(job: Job) 
     """Rank 0 is in a C call that does not return (a long sleep: the abort's exception waits for it to return) when
     rank 1 fails at the same step: rank 0 is killed once the abort's grace is over, and replaced; ranks 2 and 3 keep
     their processes."""
-    await train(job, [[20, 0, "sleep"], [20, 1, "raise"]], 30)
+    await train(job, [[20, 0, "sleep"], [20, 1, "raise", 0]], 30)  # rank 1 raises once rank 0 sleeps
     agent_log = job.agents[0].output
     assert "did not let go of its round within 10 s of the abort: killing it and starting another" in agent_log
     records = starts(job)

@@ -61,7 +61,7 @@ T = TypeVar("T")
 
 _SHM: Final = "/dev/shm"
 _SHM_ROOM: Final = 256 << 20  # a member preallocates a 64 MB write-ahead log; /dev/shm of a pod is often 64 MB
-_RETRY_INITIAL, _RETRY_MAX = 0.05, 1.0  # pauses while no member answers yet (nodes start at their own pace)
+_RETRY_INITIAL, _RETRY_MAX = 0.05, 0.25  # pauses while no member answers yet: members start within a second or two
 # A member on the job's network answers in milliseconds; one that does not is failed over at once, so that a
 # member whose host lost power holds no node's beat for long. Its watches get a progress notice each second.
 _CONNECT_TIMEOUT, _REQUEST_TIMEOUT = 1.0, 1.0
@@ -217,18 +217,19 @@ class JobEtcd:
         layout = self.layout
         if self.own is not None and self.own in layout.initial:
             self.member = await self._start(self._member_config(self.own, layout.initial_cluster(), existing=False))
+            try:
+                # etcd says it is ready once it has published itself through a leader: the cluster answers from
+                # then on, with no connection tried before (nodes without a member can only try).
+                await self._wait_ready(self.member)
+            except EtcdError as exc:  # the others may form the cluster without it
+                logger.error("the job's etcd: %s; this node goes on without a member", exc)
         self._client = await _until_answered(lambda: connect(client_config(layout)))
         # A linearizable read: answered once the cluster has a leader (the client repeats "unavailable" answers).
         await _until_answered(lambda: self.client.range(RangeOp(self._root, count_only=True)))
         self._lease = (await self.client.lease_grant(self.settings.lease_ttl)).id
         await self.client.put(self._node_key, b"", lease=self._lease)
         if self.member is not None:
-            try:
-                await self._wait_ready(self.member)
-            except EtcdError as exc:  # the others may form the cluster without it
-                logger.error("the job's etcd: %s; this node goes on without a member", exc)
-            else:
-                await self._register(self.member)
+            await self._register(self.member)
         await self._reconcile()  # the node says what the cluster is as it joins (and replaces a lost member)
 
     def _member_config(self, name: str, cluster: str, *, existing: bool) -> MemberConfig:

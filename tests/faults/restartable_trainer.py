@@ -8,7 +8,9 @@ once it exists), each injected once in the whole job (a marker file, created exc
 after the gradients' all-reduce, before the optimizer's step, so the other ranks complete the step and save it, and the
 job must restore the step before. A ``busy`` rank computes for FAULTS_BUSY seconds (default 20) and goes on. A ``stop``
 (a step every rank knows: a number, or "go" with the step in ``OUT/go``) happens inside a collective: every rank
-all-reduces 16 MiB at that step, and the faulting rank SIGSTOPs itself 10 ms into it.
+all-reduces 16 MiB at that step, and the faulting rank SIGSTOPs itself 10 ms into it. A fourth field, ``[step, rank,
+kind, index]``, holds the fault back until fault ``index`` has happened (its record exists): two ranks' faults at the
+same step, in that order whatever the machine's load.
 
 Each call of the training function reports ``start-<pid>-<call>.json`` (its rank, world, the step it starts at, what
 it loaded); each step replaces ``progress-<pid>.json``; a fault writes ``fault-<index>.json`` just before it
@@ -50,12 +52,14 @@ def write(target: Path, event: str, **fields: object) -> None:
 
 
 def fault(step: int, rank: int) -> None:
-    for index, (at, who, kind) in enumerate(SCHEDULE):
+    for index, (at, who, kind, *after) in enumerate(SCHEDULE):
         due = at == step or (at == "go" and went(step))
         if kind == "stop" and due:
             stop_in_collective(index, step, rank, who)
         if not due or who != rank or kind == "stop" or not once(index):
             continue
+        while after and not (OUT / f"fault-{after[0]}.json").exists():
+            time.sleep(0.01)  # another process's file: a bounded poll (the test's deadline bounds it)
         write(OUT / f"fault-{index}.json", "fault", step=step, rank=rank, kind=kind)
         if kind == "raise":
             raise RuntimeError(f"fault {index} at step {step}")
