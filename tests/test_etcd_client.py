@@ -183,6 +183,20 @@ async def test_failover_when_a_member_dies() -> None:
             assert reader(cluster.members[1].client_url).range(b"/f/k").kvs[0].value == b"2"
 
 
+async def test_a_serializable_read_is_answered_by_a_member_without_quorum_and_a_linearizable_one_is_not() -> None:
+    with anyio.fail_after(60):
+        async with open_local_etcd_cluster(3) as cluster:
+            survivor = cluster.members[2].client_url
+            async with open_etcd_client(EtcdConfig((survivor,), request_timeout=1.0)) as client:
+                await client.put(b"/s/k", b"1")
+                await cluster.members[0].stop(at_once=True)
+                await cluster.members[1].stop(at_once=True)  # no quorum, no leader
+                local = await client.range(RangeOp(b"/s/k", serializable=True))
+                assert [kv.value for kv in local.kvs] == [b"1"]
+                with pytest.raises((EtcdConnectionError, TimeoutError)), anyio.fail_after(5):
+                    await client.range(RangeOp(b"/s/k"))
+
+
 async def test_a_member_that_swallows_a_request_is_passed_over_after_the_callers_deadline(etcd: str) -> None:
     """A silent member (its host lost power) holds a request until the caller gives up; the next call goes to the
     next member, so the caller's deadline drives failover. The "members" here are a silent relay to the session's

@@ -468,8 +468,11 @@ class JobEtcd:
         nodes = self._root + b"nodes/"
         end = prefix_range_end(nodes)
         try:
+            # Serializable: the member that answers may have lost its leader to a member whose node saw the cluster
+            # unused first and stopped it; a quorum read would wait out the election. A list that is behind is
+            # made good by the watch from its revision on.
             with anyio.fail_after(_REQUEST_TIMEOUT):
-                listed = await self.client.range(RangeOp(nodes, end, keys_only=True))
+                listed = await self.client.range(RangeOp(nodes, end, keys_only=True, serializable=True))
             present = {kv.key for kv in listed.kvs}
             if not present:
                 return

@@ -291,9 +291,12 @@ class RangeOp:
     sort_target: SortTarget = SortTarget.KEY
     sort_order: SortOrder = SortOrder.NONE
     revision: int = 0  # read the store as it was at this revision; 0: as it is now
+    serializable: bool = False  # the answering member's own copy, maybe behind: no leader needed, no quorum read
 
     def to_json(self) -> dict[str, Any]:
         body = key_range(self.key, self.range_end)
+        if self.serializable:
+            body["serializable"] = True
         if self.revision:
             body["revision"] = str(self.revision)
         if self.limit:
