@@ -375,7 +375,9 @@ async def wait_for_replica(agents: list[Agent], *, rank: int, step: int) -> None
     """Wait until one of ``agents`` logs (at DEBUG) that it holds a replica of ``rank``'s ``step`` or a later one."""
     held = re.compile(rf"holding rank {rank}'s step (\d+), a replica")
     with anyio.fail_after(test_agent_e2e.DEADLINE):
-        while not any(int(m[1]) >= step for agent in agents for m in held.finditer(agent.output)):
+        while True:
+            if any(int(m[1]) >= step for agent in agents for m in held.finditer(agent.output)):
+                return
             await anyio.sleep(0.05)  # a line appearing in another process's log has no event to await
 
 
