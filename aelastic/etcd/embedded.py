@@ -468,14 +468,16 @@ class JobEtcd:
         nodes = self._root + b"nodes/"
         end = prefix_range_end(nodes)
         try:
-            # Serializable: the member that answers may have lost its leader to a member whose node saw the cluster
-            # unused first and stopped it; a quorum read would wait out the election. A list that is behind is
-            # made good by the watch from its revision on.
-            with anyio.fail_after(_REQUEST_TIMEOUT):
-                listed = await self.client.range(RangeOp(nodes, end, keys_only=True, serializable=True))
-            present = {kv.key for kv in listed.kvs}
-            if not present:
-                return
+            # First the answering member's own copy: it may have lost its leader to a member whose node saw the
+            # cluster unused first and stopped it, and a quorum read would wait out an election. Only a list that
+            # still names nodes is read again through the leader: a member behind might never be sent the
+            # deletions, once the members that hold them are gone, and its watch would wait for them in vain.
+            for serializable in (True, False):
+                with anyio.fail_after(_REQUEST_TIMEOUT):
+                    listed = await self.client.range(RangeOp(nodes, end, keys_only=True, serializable=serializable))
+                present = {kv.key for kv in listed.kvs}
+                if not present:
+                    return
             # The registrations from the list's revision on, kept here: no read after the last one goes, when the
             # members that saw it first may be gone.
             async with self.client.watch(nodes, end, start_revision=listed.revision + 1) as events:
