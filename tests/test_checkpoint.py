@@ -274,7 +274,6 @@ dist.destroy_process_group()
 """
 
 
-@pytest.mark.exclusive  # every process's open files, every file in /dev/shm
 @pytest.mark.parametrize("ending", ["success", "failure", "ctrl-c", "agent-sigkill"])
 async def test_no_memory_file_and_no_temporary_file_is_left_behind(job: Job, ending: str) -> None:
     shm_before = set(os.listdir("/dev/shm"))
