@@ -109,6 +109,19 @@ def first_steps(folder: Path, hosts: set[str], world: int, after: float) -> dict
     return seen if set(seen) == hosts else None
 
 
+def step_exit_code(cluster: SlurmCluster, folder: Path, host: str, timeout: float) -> int:
+    """The exit status the batch script writes to ``rc.<host>`` when ``host``'s step ends, once the line is complete:
+    the shell creates the file before it writes to it, so an empty file is not an answer yet."""
+
+    def line() -> str | None:
+        with suppress(FileNotFoundError):
+            text = (folder / f"rc.{host}").read_text()
+            return text if text.endswith("\n") else None
+        return None
+
+    return int(cluster.wait_for(f"{host}'s step to end", line, timeout))
+
+
 def missing_binaries() -> list[str]:
     return [b for b in BINARIES if shutil.which(b) is None]
 

@@ -23,7 +23,7 @@ from helpers.results import report_time
 
 from aelastic.etcd.server import find_etcd_binary
 
-from .cluster import SlurmCluster, first_steps, step_records
+from .cluster import SlurmCluster, first_steps, step_exit_code, step_records
 
 pytestmark = pytest.mark.slurm
 
@@ -81,8 +81,7 @@ def test_two_member_nodes_lost_one_after_the_other_with_a_batch_node_that_only_l
         (tmp_path / "stop").touch()
         rcs = {}
         for host in ("node4", "node5"):
-            cluster.wait_for(f"{host}'s step to end", lambda h=host: (tmp_path / f"rc.{h}").exists(), VERDICT)
-            rcs[host] = int((tmp_path / f"rc.{host}").read_text())
+            rcs[host] = step_exit_code(cluster, tmp_path, host, VERDICT)
         found["exit_codes"] = rcs
         found["job_state"] = cluster.wait_job(job)["JobState"]
     finally:

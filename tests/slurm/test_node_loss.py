@@ -28,7 +28,7 @@ from helpers.results import report_time
 
 from aelastic.agent.restart.parent import LOST_ABORT_GRACE
 
-from .cluster import SlurmCluster, first_steps, step_records
+from .cluster import SlurmCluster, first_steps, step_exit_code, step_records
 
 pytestmark = pytest.mark.slurm
 
@@ -90,9 +90,7 @@ def _run(
         (tmp / "stop").touch()
         rcs = {}
         for host in (*sorted(survivors), *(() if silent else ("node4",))):
-            rc = cluster.wait_for(f"{host}'s step to end", lambda h=host: (tmp / f"rc.{h}").exists(), 120)
-            assert rc
-            rcs[host] = int((tmp / f"rc.{host}").read_text())
+            rcs[host] = step_exit_code(cluster, tmp, host, 120)
         found["exit_codes"] = rcs
         if not silent:
             found["job"] = cluster.wait_job(job)["JobState"]
