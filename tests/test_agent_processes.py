@@ -156,6 +156,41 @@ async def test_worker_ignoring_sigterm_is_killed_after_grace() -> None:
     assert elapsed >= grace
 
 
+async def test_a_worker_that_reports_its_exit_while_it_is_stopped_is_reaped_once() -> None:
+    """A peer's failure stops the worker, which reports its own exit over its link meanwhile (an uncaught exception
+    in a worker that installed the exit report, as a rank whose collective failed does) and lingers in its teardown:
+    the stop, not the report's linger path, kills, reaps and closes it (the supervisor closed it twice before: a
+    ``ValueError`` that ended a ten-fault job)."""
+    sink = Sink()
+    reporting = """
+        import atexit, signal, time
+        from aelastic.agent.link.child import install_exit_report
+        install_exit_report()
+        def stopped(*_):
+            raise RuntimeError("stopped")
+        signal.signal(signal.SIGTERM, stopped)
+        atexit.register(time.sleep, 1.0)  # a teardown that lasts past the report
+        print("ready", flush=True)
+        time.sleep(120)
+    """
+    async with open_gate() as gate, anyio.create_task_group() as tg:
+
+        async def release() -> None:
+            await sink.wait_for(r"^\[default0\]:ready$")
+            await gate.open()
+
+        tg.start_soon(release)
+        with anyio.fail_after(DEADLINE):
+            outcome = await run_workers(
+                [command(0, reporting), command(1, gate.code(3))], spec(sink), grace=DEADLINE, reaper=None
+            )
+    assert outcome.first_failure is not None
+    assert outcome.first_failure.local_rank == 1
+    assert exitcodes(outcome) == {0: 1, 1: 3}  # rank 0's is its report's
+    assert "RuntimeError: stopped" in sink.text
+    assert all(not alive(e.pid) for e in outcome.exits)
+
+
 async def test_stopped_worker_is_killed_after_grace() -> None:
     sink = Sink()
     sleeper = "import os, time; print('pid', os.getpid(), flush=True); time.sleep(120)"

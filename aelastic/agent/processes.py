@@ -233,6 +233,10 @@ class Supervisor:
             if not reported:
                 worker.reaped.set()
                 return
+            if worker.stopping:  # reported while a stop ends it: the stop kills, unregisters and closes it
+                await worker.process.wait()
+                worker.reaped.set()
+                return
             if self.running is not None:
                 self.running.discard(worker.pid)  # ended, as far as signals forwarded to workers go
             worker.stopping = True
@@ -331,8 +335,7 @@ class Supervisor:
         worker.expire_drains()
         if self.running is not None:
             self.running.discard(worker.pid)
-        if worker in self._workers:
-            self._close(worker)
+        self._close(worker)
 
     # --- in-process restarts (the "restart" link service; aelastic.agent.restart) ---------------------------------
 
@@ -428,8 +431,11 @@ class Supervisor:
                     logger.warning("%s", exc)
 
     def _close(self, worker: Tracked) -> None:
-        worker.close()
-        self._workers.remove(worker)
+        """Close ``worker`` and take it off the books, once: a stop closes those it reaped, but one of them may have
+        been abandoned (off the books already) while the stop waited."""
+        if worker in self._workers:
+            worker.close()
+            self._workers.remove(worker)
 
     async def aclose(self) -> None:
         """Stop every worker still running (the requested signal) and wait for the lingering ones."""
