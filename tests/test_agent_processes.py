@@ -84,6 +84,21 @@ async def open_gate() -> AsyncIterator[Gate]:
         yield Gate(cast(anyio.abc.SocketListener, listener.listeners[0]))
 
 
+async def fail_once_ready(sink: Sink, code: str, *, grace: float) -> GroupOutcome:
+    """Run local rank 0 (``code``, which prints ``ready``) and local rank 1, which exits 3 once rank 0 is ready."""
+    async with open_gate() as gate, anyio.create_task_group() as tg:
+
+        async def release() -> None:
+            await sink.wait_for(r"^\[default0\]:ready$")
+            await gate.open()
+
+        tg.start_soon(release)
+        with anyio.fail_after(DEADLINE):
+            outcome = await run_workers([command(0, code), command(1, gate.code(3))], spec(sink), grace=grace,
+                                        reaper=None)  # fmt: skip
+    return outcome
+
+
 # --- the group --------------------------------------------------------------------------------------------------
 
 
@@ -137,19 +152,9 @@ async def test_worker_ignoring_sigterm_is_killed_after_grace() -> None:
         print("ready", flush=True)
         time.sleep(120)
     """
-    async with open_gate() as gate, anyio.create_task_group() as tg:
-
-        async def release() -> None:
-            await sink.wait_for(r"^\[default0\]:ready$")
-            await gate.open()
-
-        tg.start_soon(release)
-        with anyio.fail_after(DEADLINE):
-            started = anyio.current_time()
-            outcome = await run_workers(
-                [command(0, stubborn), command(1, gate.code(3))], spec(sink), grace=grace, reaper=None
-            )
-            elapsed = anyio.current_time() - started
+    started = anyio.current_time()
+    outcome = await fail_once_ready(sink, stubborn, grace=grace)
+    elapsed = anyio.current_time() - started
     assert exitcodes(outcome) == {0: -signal.SIGKILL, 1: 3}
     assert outcome.first_failure is not None
     assert outcome.first_failure.local_rank == 1
@@ -173,17 +178,7 @@ async def test_a_worker_that_reports_its_exit_while_it_is_stopped_is_reaped_once
         print("ready", flush=True)
         time.sleep(120)
     """
-    async with open_gate() as gate, anyio.create_task_group() as tg:
-
-        async def release() -> None:
-            await sink.wait_for(r"^\[default0\]:ready$")
-            await gate.open()
-
-        tg.start_soon(release)
-        with anyio.fail_after(DEADLINE):
-            outcome = await run_workers(
-                [command(0, reporting), command(1, gate.code(3))], spec(sink), grace=DEADLINE, reaper=None
-            )
+    outcome = await fail_once_ready(sink, reporting, grace=DEADLINE)
     assert outcome.first_failure is not None
     assert outcome.first_failure.local_rank == 1
     assert exitcodes(outcome) == {0: 1, 1: 3}  # rank 0's is its report's
