@@ -28,13 +28,19 @@ def starts(job: Job) -> list[dict[str, Any]]:
 
 
 async def train(
-    job: Job, schedule: list[list[Any]], steps: int, *flags: str, pause: float = 0.02, deadline: float = DEADLINE
+    job: Job,
+    schedule: list[list[Any]],
+    steps: int,
+    *flags: str,
+    pause: float = 0.02,
+    deadline: float = DEADLINE,
+    env: dict[str, str] | None = None,
 ) -> Any:
     (job.out / "h0").mkdir(exist_ok=True)
     path = job.out / "schedule.json"
     path.write_text(json.dumps(schedule))
     env = {"FAULTS_HOST": "h0", "FAULTS_STEP_PAUSE": str(pause), "FAULTS_STEPS": str(steps),
-           "FAULTS_SCHEDULE": str(path)}  # fmt: skip
+           "FAULTS_SCHEDULE": str(path), **(env or {})}  # fmt: skip
     restarts = str(len(schedule) + 1)
     agent = await job.agent("--standalone", *common(4, "--max-restarts", restarts), *flags, TRAINER, job.out, env=env)
     assert await agent.wait(deadline) == 0, agent.output[-5000:]
@@ -117,13 +123,15 @@ def test_outside_an_agent_the_function_runs_once(tmp_path: Path) -> None:
 async def test_a_survivor_that_does_not_let_go_is_killed_and_replaced(job: Job) -> None:
     """Rank 0 is in a C call that does not return (a long sleep: the abort's exception waits for it to return) when
     rank 1 fails at the same step: rank 0 is killed once the abort's grace is over, and replaced; ranks 2 and 3 keep
-    their processes."""
-    await train(job, [[20, 0, "sleep"], [20, 1, "raise", 0]], 30)  # rank 1 raises once rank 0 sleeps
+    their processes. Rank 1's replacement is started at once, not after rank 0's grace: it needs no survivor."""
+    schedule = [[20, 0, "sleep"], [20, 1, "raise", 0]]  # rank 1 raises once rank 0 sleeps
+    await train(job, schedule, 30, env={"LOGLEVEL": "DEBUG"})
     agent_log = job.agents[0].output
-    assert "did not let go of its round within 10 s of the abort: killing it and starting another" in agent_log
+    let_go = agent_log.index("did not let go of its round within 10 s of the abort: killing it and starting another")
     records = starts(job)
     first = {r["rank"]: r["pid"] for r in records if r["start"] == 0}
     second = {r["rank"]: r["pid"] for r in records if r["start"] == 20}
     assert second[0] != first[0]
     assert second[1] != first[1]
     assert (second[2], second[3]) == (first[2], first[3])
+    assert agent_log.index(f"started worker local_rank 1 (pid {second[1]})") < let_go, agent_log[-5000:]

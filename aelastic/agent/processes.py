@@ -483,15 +483,22 @@ class Supervisor:
         kept, self._kept = self._kept, {}
         try:
             try:
-                for command in commands:
+                # New workers first: a survivor lets go of its round when its thread next runs Python (a gloo
+                # collective or a sleep holds it until it returns), and a replacement's start-up (the script's
+                # imports, its state's memory) needs no survivor.
+                reassigned = [c for c in commands if c.local_rank in kept and finish is None]
+                for command in [c for c in commands if c not in reassigned]:
                     survivor = kept.pop(command.local_rank, None)
-                    if survivor is not None and finish is None and await self._reassign(survivor, command, logs):
-                        workers.append(survivor)
-                        continue
-                    if survivor is not None:
+                    if survivor is not None:  # finishing together: no survivor runs on
                         await self.stop([survivor], signal.SIGTERM)
-                    worker = await self.start(command, logs, finish)
-                    workers.append(worker)
+                    workers.append(await self.start(command, logs, finish))
+                for command in reassigned:
+                    survivor = kept.pop(command.local_rank)
+                    if await self._reassign(survivor, command, logs):
+                        workers.append(survivor)
+                    else:
+                        workers.append(await self.start(command, logs, finish))
+                workers.sort(key=lambda w: local_ranks.index(w.command.local_rank))
                 if finish is not None:
                     finish.spawned()
                 if started is not None:
