@@ -247,7 +247,7 @@ class Keeper:
             return self._commit(worker, int(message["slot"]), int(message["step"]), int(message["size"]))
         if op == "load":
             rank = message.get("rank")
-            return await self._load(worker.global_rank if rank is None else int(rank))
+            return await self._load(worker.global_rank if rank is None else int(rank), worker.global_rank)
         raise LinkRefusal(f"no checkpoint operation {op!r}")
 
     def _check_size(self, size: int) -> None:
@@ -306,7 +306,7 @@ class Keeper:
             self._persisting.ask(rank.rank, f"step {step}")
         return {}, ()
 
-    async def _load(self, rank: int) -> tuple[dict[str, Any], Sequence[int]]:
+    async def _load(self, rank: int, loader: int) -> tuple[dict[str, Any], Sequence[int]]:
         plan = self._plan
         if plan.step is None:
             return {"found": False}, ()
@@ -328,7 +328,14 @@ class Keeper:
         if held is None or slot is None or slot.header is None:
             raise LinkRefusal(f"rank {saved}'s checkpoint of step {plan.step} is not held by this agent")
         self._counts["loads"] += 1
-        return {"found": True, "size": slot.header.total, "source": held.source}, [slot.fd]
+        reply: dict[str, Any] = {"found": True, "size": slot.header.total, "source": held.source}
+        if saved != loader or held is not self._own.get(saved):
+            return reply, [slot.fd]
+        # Slots its saves will write: it keeps them mapped (see the worker side).
+        others = [s for s in held.slots if s is not slot and s.fd >= 0]
+        reply.update(slot=slot.id, generation=slot.generation, capacity=slot.capacity,
+                     others=[[s.id, s.generation, s.capacity] for s in others])  # fmt: skip
+        return reply, [slot.fd, *(s.fd for s in others)]
 
     async def _fetch_unforeseen(self, saved: int, step: int) -> None:
         """Fetch ``saved``'s checkpoint of ``step`` from the holder group rank 0 named in the round store (a DCP

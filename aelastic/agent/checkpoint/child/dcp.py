@@ -299,7 +299,7 @@ class StorageReader(_StorageReader):
                 opened = mapping, header, meta
             mapping, header, meta = opened
             if header.kind != "dcp":
-                mapping.close()
+                mapping.release()
                 raise CheckpointError(f"aelastic.checkpoint.StorageReader: step {header.step} was saved with "
                                       "aelastic.checkpoint.save: load it with aelastic.checkpoint.load")  # fmt: skip
             self._step = header.step
@@ -349,7 +349,9 @@ class StorageReader(_StorageReader):
 
     def _close(self) -> None:
         for mapping in self._mappings.values():
-            mapping.close()
+            mapping.release()
+        if self._mappings and self._directory is None:
+            client("StorageReader").read_done()
         self._mappings.clear()
         self._metas.clear()
 
