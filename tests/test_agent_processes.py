@@ -31,6 +31,7 @@ from aelastic.agent.errors import ProcessFailure
 from aelastic.agent.logs import ConsoleSinks, LogSpec
 from aelastic.agent.processes import GroupOutcome, StopSignal, run_workers
 from aelastic.agent.reaper.parent import open_reaper
+from aelastic.agent.restart.parent import RestartChannel
 from aelastic.agent.spawn.parent import WorkerCommand
 
 pytestmark = pytest.mark.anyio
@@ -556,3 +557,26 @@ async def test_workers_survive_the_exit_of_idle_threads(anyio_backend: str, monk
         with anyio.fail_after(DEADLINE):
             outcome = await run_workers([command(0, code)], spec(sink), grace=5, reaper=None)
     assert exitcodes(outcome) == {0: 0}
+
+
+async def test_a_verdict_leaves_the_restart_channel_to_the_next_round_before_the_worker_reads_it() -> None:
+    """A survivor's verdict starts the next round, whose judge watches the channel at once, before the worker's link
+    has handed the verdict over: the judged report must not look like the new round's (it was judged again, "fail",
+    and the survivor failed at its next abort: the hundred-fault job ran out of restarts)."""
+    channel = RestartChannel()
+    verdicts: list[dict[str, object]] = []
+
+    async def link() -> None:  # the link's "restart.raised" service, as the supervisor's handle runs it
+        channel.take({"error": "aelastic.agent.restart.child.RestartRequested: ", "aborted": True})
+        verdicts.append(await channel.wait_verdict())
+
+    try:
+        channel.abort("a peer failed", 10.0)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(link)
+            await channel.reported.wait()
+            channel.decide({"verdict": "restart", "env": {"RANK": "1"}})
+            assert (channel.report, channel.reported.is_set(), channel.aborted) == (None, False, False)
+        assert verdicts == [{"verdict": "restart", "env": {"RANK": "1"}}]
+    finally:
+        channel.close()

@@ -35,6 +35,14 @@ ABORT_GRACE: Final = 10.0  # seconds an aborted survivor has to report before it
 LOST_ABORT_GRACE: Final = 2.0  # the same, when members left the round
 
 
+class _Verdict:
+    __slots__ = ("decided", "value")
+
+    def __init__(self) -> None:
+        self.decided = anyio.Event()
+        self.value: dict[str, Any] = {}
+
+
 class RestartChannel:
     """The agent's end of one restartable worker's events socket, and its report awaiting a verdict."""
 
@@ -47,8 +55,7 @@ class RestartChannel:
         self.reported = anyio.Event()
         self.aborted = False
         self.grace = ABORT_GRACE  # how long the last abort lets it take to report
-        self._verdict: dict[str, Any] = {}
-        self._decided = anyio.Event()
+        self._pending = _Verdict()  # the verdict on the report pending (or the next one)
 
     def __repr__(self) -> str:
         return f"<RestartChannel aborted={self.aborted} report={self.report is not None}>"
@@ -73,17 +80,19 @@ class RestartChannel:
         self.reported.set()
 
     def decide(self, verdict: dict[str, Any]) -> None:
-        """The agent's word on the pending report (``{"verdict": "restart", "env": ...}`` or ``"fail"``)."""
-        self._verdict = verdict
-        self._decided.set()
+        """The agent's word on the pending report (``{"verdict": "restart", "env": ...}`` or ``"fail"``). The channel
+        is ready for the next round's report at once: the round this verdict starts must not take the report as one
+        of its own, though the worker's link may hand the verdict over only after that round has begun watching."""
+        pending, self._pending = self._pending, _Verdict()
+        self.report, self.reported, self.aborted = None, anyio.Event(), False
+        pending.value = verdict
+        pending.decided.set()
 
     async def wait_verdict(self) -> dict[str, Any]:
-        """The verdict on the report just taken; then the channel is ready for the next round's."""
-        await self._decided.wait()
-        verdict = self._verdict
-        self.report, self.reported, self.aborted = None, anyio.Event(), False
-        self._decided = anyio.Event()
-        return verdict
+        """The verdict on the report just taken."""
+        pending = self._pending
+        await pending.decided.wait()
+        return pending.value
 
     def close(self) -> None:
         if self.worker_fd >= 0:
