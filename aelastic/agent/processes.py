@@ -486,8 +486,9 @@ class Supervisor:
                 # New workers first: a survivor lets go of its round when its thread next runs Python (a gloo
                 # collective or a sleep holds it until it returns), and a replacement's start-up (the script's
                 # imports, its state's memory) needs no survivor.
-                reassigned = [c for c in commands if c.local_rank in kept and finish is None]
-                for command in [c for c in commands if c not in reassigned]:
+                survive = set(kept) if finish is None else set()
+                reassigned = [c for c in commands if c.local_rank in survive]
+                for command in [c for c in commands if c.local_rank not in survive]:
                     survivor = kept.pop(command.local_rank, None)
                     if survivor is not None:  # finishing together: no survivor runs on
                         await self.stop([survivor], signal.SIGTERM)

@@ -183,6 +183,7 @@ class _Client:
         self.pending[slot] = (generation, thread, done)
 
     def read_done(self) -> None:
+        """A load's copies are over: the slots it left to map in the background are mapped now."""
         for _, thread, _ in self.pending.values():
             if thread.ident is None:
                 thread.start()
