@@ -22,6 +22,7 @@ from typing import Any
 import anyio
 import pytest
 import test_agent_e2e
+import test_prewarm
 from test_agent_e2e import Agent, Job, c10d, common, wait_gone
 
 pytestmark = [pytest.mark.anyio, pytest.mark.torch]
@@ -119,6 +120,87 @@ async def test_faults_at_ten_random_steps_change_nothing_of_the_final_model(job:
     assert faulty[0]["digest"] == clean[0]["digest"], faults
     starts = job.records("start")
     assert len(starts) == 2  # the fault-free run (the faulty run's reports were removed)
+
+
+WARM = """
+import resource
+import torch
+import aelastic.checkpoint as ckpt
+
+MIB = int(sys.argv[2])
+ATTEMPT = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+PAGES = MIB * 2**20 // os.sysconf("SC_PAGE_SIZE")
+
+def anonymous_memory(pid="self"):
+    status = open(f"/proc/{pid}/status").read()
+    return next(int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("RssAnon:"))
+
+def faults(allocate):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    tensor = allocate()
+    return tensor, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+report("started", attempt=ATTEMPT, anonymous=anonymous_memory())  # what a standby holds before any warming
+state, faulted = faults(lambda: {"params": torch.zeros(MIB * 2**20 // 4)})  # before any checkpoint call, as jobs do
+dist = init_gloo()
+restored = ckpt.load(into=state)
+value = None if restored is None else state["params"][0].item()
+_, faulted_after = faults(lambda: torch.zeros(MIB * 2**20 // 4))  # load settled malloc: large blocks are mappings
+report("alloc", attempt=ATTEMPT, faulted=faulted, faulted_after=faulted_after, pages=PAGES,
+       standby=b"aelastic.agent.prewarm.child" in open("/proc/self/cmdline", "rb").read())
+state["params"].add_(1)
+ckpt.save(state, step=ATTEMPT)
+report("saved", attempt=ATTEMPT)
+if ATTEMPT == 0:
+    while not os.path.exists(os.path.join(OUT, "go")):  # the test says when the next attempt's standbys are warm
+        time.sleep(0.01)
+    if dist.get_rank() == 1:
+        raise RuntimeError("the fault")
+    dist.barrier()  # fails: rank 1 is gone
+dist.barrier()
+assert value == 1.0, value  # attempt 0's save
+dist.destroy_process_group()
+"""
+
+
+def anonymous_memory(pid: int) -> int:
+    """``pid``'s resident anonymous memory in bytes (0 once it is gone)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    return next(int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("RssAnon:"))
+
+
+async def test_a_replacement_allocates_its_state_in_the_heap_its_standby_warmed(job: Job) -> None:
+    mib = 64
+    script = job.script("warm.py", WARM)
+    agent = await job.agent("--standalone", "--prewarm", *common(2, "--max-restarts", "1"), script, job.out, str(mib),
+                            env={"LOGLEVEL": "DEBUG"})  # fmt: skip
+    await job.wait_records("saved", 2)
+    workers = {r["pid"] for r in job.records("alloc")}
+    preloaded = max(r["anonymous"] for r in job.records("started"))  # a standby's memory as its script starts
+    # The next attempt's standbys, told the checkpointed state's size at the first commit, touch that much heap.
+    with anyio.fail_after(test_agent_e2e.DEADLINE):
+        while True:
+            standbys = [pid for pid in test_prewarm.standby_pids(agent.process.pid) if pid not in workers]
+            if len(standbys) == 2 and all(anonymous_memory(pid) > preloaded + mib * 2**20 // 2 for pid in standbys):
+                break
+            await anyio.sleep(0.05)  # memory growing has no event to await; a bounded poll
+    (job.out / "go").touch()
+    assert await agent.wait(test_agent_e2e.DEADLINE) == 0, agent.output
+    allocs = {(r["attempt"], r["RANK"]): r for r in job.records("alloc")}
+    assert sorted(allocs) == [(0, "0"), (0, "1"), (1, "0"), (1, "1")], agent.output
+    assert all(r["standby"] for r in allocs.values()), allocs
+    counts = {key: (r["faulted"], r["faulted_after"], r["pages"]) for key, r in allocs.items()}
+    for (attempt, _), (faulted, faulted_after, pages) in counts.items():
+        # The first attempt's standbys were warmed for nothing yet: every page of the state faults in. The
+        # replacements find the pages resident. After the load, large blocks are fresh mappings again.
+        assert faulted > pages // 2 if attempt == 0 else faulted < pages // 8, counts
+        assert faulted_after > pages // 2, counts
+    warmed = re.findall(r"standbys: warming (\d+) bytes of heap", agent.output)
+    assert len(warmed) == 1, agent.output
+    assert mib * 2**20 <= int(warmed[0]) < (mib + 1) * 2**20, warmed  # the state's tensor bytes
 
 
 async def test_a_requeued_job_restores_from_the_checkpoint_directory(job: Job) -> None:

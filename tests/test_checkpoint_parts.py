@@ -5,8 +5,11 @@
 from __future__ import annotations
 
 import collections
+import json
 import math
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -286,3 +289,32 @@ def test_a_stopped_copy_leaves_no_file(tmp_path: Path) -> None:
         os.close(fd)
     assert list(tmp_path.iterdir()) == []
     assert newest_complete(tmp_path / "absent") == []
+
+
+WARMING = """
+import itertools, json, resource
+import torch
+from aelastic.agent.checkpoint.child import heap
+
+def faults(size):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    tensor = torch.zeros(size // 4)
+    return tensor, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+looks = itertools.count()
+touched = heap.warm(64 << 20, lambda: next(looks) >= 2)  # the assignment arrives after two chunks
+state, warm = faults(16 << 20)
+heap.settle()
+heap.settle()  # once only
+_, settled = faults(64 << 20)
+print(json.dumps({"touched": touched, "warm": warm, "settled": settled}))
+"""
+
+
+def test_a_warming_stops_when_a_message_arrives_and_the_worker_settles_malloc_once() -> None:
+    out = subprocess.run([sys.executable, "-c", WARMING], capture_output=True, text=True, timeout=120, check=True)
+    result = json.loads(out.stdout)
+    pages = (16 << 20) // os.sysconf("SC_PAGE_SIZE")
+    assert result["touched"] == 16 << 20, result  # two chunks of 8 MiB
+    assert result["warm"] < pages // 8, result  # a state that fits what was touched faults almost nothing
+    assert result["settled"] > 4 * pages // 2, result  # large blocks are fresh mappings again

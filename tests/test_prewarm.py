@@ -165,6 +165,42 @@ async def test_module_with_relative_imports_and_an_uncaught_exception(job: Job) 
     assert "agent/prewarm/child.py" not in agent.output, agent.output
 
 
+# --- a failed worker's teardown yields the CPUs ----------------------------------------------------------------------
+
+TEARDOWN = (
+    ORIGIN
+    + """
+import atexit, threading
+
+def at_exit():
+    threads = [int(t) for t in os.listdir("/proc/self/task")]
+    report("teardown", attempt=ATTEMPT, nice=[os.getpriority(os.PRIO_PROCESS, t) for t in threads])
+
+atexit.register(at_exit)
+threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()  # a thread of the worker's own
+report("ran", attempt=ATTEMPT, standby=STANDBY, nice=os.getpriority(os.PRIO_PROCESS, 0))
+if ATTEMPT == 0:
+    raise RuntimeError("the failure whose teardown runs at nice 19")
+"""
+)
+
+
+async def test_a_failed_workers_teardown_runs_whole_at_the_lowest_priority_once_reported(job: Job) -> None:
+    script = job.script("fail.py", TEARDOWN)
+    agent = await job.agent("--standalone", "--prewarm", *common(1, "--max-restarts", "1"), script, job.out)
+    assert await agent.wait() == 0, agent.output
+    ran = sorted((r["attempt"], r["standby"], r["nice"]) for r in job.records("ran"))
+    assert ran == [(0, True, 0), (1, True, 0)], agent.output
+    # The failure's atexit handler still ran, after the report, with every thread at nice 19; a success's at 0.
+    teardowns = sorted((r["attempt"], r["nice"]) for r in job.records("teardown"))
+    assert [attempt for attempt, _ in teardowns] == [0, 1], agent.output
+    (_, failed), (_, succeeded) = teardowns
+    assert len(failed) >= 2, teardowns
+    assert set(failed) == {19}, teardowns
+    assert set(succeeded) == {0}, teardowns
+    assert "RuntimeError: the failure whose teardown runs at nice 19" in agent.output, agent.output
+
+
 # --- @record and the error file --------------------------------------------------------------------------------------
 
 RECORDED = (

@@ -168,6 +168,8 @@ class ElasticAgent:
         self.stop_signal = stop_signal  # what a cancelled run stops the workers with (None: SIGTERM)
         self.running = running  # where the running workers' groups are tracked, for forwarded signals
         self.checkpoints = checkpoints  # the workers' in-memory checkpoints (aelastic.agent.checkpoint)
+        if checkpoints is not None and standbys is not None:  # a replacement's state lands in warm memory
+            checkpoints.on_state_size = standbys.warm
         self.node_check = node_check  # each round's new members checked before the workers start (--node-check)
         self.identical_workers = identical_workers  # torch's TORCH_ELASTIC_WORKER_IDENTICAL: ranks need no exchange
         # What the workers may ask over their links (aelastic.agent.link).

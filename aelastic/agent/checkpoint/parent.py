@@ -31,7 +31,7 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -143,6 +143,8 @@ class Keeper:
         self._persisting = _Queue()
         self._pushing = _Queue()
         self._counts = {"saves": 0, "loads": 0, "pushed": 0, "persisted": 0}
+        self._largest = 0  # the largest state a worker of this node checkpointed (bytes of tensor data)
+        self.on_state_size: Callable[[int], None] | None = None  # told each new largest (the agent's standbys)
 
     def __repr__(self) -> str:
         own = {r: [s.header.step for s in h.complete() if s.header] for r, h in sorted(self._own.items())}
@@ -300,6 +302,10 @@ class Keeper:
                               f"committed (step {step}, {size} bytes)")  # fmt: skip
         rank.commit(slot, header, "memory")
         self._counts["saves"] += 1
+        if header.data_size > self._largest:
+            self._largest = header.data_size
+            if self.on_state_size is not None:
+                self.on_state_size(header.data_size)
         if self._successor is not None:
             self._pushing.ask(rank.rank, "replica")
         if self.directory is not None and step % self.persist_every == 0:

@@ -14,7 +14,10 @@ leaves its answer behind, which the next request recognises by its id and drops.
 **Exit reports.** :func:`install_exit_report` chains ``sys.excepthook`` so that a worker ending with an uncaught
 exception tells the agent its exit status (1) right after the traceback is printed, before the interpreter's
 teardown (which, with torch and its process groups loaded, takes about half a second): the agent starts the next
-attempt then, and reaps the old process when its teardown is over.
+attempt then, and reaps the old process when its teardown is over. Once the agent has the report, the teardown goes
+on at the lowest CPU priority (nice 19, every thread): it still runs whole (``atexit`` handlers, buffered output),
+but on a busy node it no longer takes a CPU from the workers that replace it (on 2 cores: the replacement's
+allocation of its state, the survivors' restore).
 
 Standard library only: this runs in the worker's interpreter.
 """
@@ -132,7 +135,16 @@ def report_exit(code: int) -> bool:
         link.request("exit", code=code, timeout=_EXIT_REPORT_TIMEOUT)
     except (OSError, LinkRefused):  # the agent learns of the exit from the kernel instead
         return False
+    _yield_cpus()
     return True
+
+
+def _yield_cpus() -> None:
+    """Nice 19 for every thread of this process (a nice value is per thread on Linux)."""
+    with contextlib.suppress(OSError):
+        for tid in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError):  # the thread ended meanwhile
+                os.setpriority(os.PRIO_PROCESS, int(tid), 19)
 
 
 def _excepthook(previous: Any, kind: type[BaseException], value: BaseException, tb: types.TracebackType | None) -> None:

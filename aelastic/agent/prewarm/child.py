@@ -21,6 +21,11 @@ the environment, the working directory and ``sys.argv``; and runs the target in 
 ``python script.py`` / ``python -m module`` would, the same exit codes and uncaught-exception report included.
 End of file on the control socket (the agent is going away) exits 0 without running anything.
 
+Before the assignment, the agent may send warmings (``{"version": ..., "warm": bytes}``, no reply): the size of the
+largest training state this node's workers checkpoint. The standby then touches that much of its heap for the state
+its worker will allocate (:mod:`aelastic.agent.checkpoint.child.heap`), at its own priority, and stops at once when
+the next message arrives.
+
 Priority: the preload is the only CPU a standby spends (then it sleeps in ``recvmsg``). Started beside running
 workers (``idle``), it runs under ``SCHED_IDLE`` so that it never takes a CPU from them, but only where the process
 may leave ``SCHED_IDLE`` again before it runs the worker (``CAP_SYS_NICE``, or an ``RLIMIT_NICE`` that allows nice
@@ -48,6 +53,7 @@ import io
 import json
 import os
 import runpy
+import select
 import signal
 import socket
 import sys
@@ -57,7 +63,7 @@ from typing import Any, Final
 
 from ..link.child import report_exit
 
-VERSION: Final = 2
+VERSION: Final = 3
 MAX_MESSAGE: Final = 1 << 20  # the assignment: mostly the environment
 MAX_FDS: Final = 16  # stdout, stderr, and the fds the worker inherits
 PRELOADED: Final = b"preloaded"  # the reply to the assignment
@@ -98,18 +104,32 @@ def _preload(modules: Sequence[str]) -> None:
 
 
 def _receive(control_fd: int) -> tuple[dict[str, Any], list[int]] | None:
-    """The assignment, once the preload is done; the reply :data:`PRELOADED` tells the agent so."""
+    """The assignment, once the preload is done; the reply :data:`PRELOADED` tells the agent so. A warming
+    (``{"warm": bytes}``) may come before it, any number of times."""
     with socket.socket(fileno=control_fd) as control:
-        data, fds, _, _ = socket.recv_fds(control, MAX_MESSAGE, MAX_FDS)
-        if data:
-            with contextlib.suppress(OSError):  # the agent stopped listening: it only wanted to know
-                control.send(PRELOADED)
-    if not data:
-        return None
-    assignment = json.loads(data)
-    if assignment.get("version") != VERSION:
-        raise SystemExit(f"aelastic standby: assignment version {assignment.get('version')!r}, expected {VERSION}")
-    return assignment, fds
+        while True:
+            data, fds, _, _ = socket.recv_fds(control, MAX_MESSAGE, MAX_FDS)
+            if not data:
+                return None
+            message = json.loads(data)
+            if message.get("version") != VERSION:
+                raise SystemExit(f"aelastic standby: message version {message.get('version')!r}, expected {VERSION}")
+            if "warm" not in message:
+                break
+            _warm(control, int(message["warm"]))
+        with contextlib.suppress(OSError):  # the agent stopped listening: it only wanted to know
+            control.send(PRELOADED)
+    return message, fds
+
+
+def _warm(control: socket.socket, size: int) -> None:
+    """Touch ``size`` bytes of heap for the worker's state (:mod:`aelastic.agent.checkpoint.child.heap`), until a
+    message (the assignment) arrives."""
+    from ..checkpoint.child.heap import warm
+
+    poller = select.poll()
+    poller.register(control, select.POLLIN)
+    warm(size, lambda: bool(poller.poll(0)))
 
 
 def _take_stream(target: int, new: int) -> None:

@@ -131,7 +131,7 @@ class _Standby:
     """One idle interpreter: its process, its end of the control socket, what it was started for, and the scope of
     its watch (cancelled when it is handed an attempt or retired)."""
 
-    __slots__ = ("control", "env", "identity", "popen", "replacement", "target", "watch")
+    __slots__ = ("control", "env", "identity", "popen", "replacement", "target", "warmed", "watch")
 
     def __init__(
         self,
@@ -148,9 +148,19 @@ class _Standby:
         self.identity = _identity(target, env)
         self.replacement = replacement  # it replaces one that died idle: if it dies too, its rank starts cold
         self.watch = anyio.CancelScope()
+        self.warmed = 0  # the heap it was told to warm (bytes)
 
     def __repr__(self) -> str:
         return f"<standby pid={self.popen.pid} returncode={self.popen.returncode}>"
+
+    def warm(self, size: int) -> None:
+        """Tell it to warm ``size`` bytes of heap (:mod:`aelastic.agent.checkpoint.child.heap`), if it was told
+        less; a full socket (it has not read the last one yet) or a dead standby skips it."""
+        if size > self.warmed:
+            message = json.dumps({"version": standby_child.VERSION, "warm": size}).encode()
+            with suppress(OSError):
+                self.control.send(message)
+                self.warmed = size
 
 
 class Standbys:
@@ -162,6 +172,7 @@ class Standbys:
         self._watchers = watchers
         self._idle: dict[int, _Standby] = {}
         self._handed: list[socket.socket] = []  # control sockets of standbys handed an attempt, until they reply
+        self._warm = 0  # the heap each standby warms for its worker's state (:meth:`warm`)
         self.handed_off = 0  # attempts' workers that started from a standby
         self.cold = 0  # those that started cold while prewarm was on
 
@@ -234,6 +245,17 @@ class Standbys:
         logger.debug("local_rank %d started in its standby (pid %d)", command.local_rank, standby.popen.pid)
         return standby.popen
 
+    def warm(self, size: int) -> None:
+        """The largest training state a worker of this node checkpointed is ``size`` bytes: each standby, idle or
+        started from now on, touches that much of its heap ahead (:mod:`aelastic.agent.checkpoint.child.heap`), so
+        that the worker it becomes allocates its state without faulting in fresh memory. It holds that memory while
+        it waits."""
+        if size > self._warm:
+            self._warm = size
+            logger.debug("standbys: warming %d bytes of heap each for the workers' state", size)
+            for standby in self._idle.values():
+                standby.warm(size)
+
     def _take(self, local_rank: int, identity: tuple[object, ...]) -> _Standby | None:
         """An idle, live standby fit for ``identity``, out of the pool: ``local_rank``'s own, else any other's (the
         per-attempt variables, the local rank among them, arrive with the assignment, so a worker replaced alone
@@ -281,6 +303,7 @@ class Standbys:
             logger.warning("could not start a standby for local_rank %d: %s", local_rank, exc)
             return
         self._idle[local_rank] = standby
+        standby.warm(self._warm)
         self._watchers.start_soon(self._watch, local_rank, standby)
         if self._reaper is not None:
             with anyio.CancelScope(shield=True):  # refill runs beside the workers and is cancelled with them

@@ -28,6 +28,7 @@ import torch
 
 from ....errors import CheckpointError
 from ...link.child import AgentLink, LinkRefused, agent_link, install_exit_report
+from . import heap
 from .layout import DATA_OFFSET, HEADER_SIZE, Header, LayoutError, place
 from .tree import StateError, flatten, unflatten
 
@@ -223,6 +224,7 @@ def client(what: str) -> _Client:
                     "save with torch.save"
                 )
             install_exit_report()
+            heap.settle()  # the state exists now: what a standby warmed for it is used (see .heap)
             found = _clients[os.getpid()] = _Client(link)
         return found
 
