@@ -269,7 +269,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
               "optimizer imports) and --prewarm-modules, and "
               "start Python workers in it: restarts skip the interpreter start and the imports; --no-python "
               "workers start as usual. With in-memory checkpoints, each standby also holds as much touched heap as "
-              "the node's largest checkpointed state, where its worker allocates its state (default: off)")  # fmt: skip
+              "the largest state in host memory a worker of the node saved, where its worker allocates its state "
+              "(default: off)")  # fmt: skip
     _add(own, "--signals-to-forward", dest="signals_to_forward", default=None,
          help="signals forwarded to every worker's process group while the workers and the agent run on (a "
          "scheduler's notice: Slurm's --signal); each worker sees each exactly once, also when the sender "

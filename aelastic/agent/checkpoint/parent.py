@@ -143,7 +143,7 @@ class Keeper:
         self._persisting = _Queue()
         self._pushing = _Queue()
         self._counts = {"saves": 0, "loads": 0, "pushed": 0, "persisted": 0}
-        self._largest = 0  # the largest state a worker of this node checkpointed (bytes of tensor data)
+        self._largest = 0  # the largest state in host memory a worker of this node saved (bytes of CPU tensors)
         self.on_state_size: Callable[[int], None] | None = None  # told each new largest (the agent's standbys)
 
     def __repr__(self) -> str:
@@ -246,7 +246,8 @@ class Keeper:
         if op == "reserve":
             return await self._reserve(worker, int(message["size"]), message.get("mapped", {}))
         if op == "commit":
-            return self._commit(worker, int(message["slot"]), int(message["step"]), int(message["size"]))
+            return self._commit(worker, int(message["slot"]), int(message["step"]), int(message["size"]),
+                                int(message.get("host", 0)))  # fmt: skip
         if op == "load":
             rank = message.get("rank")
             return await self._load(worker.global_rank if rank is None else int(rank), worker.global_rank)
@@ -287,8 +288,10 @@ class Keeper:
         return busy
 
     def _commit(
-        self, worker: WorkerProcess, slot_id: int, step: int, size: int
+        self, worker: WorkerProcess, slot_id: int, step: int, size: int, host: int
     ) -> tuple[dict[str, Any], Sequence[int]]:
+        """Make ``slot_id`` the worker's rank's latest checkpoint; ``host``: the bytes of its tensors that live in
+        host memory (a save's CPU tensors; 0 from DCP), which a replacement allocates again before it loads."""
         rank = self._own.get(worker.global_rank)
         slot = None if rank is None else next((s for s in rank.slots if s.id == slot_id), None)
         if rank is None or slot is None or slot.writer != worker.pid:
@@ -302,10 +305,10 @@ class Keeper:
                               f"committed (step {step}, {size} bytes)")  # fmt: skip
         rank.commit(slot, header, "memory")
         self._counts["saves"] += 1
-        if header.data_size > self._largest:
-            self._largest = header.data_size
+        if host > self._largest:
+            self._largest = host
             if self.on_state_size is not None:
-                self.on_state_size(header.data_size)
+                self.on_state_size(host)
         if self._successor is not None:
             self._pushing.ask(rank.rank, "replica")
         if self.directory is not None and step % self.persist_every == 0:

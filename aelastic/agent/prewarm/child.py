@@ -22,9 +22,9 @@ the environment, the working directory and ``sys.argv``; and runs the target in 
 End of file on the control socket (the agent is going away) exits 0 without running anything.
 
 Before the assignment, the agent may send warmings (``{"version": ..., "warm": bytes}``, no reply): the size of the
-largest training state this node's workers checkpoint. The standby then touches that much of its heap for the state
-its worker will allocate (:mod:`aelastic.agent.checkpoint.child.heap`), at its own priority, and stops at once when
-the next message arrives.
+largest training state in host memory this node's workers saved. The standby then touches that much of its heap for
+the state its worker will allocate (:mod:`aelastic.agent.checkpoint.child.heap`), at its own priority, and stops at
+once when the next message arrives.
 
 Priority: the preload is the only CPU a standby spends (then it sleeps in ``recvmsg``). Started beside running
 workers (``idle``), it runs under ``SCHED_IDLE`` so that it never takes a CPU from them, but only where the process

@@ -246,10 +246,10 @@ class Standbys:
         return standby.popen
 
     def warm(self, size: int) -> None:
-        """The largest training state a worker of this node checkpointed is ``size`` bytes: each standby, idle or
-        started from now on, touches that much of its heap ahead (:mod:`aelastic.agent.checkpoint.child.heap`), so
-        that the worker it becomes allocates its state without faulting in fresh memory. It holds that memory while
-        it waits."""
+        """The largest training state in host memory a worker of this node saved is ``size`` bytes (its CPU
+        tensors: a GPU state's replacement allocates on the device): each standby, idle or started from now on,
+        touches that much of its heap ahead (:mod:`aelastic.agent.checkpoint.child.heap`), so that the worker it
+        becomes allocates its state without faulting in fresh memory. It holds that memory while it waits."""
         if size > self._warm:
             self._warm = size
             logger.debug("standbys: warming %d bytes of heap each for the workers' state", size)

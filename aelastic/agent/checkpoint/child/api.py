@@ -278,7 +278,8 @@ def save(state: Any, *, step: int) -> None:
     header = Header("state", step, int(reply["rank"]), int(reply["world"]), data_size, DATA_OFFSET + data_size,
                     len(meta))  # fmt: skip
     write_tail(mapping, header, meta)
-    own.request("save", "commit", slot=int(reply["slot"]), step=step, size=size)
+    host = sum(blob.nbytes for blob in blobs if blob.tensor.device.type == "cpu")  # what a replacement allocates
+    own.request("save", "commit", slot=int(reply["slot"]), step=step, size=size, host=host)
 
 
 def open_checkpoint(what: str, rank: int | None) -> tuple[Mapping, Header, dict[str, Any], LoadInfo] | None:

@@ -6,12 +6,12 @@ it: 0.10-0.15 s for 256 MiB on a 2-core machine, and twice that beside the rest 
 fault to the next step. Memory that the process touched before costs only the state's own initialisation (a
 ``memset``: 0.02 s).
 
-So an idle standby (:mod:`aelastic.agent.prewarm`), once told the size of the node's largest checkpointed state
-(:meth:`aelastic.agent.prewarm.parent.Standbys.warm`),
-has ``malloc`` serve large blocks from its heap (``M_MMAP_MAX`` 0) and keep what is freed (``M_TRIM_THRESHOLD``),
-then allocates that many bytes, touches them and frees them: the worker it becomes finds them resident at the top of
-its heap. The touching runs at the standby's priority (idle beside running workers) and stops at once when the
-assignment arrives, so a restart never waits for it.
+So an idle standby (:mod:`aelastic.agent.prewarm`), once told the size of the largest state in host memory that a
+worker of the node saved (:meth:`aelastic.agent.prewarm.parent.Standbys.warm`), has ``malloc`` serve large blocks
+from its heap (``M_MMAP_MAX`` 0) and keep what is freed (``M_TRIM_THRESHOLD``), then allocates that many bytes,
+touches them and frees them: the worker it becomes finds them resident at the top of its heap. The touching runs at
+the standby's priority (idle beside running workers) and stops at once when the assignment arrives, so a restart
+never waits for it.
 
 The worker's first ``aelastic.checkpoint`` call (its state exists by then) :func:`settle`\\ s ``malloc`` again:
 large blocks are mappings again, above a fixed 32 MiB threshold that ``free`` keeps up to 64 MiB of. That is where
