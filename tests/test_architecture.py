@@ -302,6 +302,7 @@ GLOBAL_STATE = {
     ("aelastic.agent.timers.child", "_last_heartbeat"): "a worker's watchdog: when it last beat",
     ("aelastic.agent.checkpoint.child.api", "_clients"): "a worker's one checkpoint client per agent",
     ("aelastic.agent.checkpoint.child.heap", "_warmed"): "a worker's heap, warmed by the standby it started in",
+    ("aelastic.agent.checkpoint.child.premapped", "_mapped"): "a worker's slots, mapped by the standby it started in",
 }
 _MUTATORS = frozenset(
     {"add", "append", "clear", "discard", "extend", "insert", "pop", "popitem", "remove", "setdefault", "update"}

@@ -143,10 +143,10 @@ def faults(allocate):
 report("started", attempt=ATTEMPT, anonymous=anonymous_memory())  # what a standby holds before any warming
 state, faulted = faults(lambda: {"params": torch.zeros(MIB * 2**20 // 4)})  # before any checkpoint call, as jobs do
 dist = init_gloo()
-restored = ckpt.load(into=state)
+restored, load_faulted = faults(lambda: ckpt.load(into=state))
 value = None if restored is None else state["params"][0].item()
 _, faulted_after = faults(lambda: torch.zeros(MIB * 2**20 // 4))  # load settled malloc: large blocks are mappings
-report("alloc", attempt=ATTEMPT, faulted=faulted, faulted_after=faulted_after, pages=PAGES,
+report("alloc", attempt=ATTEMPT, faulted=faulted, faulted_after=faulted_after, pages=PAGES, load_faulted=load_faulted,
        standby=b"aelastic.agent.prewarm.child" in open("/proc/self/cmdline", "rb").read())
 state["params"].add_(1)
 ckpt.save(state, step=ATTEMPT)
@@ -163,16 +163,19 @@ dist.destroy_process_group()
 """
 
 
-def anonymous_memory(pid: int) -> int:
-    """``pid``'s resident anonymous memory in bytes (0 once it is gone)."""
+def resident(pid: int, kind: str) -> int:
+    """``pid``'s resident memory of ``kind`` (``Anon``: its own; ``Shmem``: shared memory it mapped) in bytes (0
+    once it is gone)."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return 0
-    return next(int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("RssAnon:"))
+    return next(int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith(f"Rss{kind}:"))
 
 
-async def test_a_replacement_allocates_its_state_in_the_heap_its_standby_warmed(job: Job) -> None:
+async def test_a_replacement_allocates_its_state_in_the_heap_its_standby_warmed_and_restores_from_slots_it_mapped(
+    job: Job,
+) -> None:
     mib = 64
     script = job.script("warm.py", WARM)
     agent = await job.agent("--standalone", "--prewarm", *common(2, "--max-restarts", "1"), script, job.out, str(mib),
@@ -180,11 +183,15 @@ async def test_a_replacement_allocates_its_state_in_the_heap_its_standby_warmed(
     await job.wait_records("saved", 2)
     workers = {r["pid"] for r in job.records("alloc")}
     preloaded = max(r["anonymous"] for r in job.records("started"))  # a standby's memory as its script starts
-    # The next attempt's standbys, told the checkpointed state's size at the first commit, touch that much heap.
+    # The next attempt's standbys, told the checkpointed state's size at the first commit, touch that much heap,
+    # and map their rank's slot (the one checkpoint) with its page tables filled.
     with anyio.fail_after(test_agent_e2e.DEADLINE):
         while True:
             standbys = [pid for pid in test_prewarm.standby_pids(agent.process.pid) if pid not in workers]
-            if len(standbys) == 2 and all(anonymous_memory(pid) > preloaded + mib * 2**20 // 2 for pid in standbys):
+            if len(standbys) == 2 and all(
+                resident(pid, "Anon") > preloaded + mib * 2**20 // 2 and resident(pid, "Shmem") >= mib * 2**20
+                for pid in standbys
+            ):
                 break
             await anyio.sleep(0.05)  # memory growing has no event to await; a bounded poll
     (job.out / "go").touch()
@@ -192,12 +199,15 @@ async def test_a_replacement_allocates_its_state_in_the_heap_its_standby_warmed(
     allocs = {(r["attempt"], r["RANK"]): r for r in job.records("alloc")}
     assert sorted(allocs) == [(0, "0"), (0, "1"), (1, "0"), (1, "1")], agent.output
     assert all(r["standby"] for r in allocs.values()), allocs
-    counts = {key: (r["faulted"], r["faulted_after"], r["pages"]) for key, r in allocs.items()}
-    for (attempt, _), (faulted, faulted_after, pages) in counts.items():
+    counts = {key: (r["faulted"], r["faulted_after"], r["load_faulted"], r["pages"]) for key, r in allocs.items()}
+    for (attempt, _), (faulted, faulted_after, load_faulted, pages) in counts.items():
         # The first attempt's standbys were warmed for nothing yet: every page of the state faults in. The
         # replacements find the pages resident. After the load, large blocks are fresh mappings again.
         assert faulted > pages // 2 if attempt == 0 else faulted < pages // 8, counts
         assert faulted_after > pages // 2, counts
+        # A replacement's load copies from the slot its standby mapped: no page of it faults (mapped at the load,
+        # the slot would fault once for every 16 pages or so: the kernel maps the pages around a faulting read).
+        assert attempt == 0 or load_faulted < pages // 64, counts
     warmed = re.findall(r"standbys: warming (\d+) bytes of heap", agent.output)
     assert len(warmed) == 1, agent.output
     assert mib * 2**20 <= int(warmed[0]) < (mib + 1) * 2**20, warmed  # the state's tensor bytes

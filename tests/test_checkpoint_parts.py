@@ -18,6 +18,7 @@ import numpy
 import pytest
 import torch
 
+from aelastic.agent.checkpoint.child import premapped
 from aelastic.agent.checkpoint.child.layout import ALIGN, DATA_OFFSET, Header, LayoutError, place
 from aelastic.agent.checkpoint.child.tree import StateError, flatten, unflatten
 from aelastic.agent.checkpoint.persist import (
@@ -318,3 +319,29 @@ def test_a_warming_stops_when_a_message_arrives_and_the_worker_settles_malloc_on
     assert result["touched"] == 16 << 20, result  # two chunks of 8 MiB
     assert result["warm"] < pages // 8, result  # a state that fits what was touched faults almost nothing
     assert result["settled"] > 4 * pages // 2, result  # large blocks are fresh mappings again
+
+
+def test_slots_mapped_ahead_go_to_a_worker_of_their_rank_only_and_fill_in_resumable_chunks() -> None:
+    size = 40 << 20  # three chunks
+    fds = []
+    for byte in (1, 2):
+        fd = os.memfd_create("slot")
+        os.ftruncate(fd, size)
+        os.pwrite(fd, bytes([byte]) * 4096, 0)
+        fds.append(fd)
+    looks = iter([False, True])  # a message arrives after the first chunk
+    try:
+        premapped.map_slots(3, [(7, 1, size), (8, 2, size)], fds)
+        assert not premapped.fill(lambda: next(looks, False))
+        assert premapped.fill(lambda: False)  # resumed where it stopped, to the end
+        assert premapped.take(4) == {}  # another rank's: closed
+        assert premapped.take(3) == {}  # and gone
+        premapped.map_slots(3, [(7, 1, size), (8, 2, size)], fds)
+        taken = premapped.take(3)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    assert {slot: (generation, mapping[0]) for slot, (generation, mapping) in taken.items()} == {7: (1, 1), 8: (2, 2)}
+    assert premapped.take(3) == {}  # taken once
+    for _, mapping in taken.values():
+        mapping.close()

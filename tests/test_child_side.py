@@ -40,6 +40,8 @@ EXCEPTIONS = {
     "worker's link before the interpreter's teardown",
     ("aelastic.agent.prewarm.child", "aelastic.agent.checkpoint.child.heap"): "a standby warms its heap for the "
     "state its worker will allocate and checkpoint",
+    ("aelastic.agent.prewarm.child", "aelastic.agent.checkpoint.child.premapped"): "a standby maps the slots its "
+    "worker will restore from",
     ("aelastic.agent.checkpoint.child.api", "torch"): "the worker's own torch: a checkpoint is the state's tensors",
     ("aelastic.agent.checkpoint.child.api", "aelastic.errors"): "CheckpointError lives in the one error tree",
     ("aelastic.agent.checkpoint.child.api", "aelastic.agent.link.child"): "save and load ask the agent over the "

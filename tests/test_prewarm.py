@@ -172,9 +172,16 @@ TEARDOWN = (
     + """
 import atexit, threading
 
+def session_nice():  # the CPU share of the worker's session, where the kernel groups sessions (autogroups)
+    try:
+        return int(open("/proc/self/autogroup").read().split()[-1])
+    except OSError:
+        return None
+
 def at_exit():
     threads = [int(t) for t in os.listdir("/proc/self/task")]
-    report("teardown", attempt=ATTEMPT, nice=[os.getpriority(os.PRIO_PROCESS, t) for t in threads])
+    report("teardown", attempt=ATTEMPT, nice=[os.getpriority(os.PRIO_PROCESS, t) for t in threads],
+           session=session_nice(), leader=os.getsid(0) == os.getpid())
 
 atexit.register(at_exit)
 threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()  # a thread of the worker's own
@@ -198,6 +205,11 @@ async def test_a_failed_workers_teardown_runs_whole_at_the_lowest_priority_once_
     assert len(failed) >= 2, teardowns
     assert set(failed) == {19}, teardowns
     assert set(succeeded) == {0}, teardowns
+    # And its session's share (each worker leads a session of its own): a nice value alone weighs nothing against
+    # the other sessions' processes where the kernel groups them.
+    sessions = {r["attempt"]: (r["leader"], r["session"]) for r in job.records("teardown")}
+    if sessions[0][1] is not None:
+        assert sessions == {0: (True, 19), 1: (True, 0)}, sessions
     assert "RuntimeError: the failure whose teardown runs at nice 19" in agent.output, agent.output
 
 

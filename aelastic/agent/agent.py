@@ -170,6 +170,7 @@ class ElasticAgent:
         self.checkpoints = checkpoints  # the workers' in-memory checkpoints (aelastic.agent.checkpoint)
         if checkpoints is not None and standbys is not None:  # a replacement's state lands in warm memory
             checkpoints.on_state_size = standbys.warm
+            checkpoints.on_slots = standbys.map_slots
         self.node_check = node_check  # each round's new members checked before the workers start (--node-check)
         self.identical_workers = identical_workers  # torch's TORCH_ELASTIC_WORKER_IDENTICAL: ranks need no exchange
         # What the workers may ask over their links (aelastic.agent.link).

@@ -145,6 +145,10 @@ class Keeper:
         self._counts = {"saves": 0, "loads": 0, "pushed": 0, "persisted": 0}
         self._largest = 0  # the largest state in host memory a worker of this node saved (bytes of CPU tensors)
         self.on_state_size: Callable[[int], None] | None = None  # told each new largest (the agent's standbys)
+        # Told a rank's slots (local rank, rank, (slot, generation, capacity, memory file) each) at its first commit
+        # into each new memory file: the agent's standbys map them ahead of a replacement's restore.
+        self.on_slots: Callable[[int, int, Sequence[tuple[int, int, int, int]]], None] | None = None
+        self._announced: dict[int, tuple[tuple[int, int], ...]] = {}  # by rank: the slots on_slots was told
 
     def __repr__(self) -> str:
         own = {r: [s.header.step for s in h.complete() if s.header] for r, h in sorted(self._own.items())}
@@ -309,6 +313,10 @@ class Keeper:
             self._largest = host
             if self.on_state_size is not None:
                 self.on_state_size(host)
+        slots = [(s.id, s.generation, s.capacity, s.fd) for s in rank.slots if s.fd >= 0]
+        if self.on_slots is not None and self._announced.get(rank.rank) != (announced := tuple(s[:2] for s in slots)):
+            self._announced[rank.rank] = announced
+            self.on_slots(worker.local_rank, rank.rank, slots)
         if self._successor is not None:
             self._pushing.ask(rank.rank, "replica")
         if self.directory is not None and step % self.persist_every == 0:

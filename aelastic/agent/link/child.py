@@ -15,9 +15,9 @@ leaves its answer behind, which the next request recognises by its id and drops.
 exception tells the agent its exit status (1) right after the traceback is printed, before the interpreter's
 teardown (which, with torch and its process groups loaded, takes about half a second): the agent starts the next
 attempt then, and reaps the old process when its teardown is over. Once the agent has the report, the teardown goes
-on at the lowest CPU priority (nice 19, every thread): it still runs whole (``atexit`` handlers, buffered output),
-but on a busy node it no longer takes a CPU from the workers that replace it (on 2 cores: the replacement's
-allocation of its state, the survivors' restore).
+on at the lowest CPU priority (nice 19, every thread, and its session's, see :func:`set_session_nice`): it still runs
+whole (``atexit`` handlers, buffered output), but on a busy node it no longer takes a CPU from the workers that
+replace it (on 2 cores: the replacement's allocation of its state, the survivors' restore).
 
 Standard library only: this runs in the worker's interpreter.
 """
@@ -43,6 +43,7 @@ __all__ = [
     "agent_link",
     "install_exit_report",
     "report_exit",
+    "set_session_nice",
 ]
 
 LINK_ENV: Final = "AELASTIC_AGENT_LINK"
@@ -145,6 +146,30 @@ def _yield_cpus() -> None:
         for tid in os.listdir("/proc/self/task"):
             with contextlib.suppress(OSError):  # the thread ended meanwhile
                 os.setpriority(os.PRIO_PROCESS, int(tid), 19)
+    set_session_nice(19)
+
+
+def set_session_nice(nice: int, pid: int = 0) -> bool:
+    """Give the session that ``pid`` (default: this process) leads the CPU share of a task at ``nice``; whether it
+    did.
+
+    Where the kernel groups each session's processes for the scheduler (``sched_autogroup_enabled``, the default of
+    most distributions), a nice value or ``SCHED_IDLE`` weighs only against the same session's processes, and the
+    agent starts each worker and standby as the leader of a session of its own: against the other workers only the
+    session's share counts (measured on 2 cores: a failed worker's teardown at nice 19 still took a whole CPU from
+    the restore beside it). Only a session's leader sets it (the session is then its own and its children's). Not
+    done: no autogroups, not the leader, or a change within 0.1 s of another, which the kernel refuses without
+    ``CAP_SYS_ADMIN``."""
+    target = pid or os.getpid()
+    try:
+        if os.getsid(target) != target:
+            return False
+        with open(f"/proc/{target}/autogroup", "r+") as autogroup:  # "/autogroup-<id> nice <n>"
+            if autogroup.read().split()[-1] != str(nice):  # unchanged: no write to count against the 0.1 s
+                autogroup.write(str(nice))
+    except (OSError, IndexError):
+        return False
+    return True
 
 
 def _excepthook(previous: Any, kind: type[BaseException], value: BaseException, tb: types.TracebackType | None) -> None:

@@ -24,7 +24,9 @@ End of file on the control socket (the agent is going away) exits 0 without runn
 Before the assignment, the agent may send warmings (``{"version": ..., "warm": bytes}``, no reply): the size of the
 largest training state in host memory this node's workers saved. The standby then touches that much of its heap for
 the state its worker will allocate (:mod:`aelastic.agent.checkpoint.child.heap`), at its own priority, and stops at
-once when the next message arrives.
+once when the next message arrives. Likewise the slots of the rank its local rank held (``{"version": ..., "map":
+[[slot, generation, capacity], ...], "rank": ...}``, their memory files as ``SCM_RIGHTS``): it maps them for the
+worker's restore (:mod:`aelastic.agent.checkpoint.child.premapped`).
 
 Priority: the preload is the only CPU a standby spends (then it sleeps in ``recvmsg``). Started beside running
 workers (``idle``), it runs under ``SCHED_IDLE`` so that it never takes a CPU from them, but only where the process
@@ -46,6 +48,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import importlib
 import importlib.machinery
 import importlib.util
@@ -58,12 +61,12 @@ import signal
 import socket
 import sys
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from ..link.child import report_exit
 
-VERSION: Final = 3
+VERSION: Final = 4
 MAX_MESSAGE: Final = 1 << 20  # the assignment: mostly the environment
 MAX_FDS: Final = 16  # stdout, stderr, and the fds the worker inherits
 PRELOADED: Final = b"preloaded"  # the reply to the assignment
@@ -104,32 +107,63 @@ def _preload(modules: Sequence[str]) -> None:
 
 
 def _receive(control_fd: int) -> tuple[dict[str, Any], list[int]] | None:
-    """The assignment, once the preload is done; the reply :data:`PRELOADED` tells the agent so. A warming
-    (``{"warm": bytes}``) may come before it, any number of times."""
+    """The assignment, once the preload is done; the reply :data:`PRELOADED` tells the agent so. Warmings and slots
+    to map may come before it, any number of times: each is worked on until the next message arrives, and resumed
+    once that is read, unless it was the assignment."""
     with socket.socket(fileno=control_fd) as control:
+        poller = select.poll()
+        poller.register(control, select.POLLIN)
+
+        def arrived() -> bool:
+            return bool(poller.poll(0))
+
+        unfinished: dict[str, Callable[[], bool]] = {}  # by kind: done (True), or cut short by a message
         while True:
+            for kind, work in list(unfinished.items()):
+                if not arrived() and work():
+                    del unfinished[kind]
             data, fds, _, _ = socket.recv_fds(control, MAX_MESSAGE, MAX_FDS)
             if not data:
                 return None
             message = json.loads(data)
             if message.get("version") != VERSION:
                 raise SystemExit(f"aelastic standby: message version {message.get('version')!r}, expected {VERSION}")
-            if "warm" not in message:
+            if "warm" in message:
+                unfinished["warm"] = functools.partial(_warm, int(message["warm"]), arrived)
+            elif "map" in message:
+                _map_slots(message, fds)
+                unfinished["map"] = functools.partial(_fill_slots, arrived)
+            else:
                 break
-            _warm(control, int(message["warm"]))
         with contextlib.suppress(OSError):  # the agent stopped listening: it only wanted to know
             control.send(PRELOADED)
     return message, fds
 
 
-def _warm(control: socket.socket, size: int) -> None:
-    """Touch ``size`` bytes of heap for the worker's state (:mod:`aelastic.agent.checkpoint.child.heap`), until a
-    message (the assignment) arrives."""
+def _warm(size: int, arrived: Callable[[], bool]) -> bool:
+    """Touch ``size`` bytes of heap for the worker's state (:mod:`aelastic.agent.checkpoint.child.heap`) until a
+    message arrives; whether that is done (less with no message waiting: there is nothing more to touch)."""
     from ..checkpoint.child.heap import warm
 
-    poller = select.poll()
-    poller.register(control, select.POLLIN)
-    warm(size, lambda: bool(poller.poll(0)))
+    return warm(size, arrived) == size or not arrived()
+
+
+def _map_slots(message: dict[str, Any], fds: list[int]) -> None:
+    """Map the slots of a rank's checkpoints (:mod:`aelastic.agent.checkpoint.child.premapped`)."""
+    from ..checkpoint.child.premapped import map_slots
+
+    try:
+        map_slots(int(message["rank"]), [(int(s), int(g), int(c)) for s, g, c in message["map"]], fds)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _fill_slots(arrived: Callable[[], bool]) -> bool:
+    """Fill the mapped slots' page tables until a message arrives; whether that is done."""
+    from ..checkpoint.child.premapped import fill
+
+    return fill(arrived)
 
 
 def _take_stream(target: int, new: int) -> None:

@@ -127,6 +127,18 @@ class StandbysStatistics:
     cold: int
 
 
+class RankSlotFiles(NamedTuple):
+    """A rank's checkpoint slots, as the pool keeps them for its standbys: ``(slot, generation, capacity, memory
+    file)`` each."""
+
+    rank: int
+    slots: list[tuple[int, int, int, int]]
+
+    def close(self) -> None:
+        for slot in self.slots:
+            os.close(slot[3])
+
+
 class _Standby:
     """One idle interpreter: its process, its end of the control socket, what it was started for, and the scope of
     its watch (cancelled when it is handed an attempt or retired)."""
@@ -162,6 +174,13 @@ class _Standby:
                 self.control.send(message)
                 self.warmed = size
 
+    def map_slots(self, slots: RankSlotFiles) -> None:
+        """Tell it to map a rank's checkpoint slots (:mod:`aelastic.agent.checkpoint.child.premapped`); skipped
+        as :meth:`warm` is."""
+        message = {"version": standby_child.VERSION, "rank": slots.rank, "map": [s[:3] for s in slots.slots]}
+        with suppress(OSError):
+            socket.send_fds(self.control, [json.dumps(message).encode()], [s[3] for s in slots.slots])
+
 
 class Standbys:
     """The agent's standby interpreters, one per local rank at most (see the module doc)."""
@@ -173,6 +192,7 @@ class Standbys:
         self._idle: dict[int, _Standby] = {}
         self._handed: list[socket.socket] = []  # control sockets of standbys handed an attempt, until they reply
         self._warm = 0  # the heap each standby warms for its worker's state (:meth:`warm`)
+        self._slots: dict[int, RankSlotFiles] = {}  # by local rank: the slots its standby maps (:meth:`map_slots`)
         self.handed_off = 0  # attempts' workers that started from a standby
         self.cold = 0  # those that started cold while prewarm was on
 
@@ -256,6 +276,19 @@ class Standbys:
             for standby in self._idle.values():
                 standby.warm(size)
 
+    def map_slots(self, local_rank: int, rank: int, slots: Sequence[tuple[int, int, int, int]]) -> None:
+        """The checkpoint slots of ``rank``, held by ``local_rank``'s worker, are now ``slots`` (``(slot,
+        generation, capacity, memory file)``): the standby of ``local_rank``, idle or started from now on, maps
+        them ahead of its worker's restore (:mod:`aelastic.agent.checkpoint.child.premapped`). The pool keeps
+        duplicates of the files (a slot's own may be closed when a larger one replaces it) until they change."""
+        old = self._slots.pop(local_rank, None)
+        if old is not None:
+            old.close()
+        files = self._slots[local_rank] = RankSlotFiles(rank, [(*s[:3], os.dup(s[3])) for s in slots])
+        standby = self._idle.get(local_rank)
+        if standby is not None:
+            standby.map_slots(files)
+
     def _take(self, local_rank: int, identity: tuple[object, ...]) -> _Standby | None:
         """An idle, live standby fit for ``identity``, out of the pool: ``local_rank``'s own, else any other's (the
         per-attempt variables, the local rank among them, arrive with the assignment, so a worker replaced alone
@@ -304,6 +337,8 @@ class Standbys:
             return
         self._idle[local_rank] = standby
         standby.warm(self._warm)
+        if local_rank in self._slots:
+            standby.map_slots(self._slots[local_rank])
         self._watchers.start_soon(self._watch, local_rank, standby)
         if self._reaper is not None:
             with anyio.CancelScope(shield=True):  # refill runs beside the workers and is cancelled with them
@@ -361,6 +396,8 @@ class Standbys:
 
     async def aclose(self) -> None:
         """Retire every idle standby."""
+        while self._slots:
+            self._slots.popitem()[1].close()
         while self._handed:
             self._handed.pop().close()
         while self._idle:

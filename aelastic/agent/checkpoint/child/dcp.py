@@ -370,7 +370,7 @@ def _open_file(directory: Path, rank: int, step: int | None) -> tuple[Mapping, H
     except OSError as exc:
         raise CheckpointError(f"aelastic.checkpoint.StorageReader: {path}: {exc.strerror}") from None
     try:
-        mapping = Mapping(fd, os.fstat(fd).st_size, shared=False)
+        mapping = Mapping.open(fd, os.fstat(fd).st_size, shared=False)
     finally:
         os.close(fd)
     header, meta = mapping.layout(f"aelastic.checkpoint.StorageReader: {path}")
