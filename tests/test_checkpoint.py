@@ -140,7 +140,8 @@ def faults(allocate):
     tensor = allocate()
     return tensor, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
-report("started", attempt=ATTEMPT, anonymous=anonymous_memory())  # what a standby holds before any warming
+report("started", attempt=ATTEMPT, anonymous=anonymous_memory(),  # what a standby holds before any warming
+       api="aelastic.agent.checkpoint.child.api" in sys.modules)
 state, faulted = faults(lambda: {"params": torch.zeros(MIB * 2**20 // 4)})  # before any checkpoint call, as jobs do
 dist = init_gloo()
 restored, load_faulted = faults(lambda: ckpt.load(into=state))
@@ -208,6 +209,9 @@ async def test_a_replacement_allocates_its_state_in_the_heap_its_standby_warmed_
         # A replacement's load copies from the slot its standby mapped: no page of it faults (mapped at the load,
         # the slot would fault once for every 16 pages or so: the kernel maps the pages around a faulting read).
         assert attempt == 0 or load_faulted < pages // 64, counts
+    # The standby of a job that checkpoints also imported the checkpoint API: a replacement's load does not.
+    assert sorted((r["attempt"], r["api"]) for r in job.records("started")) == [(0, False), (0, False), (1, True),
+                                                                                (1, True)]  # fmt: skip
     warmed = re.findall(r"standbys: warming (\d+) bytes of heap", agent.output)
     assert len(warmed) == 1, agent.output
     assert mib * 2**20 <= int(warmed[0]) < (mib + 1) * 2**20, warmed  # the state's tensor bytes

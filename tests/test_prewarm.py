@@ -9,6 +9,7 @@ synchronise on report files and process exits; every process is killed at teardo
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -211,6 +212,53 @@ async def test_a_failed_workers_teardown_runs_whole_at_the_lowest_priority_once_
     if sessions[0][1] is not None:
         assert sessions == {0: (True, 19), 1: (True, 0)}, sessions
     assert "RuntimeError: the failure whose teardown runs at nice 19" in agent.output, agent.output
+
+
+QUIET = (
+    ORIGIN
+    + """
+report("ran", attempt=ATTEMPT, standby=STANDBY)
+if ATTEMPT == 0:
+    ready_to_crash()
+    raise RuntimeError("the fault")
+while not os.path.exists(os.path.join(OUT, "go")):  # the test says when
+    time.sleep(0.01)
+"""
+)
+
+
+async def logged(agent: test_agent_e2e.Agent, pattern: str) -> re.Match[str]:
+    """The first match of ``pattern`` in ``agent``'s log, once it is there."""
+    with anyio.fail_after(DEADLINE):
+        while True:
+            found = re.search(pattern, agent.output)
+            if found is not None:
+                return found
+            await anyio.sleep(0.02)  # a log line has no event to await; a bounded poll
+
+
+def session_nice(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])
+
+
+@pytest.mark.skipif(not Path("/proc/self/autogroup").exists(), reason="the kernel groups no sessions (autogroups)")
+async def test_a_standby_started_at_once_after_a_restart_preloads_at_its_sessions_lowest_share_until_the_settle(
+    job: Job,
+) -> None:
+    script = job.script("quiet.py", QUIET)
+    agent = await job.agent("--standalone", "--prewarm", *common(1, "--max-restarts", "1"), script, job.out,
+                            env={"LOGLEVEL": "DEBUG"})  # fmt: skip
+    await job.wait_records("ran", 2)
+    # The only standby was handed the restart: the agent started the next one at once, for a burst of faults,
+    # with its session at the lowest CPU share while the restarted worker starts (and restores its state).
+    pid = int((await logged(agent, r"started \(pid (\d+), its session at the lowest CPU share\)"))[1])
+    settled = f"standby pid {pid}: its session back to a worker's CPU share"
+    share = session_nice(pid)
+    assert share == 19 or (share == 0 and settled in agent.output), (share, agent.output)
+    await logged(agent, re.escape(settled))  # the settle's end: 3 s into the attempt
+    assert session_nice(pid) == 0
+    (job.out / "go").touch()
+    assert await agent.wait() == 0, agent.output
 
 
 # --- @record and the error file --------------------------------------------------------------------------------------

@@ -527,9 +527,10 @@ class Supervisor:
         burst: an attempt shorter than the delay would otherwise leave the next replacement none, and it would
         start cold, on the recovery's path, at the CPU's full price)."""
         assert self.standbys is not None
-        if delay and not self.standbys.statistics().idle:
-            await self.standbys.refill(commands[:1])
+        if delay and not self.standbys.statistics().idle:  # quiet while this attempt's workers start and restore
+            await self.standbys.refill(commands[:1], quiet=True)
         await anyio.sleep(delay)
+        self.standbys.settled()
         await self.standbys.refill(commands)
 
     async def _until_end(

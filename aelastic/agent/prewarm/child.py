@@ -70,6 +70,7 @@ VERSION: Final = 4
 MAX_MESSAGE: Final = 1 << 20  # the assignment: mostly the environment
 MAX_FDS: Final = 16  # stdout, stderr, and the fds the worker inherits
 PRELOADED: Final = b"preloaded"  # the reply to the assignment
+_CHECKPOINT_API: Final = "aelastic.agent.checkpoint.child.api"
 _CAP_SYS_NICE: Final = 23
 
 
@@ -142,9 +143,12 @@ def _receive(control_fd: int) -> tuple[dict[str, Any], list[int]] | None:
 
 def _warm(size: int, arrived: Callable[[], bool]) -> bool:
     """Touch ``size`` bytes of heap for the worker's state (:mod:`aelastic.agent.checkpoint.child.heap`) until a
-    message arrives; whether that is done (less with no message waiting: there is nothing more to touch)."""
+    message arrives; whether that is done (less with no message waiting: there is nothing more to touch). First,
+    the checkpoint API is preloaded: a worker of this job saved, so the worker will import it, and a replacement
+    would pay that import on its restore."""
     from ..checkpoint.child.heap import warm
 
+    _preload((_CHECKPOINT_API,))
     return warm(size, arrived) == size or not arrived()
 
 

@@ -48,7 +48,7 @@ import anyio.abc
 
 from ...errors import ReaperError
 from ..finish.child import FINISH_FDS_ENV
-from ..link.child import LINK_ENV
+from ..link.child import LINK_ENV, set_session_nice
 from ..reaper.parent import Reaper
 from ..spawn.parent import ATTEMPT_VARIABLES, FdVar, WorkerCommand, spawn_process, wait_process
 from . import child as standby_child
@@ -143,7 +143,7 @@ class _Standby:
     """One idle interpreter: its process, its end of the control socket, what it was started for, and the scope of
     its watch (cancelled when it is handed an attempt or retired)."""
 
-    __slots__ = ("control", "env", "identity", "popen", "replacement", "target", "warmed", "watch")
+    __slots__ = ("control", "env", "identity", "popen", "quiet", "replacement", "target", "warmed", "watch")
 
     def __init__(
         self,
@@ -161,6 +161,7 @@ class _Standby:
         self.replacement = replacement  # it replaces one that died idle: if it dies too, its rank starts cold
         self.watch = anyio.CancelScope()
         self.warmed = 0  # the heap it was told to warm (bytes)
+        self.quiet = False  # its session has the lowest CPU share (Standbys.refill's quiet)
 
     def __repr__(self) -> str:
         return f"<standby pid={self.popen.pid} returncode={self.popen.returncode}>"
@@ -261,6 +262,8 @@ class Standbys:
         self._handed.append(standby.control)  # its reply says when its preload is done
         with suppress(OSError):  # a preload still running goes on at the worker's priority (see the child side)
             standby_child.set_policy(standby.popen.pid, os.SCHED_OTHER)
+        if standby.quiet:
+            set_session_nice(0, standby.popen.pid)
         self.handed_off += 1
         logger.debug("local_rank %d started in its standby (pid %d)", command.local_rank, standby.popen.pid)
         return standby.popen
@@ -302,7 +305,9 @@ class Standbys:
                 return standby
         return None
 
-    async def refill(self, commands: Sequence[WorkerCommand], *, beside_workers: bool = True) -> None:
+    async def refill(
+        self, commands: Sequence[WorkerCommand], *, beside_workers: bool = True, quiet: bool = False
+    ) -> None:
         """Have a standby, fit for the next attempt of each of ``commands``, started or kept idle.
 
         It first waits until every standby handed an attempt has finished its preload (or died): started beside
@@ -310,6 +315,9 @@ class Standbys:
         a busy 2-core machine). A failure to start one (out of processes or fds) is logged: that worker starts cold
         next time. ``beside_workers``: the standbys preload at idle CPU priority (where they can leave it again),
         so that they never take a CPU from running workers; before the first attempt there are none to protect.
+        ``quiet``: their sessions get the lowest CPU share, until :meth:`settled` (idle priority weighs only within a
+        session, where the kernel groups sessions: see :func:`~aelastic.agent.link.child.set_session_nice`), for
+        standbys started while restarted workers restore their state.
         """
         while self._handed:
             with suppress(OSError):
@@ -325,16 +333,33 @@ class Standbys:
                 del self._idle[command.local_rank]
                 await self._retire(current)
             if target is not None:
-                await self._start(command.local_rank, target, command.env, idle=beside_workers, replacement=False)
+                await self._start(command.local_rank, target, command.env, idle=beside_workers, replacement=False,
+                                  quiet=quiet)  # fmt: skip
+
+    def settled(self) -> None:
+        """The quiet standbys' sessions (see :meth:`refill`) back to a worker's CPU share."""
+        for standby in self._idle.values():
+            if standby.quiet:
+                standby.quiet = False
+                set_session_nice(0, standby.popen.pid)
+                logger.debug("standby pid %d: its session back to a worker's CPU share", standby.popen.pid)
 
     async def _start(
-        self, local_rank: int, target: PythonTarget, env: Mapping[str, str], *, idle: bool, replacement: bool
+        self,
+        local_rank: int,
+        target: PythonTarget,
+        env: Mapping[str, str],
+        *,
+        idle: bool,
+        replacement: bool,
+        quiet: bool = False,
     ) -> None:
         try:
             standby = self._spawn(target, env, idle, replacement)
         except OSError as exc:
             logger.warning("could not start a standby for local_rank %d: %s", local_rank, exc)
             return
+        standby.quiet = quiet and set_session_nice(19, standby.popen.pid)
         self._idle[local_rank] = standby
         standby.warm(self._warm)
         if local_rank in self._slots:
@@ -343,7 +368,8 @@ class Standbys:
         if self._reaper is not None:
             with anyio.CancelScope(shield=True):  # refill runs beside the workers and is cancelled with them
                 await self._reaper.register(standby.popen.pid)
-        logger.debug("standby for local_rank %d started (pid %d)", local_rank, standby.popen.pid)
+        logger.debug("standby for local_rank %d started (pid %d%s)", local_rank, standby.popen.pid,
+                     ", its session at the lowest CPU share" if standby.quiet else "")  # fmt: skip
 
     async def _watch(self, local_rank: int, standby: _Standby) -> None:
         """Replace a standby that dies idle (once: a replacement that dies too leaves its rank to a cold start)."""
