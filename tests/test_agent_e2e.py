@@ -18,7 +18,7 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
@@ -123,12 +123,17 @@ class Job:
         return path
 
     async def agent(
-        self, *args: str | os.PathLike[str], cwd: Path | None = None, env: dict[str, str] | None = None
+        self,
+        *args: str | os.PathLike[str],
+        cwd: Path | None = None,
+        env: dict[str, str] | None = None,
+        prefix: Sequence[str] = (),
     ) -> Agent:
+        """``aelastic run args``, started by ``prefix`` (a command that runs the rest, e.g. ``setpriv ...``)."""
         log = self.tmp_path / f"agent{len(self.agents)}.log"
         with log.open("wb") as f:
             process = await anyio.open_process(
-                [sys.executable, "-m", "aelastic", "--async-backend", self.backend, "run", *map(str, args)],
+                [*prefix, sys.executable, "-m", "aelastic", "--async-backend", self.backend, "run", *map(str, args)],
                 stdin=subprocess.DEVNULL,
                 stdout=f,
                 stderr=subprocess.STDOUT,

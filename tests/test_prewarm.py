@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -257,6 +258,23 @@ async def test_a_standby_started_at_once_after_a_restart_preloads_at_its_session
     assert share == 19 or (share == 0 and settled in agent.output), (share, agent.output)
     await logged(agent, re.escape(settled))  # the settle's end: 3 s into the attempt
     assert session_nice(pid) == 0
+    (job.out / "go").touch()
+    assert await agent.wait() == 0, agent.output
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="no setpriv (util-linux) to drop CAP_SYS_ADMIN")
+async def test_without_cap_sys_admin_no_standby_has_its_sessions_share_lowered(job: Job) -> None:
+    # The kernel takes one change of a session's share per 0.1 s on the whole host from such an agent: a quiet
+    # standby handed an attempt might keep the lowest share, so none is made quiet.
+    script = job.script("quiet.py", QUIET)
+    drop = ["setpriv", "--bounding-set=-sys_admin", "--inh-caps=-sys_admin", "--"]
+    agent = await job.agent("--standalone", "--prewarm", *common(1, "--max-restarts", "1"), script, job.out,
+                            env={"LOGLEVEL": "DEBUG"}, prefix=drop)  # fmt: skip
+    await job.wait_records("ran", 2)
+    # The third standby: the first ran attempt 0, the second attempt 1, the third was started after the restart.
+    started = await logged(agent, r"(?s)(?:started \(pid \d+[^)]*\).*?){2}started \(pid (\d+)([^)]*)\)")
+    assert started[2] == "", started[0]  # not ", its session at the lowest CPU share"
+    assert session_nice(int(started[1])) == 0
     (job.out / "go").touch()
     assert await agent.wait() == 0, agent.output
 

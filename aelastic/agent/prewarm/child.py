@@ -71,18 +71,22 @@ MAX_MESSAGE: Final = 1 << 20  # the assignment: mostly the environment
 MAX_FDS: Final = 16  # stdout, stderr, and the fds the worker inherits
 PRELOADED: Final = b"preloaded"  # the reply to the assignment
 _CHECKPOINT_API: Final = "aelastic.agent.checkpoint.child.api"
+CAP_SYS_ADMIN: Final = 21
 _CAP_SYS_NICE: Final = 23
+
+
+def capable(capability: int) -> bool:
+    """Whether this process has ``capability`` (its number) in its effective set."""
+    with open("/proc/self/status") as status:
+        effective = next((line.split()[1] for line in status if line.startswith("CapEff:")), "0")
+    return bool(int(effective, 16) >> capability & 1)
 
 
 def _may_leave_idle() -> bool:
     """Whether this process may return from SCHED_IDLE to SCHED_OTHER at nice 0 (the kernel's ``can_nice``)."""
     import resource
 
-    if resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20:
-        return True
-    with open("/proc/self/status") as status:
-        effective = next((line.split()[1] for line in status if line.startswith("CapEff:")), "0")
-    return bool(int(effective, 16) >> _CAP_SYS_NICE & 1)
+    return resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20 or capable(_CAP_SYS_NICE)
 
 
 def set_policy(pid: int, policy: int) -> None:

@@ -31,6 +31,7 @@ environment differs in any of them from the attempt's is discarded and that work
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -63,6 +64,12 @@ PER_ATTEMPT: Final = ATTEMPT_VARIABLES | {FINISH_FDS_ENV, LINK_ENV}
 # Imported only where the workers' interpreter finds torch. torch._dynamo too: every optimizer's first construction
 # imports it (1.5 s on a 2-core machine, 70 MiB), which a restarted worker would otherwise pay before its first step.
 DEFAULT_PRELOAD: Final = ("torch", "torch._dynamo")
+
+
+@functools.cache
+def _shares_at_once() -> bool:
+    """Whether the agent may change a session's CPU share at any moment (see :meth:`Standbys.refill`)."""
+    return standby_child.capable(standby_child.CAP_SYS_ADMIN)
 
 
 class PythonTarget(NamedTuple):
@@ -317,7 +324,7 @@ class Standbys:
         so that they never take a CPU from running workers; before the first attempt there are none to protect.
         ``quiet``: their sessions get the lowest CPU share, until :meth:`settled` (idle priority weighs only within a
         session, where the kernel groups sessions: see :func:`~aelastic.agent.link.child.set_session_nice`), for
-        standbys started while restarted workers restore their state.
+        standbys started while restarted workers restore their state; only where the agent has ``CAP_SYS_ADMIN``.
         """
         while self._handed:
             with suppress(OSError):
@@ -359,7 +366,9 @@ class Standbys:
         except OSError as exc:
             logger.warning("could not start a standby for local_rank %d: %s", local_rank, exc)
             return
-        standby.quiet = quiet and set_session_nice(19, standby.popen.pid)
+        # Only where the share can be given back at once: without CAP_SYS_ADMIN the kernel takes one change per
+        # 0.1 s on the whole host, and a quiet standby handed an attempt would train at the lowest share.
+        standby.quiet = quiet and _shares_at_once() and set_session_nice(19, standby.popen.pid)
         self._idle[local_rank] = standby
         standby.warm(self._warm)
         if local_rank in self._slots:
