@@ -39,10 +39,11 @@ def map_slots(rank: int, slots: Sequence[tuple[int, int, int]], fds: Sequence[in
     global _mapped
     if _mapped is not None:
         _close(_mapped)
-    mappings = {
-        slot: (generation, mmap.mmap(fd, capacity, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE))
-        for (slot, generation, capacity), fd in zip(slots, fds, strict=True)
-    }  # fmt: skip
+    mappings: dict[int, tuple[int, mmap.mmap]] = {}
+    for (slot, generation, capacity), fd in zip(slots, fds, strict=True):
+        with contextlib.suppress(OSError):  # out of address space or map count: the worker maps it at its load
+            mappings[slot] = generation, mmap.mmap(fd, capacity, flags=mmap.MAP_SHARED,
+                                                   prot=mmap.PROT_READ | mmap.PROT_WRITE)  # fmt: skip
     _mapped = _Mapped(rank, mappings, _chunks([mapping for _, mapping in mappings.values()]))
 
 
