@@ -16,7 +16,8 @@ exception tells the agent its exit status (1) right after the traceback is print
 teardown (which, with torch and its process groups loaded, takes about half a second): the agent starts the next
 attempt then, and reaps the old process when its teardown is over. Once the agent has the report, the teardown goes
 on at the lowest CPU priority (nice 19, every thread): it still runs whole (``atexit`` handlers, buffered output),
-and within its session it yields to the rest. Its session keeps its share (see :func:`set_session_nice`): until the
+and within its session it yields to the rest. Its session keeps its share (see
+:func:`aelastic.agent.prewarm.parent.set_session_nice`): until the
 process is gone its sockets stay open, and survivors blocked in a collective with it are released only when they
 close (measured beside ``stress-ng --cpu 2``: a teardown at the lowest share held a survivor past its 10 s grace).
 
@@ -44,7 +45,6 @@ __all__ = [
     "agent_link",
     "install_exit_report",
     "report_exit",
-    "set_session_nice",
 ]
 
 LINK_ENV: Final = "AELASTIC_AGENT_LINK"
@@ -147,29 +147,6 @@ def _yield_cpus() -> None:
         for tid in os.listdir("/proc/self/task"):
             with contextlib.suppress(OSError):  # the thread ended meanwhile
                 os.setpriority(os.PRIO_PROCESS, int(tid), 19)
-
-
-def set_session_nice(nice: int, pid: int = 0) -> bool:
-    """Give the session that ``pid`` (default: this process) leads the CPU share of a task at ``nice``; whether it
-    did.
-
-    Where the kernel groups each session's processes for the scheduler (``sched_autogroup_enabled``, the default of
-    most distributions), a nice value or ``SCHED_IDLE`` weighs only against the same session's processes, and the
-    agent starts each worker and standby as the leader of a session of its own: against the other workers only the
-    session's share counts (measured on 2 cores: a standby preloading under ``SCHED_IDLE`` took 0.1 s of CPU from a
-    restore beside it). Only a session's leader sets it (the session is then its own and its children's). Not
-    done: no autogroups, not the leader, or a change within 0.1 s of another, which the kernel refuses without
-    ``CAP_SYS_ADMIN``."""
-    target = pid or os.getpid()
-    try:
-        if os.getsid(target) != target:
-            return False
-        with open(f"/proc/{target}/autogroup", "r+") as autogroup:  # "/autogroup-<id> nice <n>"
-            if autogroup.read().split()[-1] != str(nice):  # unchanged: no write to count against the 0.1 s
-                autogroup.write(str(nice))
-    except (OSError, IndexError):
-        return False
-    return True
 
 
 def _excepthook(previous: Any, kind: type[BaseException], value: BaseException, tb: types.TracebackType | None) -> None:

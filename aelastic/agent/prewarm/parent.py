@@ -49,7 +49,7 @@ import anyio.abc
 
 from ...errors import ReaperError
 from ..finish.child import FINISH_FDS_ENV
-from ..link.child import LINK_ENV, set_session_nice
+from ..link.child import LINK_ENV
 from ..reaper.parent import Reaper
 from ..spawn.parent import ATTEMPT_VARIABLES, FdVar, WorkerCommand, spawn_process, wait_process
 from . import child as standby_child
@@ -64,6 +64,29 @@ PER_ATTEMPT: Final = ATTEMPT_VARIABLES | {FINISH_FDS_ENV, LINK_ENV}
 # Imported only where the workers' interpreter finds torch. torch._dynamo too: every optimizer's first construction
 # imports it (1.5 s on a 2-core machine, 70 MiB), which a restarted worker would otherwise pay before its first step.
 DEFAULT_PRELOAD: Final = ("torch", "torch._dynamo")
+
+
+def set_session_nice(nice: int, pid: int) -> bool:
+    """Give the session that ``pid`` leads the CPU share of a task at ``nice``; whether it
+    did.
+
+    Where the kernel groups each session's processes for the scheduler (``sched_autogroup_enabled``, the default of
+    most distributions), a nice value or ``SCHED_IDLE`` weighs only against the same session's processes, and the
+    agent starts each worker and standby as the leader of a session of its own: against the other workers only the
+    session's share counts (measured on 2 cores: a standby preloading under ``SCHED_IDLE`` took 0.1 s of CPU from a
+    restore beside it). Only a session's leader sets it (the session is then its own and its children's). Not
+    done: no autogroups, not the leader, or a change within 0.1 s of another, which the kernel refuses without
+    ``CAP_SYS_ADMIN``."""
+    target = pid
+    try:
+        if os.getsid(target) != target:
+            return False
+        with open(f"/proc/{target}/autogroup", "r+") as autogroup:  # "/autogroup-<id> nice <n>"
+            if autogroup.read().split()[-1] != str(nice):  # unchanged: no write to count against the 0.1 s
+                autogroup.write(str(nice))
+    except (OSError, IndexError):
+        return False
+    return True
 
 
 @functools.cache
@@ -134,7 +157,7 @@ class StandbysStatistics:
     cold: int
 
 
-class RankSlotFiles(NamedTuple):
+class _SlotFiles(NamedTuple):
     """A rank's checkpoint slots, as the pool keeps them for its standbys: ``(slot, generation, capacity, memory
     file)`` each."""
 
@@ -182,7 +205,7 @@ class _Standby:
                 self.control.send(message)
                 self.warmed = size
 
-    def map_slots(self, slots: RankSlotFiles) -> None:
+    def map_slots(self, slots: _SlotFiles) -> None:
         """Tell it to map a rank's checkpoint slots (:mod:`aelastic.agent.checkpoint.child.premapped`); skipped
         as :meth:`warm` is."""
         message = {"version": standby_child.VERSION, "rank": slots.rank, "map": [s[:3] for s in slots.slots]}
@@ -200,7 +223,7 @@ class Standbys:
         self._idle: dict[int, _Standby] = {}
         self._handed: list[socket.socket] = []  # control sockets of standbys handed an attempt, until they reply
         self._warm = 0  # the heap each standby warms for its worker's state (:meth:`warm`)
-        self._slots: dict[int, RankSlotFiles] = {}  # by local rank: the slots its standby maps (:meth:`map_slots`)
+        self._slots: dict[int, _SlotFiles] = {}  # by local rank: the slots its standby maps (:meth:`map_slots`)
         self.handed_off = 0  # attempts' workers that started from a standby
         self.cold = 0  # those that started cold while prewarm was on
 
@@ -294,7 +317,7 @@ class Standbys:
         old = self._slots.pop(local_rank, None)
         if old is not None:
             old.close()
-        files = self._slots[local_rank] = RankSlotFiles(rank, [(*s[:3], os.dup(s[3])) for s in slots])
+        files = self._slots[local_rank] = _SlotFiles(rank, [(*s[:3], os.dup(s[3])) for s in slots])
         standby = self._idle.get(local_rank)
         if standby is not None:
             standby.map_slots(files)
@@ -323,7 +346,7 @@ class Standbys:
         next time. ``beside_workers``: the standbys preload at idle CPU priority (where they can leave it again),
         so that they never take a CPU from running workers; before the first attempt there are none to protect.
         ``quiet``: their sessions get the lowest CPU share, until :meth:`settled` (idle priority weighs only within a
-        session, where the kernel groups sessions: see :func:`~aelastic.agent.link.child.set_session_nice`), for
+        session, where the kernel groups sessions: see :func:`set_session_nice`), for
         standbys started while restarted workers restore their state; only where the agent has ``CAP_SYS_ADMIN``.
         """
         while self._handed:
