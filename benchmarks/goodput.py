@@ -72,9 +72,11 @@ def main():
     dist.init_process_group("gloo")
     rank, attempt = dist.get_rank(), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 
-    def record(event, **values):
-        with open(os.path.join(out, f"{event}-{attempt}-{rank}.json"), "w") as f:
+    def record(event, **values):  # renamed into place: a worker stopped while it writes leaves no empty record
+        path = os.path.join(out, f"{event}-{attempt}-{rank}.json")
+        with open(path + ".tmp", "w") as f:
             json.dump(values, f)
+        os.replace(path + ".tmp", path)
 
     state["step"] = -1
     if attempt == 0:  # the floor beside each save: the same bytes, the same moment (the other rank saving too)

@@ -22,6 +22,7 @@ import test_agent_e2e
 from test_agent_e2e import DEADLINE, Job, alive, common, processes_mentioning, wait_gone
 
 from aelastic import LaunchConfig, launch
+from aelastic.agent.prewarm.child import CAP_SYS_ADMIN, capable
 from aelastic.agent.prewarm.parent import PER_ATTEMPT, python_target
 
 pytestmark = [pytest.mark.anyio, pytest.mark.torch]
@@ -180,39 +181,59 @@ def session_nice():  # the CPU share of the worker's session, where the kernel g
     except OSError:
         return None
 
+def cap_sys_admin():  # the agent's, which may change a session's share at any moment
+    status = open("/proc/self/status").read()
+    return bool(int(status.split("CapEff:")[1].split()[0], 16) >> 21 & 1)
+
 def at_exit():
+    shares = [session_nice()]
+    if ATTEMPT == 0 and shares[0] is not None and cap_sys_admin():
+        # The agent lowers the share when it has the report (it may not have it yet) and gives it back a second
+        # later: every value it takes, until it is back. /proc has no event to await: a bounded poll.
+        deadline = time.time() + 20
+        while time.time() < deadline and not (19 in shares and shares[-1] == 0):
+            if session_nice() != shares[-1]:
+                shares.append(session_nice())
+            time.sleep(0.005)
     threads = [int(t) for t in os.listdir("/proc/self/task")]
-    report("teardown", attempt=ATTEMPT, nice=[os.getpriority(os.PRIO_PROCESS, t) for t in threads],
-           session=session_nice(), leader=os.getsid(0) == os.getpid())
+    report("teardown", attempt=ATTEMPT, policies=[os.sched_getscheduler(t) for t in threads], shares=shares,
+           leader=os.getsid(0) == os.getpid())
 
 atexit.register(at_exit)
 threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()  # a thread of the worker's own
-report("ran", attempt=ATTEMPT, standby=STANDBY, nice=os.getpriority(os.PRIO_PROCESS, 0))
+report("ran", attempt=ATTEMPT, standby=STANDBY, policy=os.sched_getscheduler(0))
 if ATTEMPT == 0:
-    raise RuntimeError("the failure whose teardown runs at nice 19")
+    raise RuntimeError("the failure whose teardown runs at idle priority")
 """
 )
 
 
-async def test_a_failed_workers_teardown_runs_whole_at_the_lowest_priority_once_reported(job: Job) -> None:
+async def test_a_failed_workers_teardown_runs_whole_at_idle_priority_its_session_at_the_lowest_share_for_a_while(
+    job: Job,
+) -> None:
     script = job.script("fail.py", TEARDOWN)
     agent = await job.agent("--standalone", "--prewarm", *common(1, "--max-restarts", "1"), script, job.out)
     assert await agent.wait() == 0, agent.output
-    ran = sorted((r["attempt"], r["standby"], r["nice"]) for r in job.records("ran"))
-    assert ran == [(0, True, 0), (1, True, 0)], agent.output
-    # The failure's atexit handler still ran, after the report, with every thread at nice 19; a success's at 0.
-    teardowns = sorted((r["attempt"], r["nice"]) for r in job.records("teardown"))
-    assert [attempt for attempt, _ in teardowns] == [0, 1], agent.output
-    (_, failed), (_, succeeded) = teardowns
-    assert len(failed) >= 2, teardowns
-    assert set(failed) == {19}, teardowns
-    assert set(succeeded) == {0}, teardowns
-    # Its session (each worker leads one) keeps its CPU share: until the process is gone its sockets stay open, and
-    # survivors blocked in a collective with it wait for them to close.
-    sessions = {r["attempt"]: (r["leader"], r["session"]) for r in job.records("teardown")}
-    if sessions[0][1] is not None:
-        assert sessions == {0: (True, 0), 1: (True, 0)}, sessions
-    assert "RuntimeError: the failure whose teardown runs at nice 19" in agent.output, agent.output
+    ran = sorted((r["attempt"], r["standby"], r["policy"]) for r in job.records("ran"))
+    assert ran == [(0, True, os.SCHED_OTHER), (1, True, os.SCHED_OTHER)], agent.output
+    # The failure's atexit handler still ran, after the report, with every thread under SCHED_IDLE; a success's not.
+    teardowns = {r["attempt"]: r for r in job.records("teardown")}
+    assert sorted(teardowns) == [0, 1], agent.output
+    failed, succeeded = teardowns[0], teardowns[1]
+    assert len(failed["policies"]) >= 2, failed
+    assert set(failed["policies"]) == {os.SCHED_IDLE}, failed
+    assert set(succeeded["policies"]) == {os.SCHED_OTHER}, succeeded
+    # Its session (each worker leads one) had the lowest CPU share while the next attempt started, and then had its
+    # share back before the process was gone: until then its sockets stay open, and survivors blocked in a
+    # collective with it wait for them to close. Only with CAP_SYS_ADMIN (the test's root), where sessions are
+    # grouped: the kernel takes one change per 0.1 s from others.
+    assert (failed["leader"], succeeded["leader"]) == (True, True), teardowns
+    if failed["shares"][0] is not None and capable(CAP_SYS_ADMIN):
+        assert failed["shares"] in ([0, 19, 0], [19, 0]), failed
+    else:
+        assert set(failed["shares"]) <= {0, None}, failed
+    assert succeeded["shares"] in ([0], [None]), succeeded
+    assert "RuntimeError: the failure whose teardown runs at idle priority" in agent.output, agent.output
 
 
 QUIET = (

@@ -74,6 +74,7 @@ from .logs import LogSpec, Std, WorkerLog, pump
 from .procfs import process_state, wait_channel
 from .reaper.parent import Reaper
 from .restart.parent import ABORT_GRACE, LOST_ABORT_GRACE, VICTIM_GRACE, RestartChannel
+from .shares import set_session_nice, shares_at_once
 from .spawn.parent import (
     ATTEMPT_VARIABLES,
     PipeReader,
@@ -92,6 +93,10 @@ __all__ = ["GroupOutcome", "Interrupt", "StopSignal", "Supervisor", "WorkerExit"
 logger = logging.getLogger(__name__)
 
 _LINGERING_NICE: Final = 19  # a worker that reported its end tears down at the lowest priority
+# ... and its session at the lowest CPU share (:mod:`.shares`) for this long: the next attempt's workers start and
+# restore their state meanwhile (here, at 1 GiB a rank: within 0.6 s of the report). Then the share is back: until
+# the process is gone its sockets stay open, and survivors blocked in a collective with it wait for them to close.
+QUIET_TEARDOWN: Final = 1.0
 # A SIGKILLed process normally ends within milliseconds; a large one's teardown (a GPU context, dirty pages) within
 # seconds. One still there after this long is held by the kernel (uninterruptible sleep on a dead mount or device).
 UNKILLABLE_TIMEOUT: Final = 30.0
@@ -243,7 +248,12 @@ class Supervisor:
             # Its teardown is nobody's wait any more: the next attempt's workers, starting now, go first.
             with suppress(OSError):
                 os.setpriority(os.PRIO_PGRP, worker.pid, _LINGERING_NICE)
+            quiet = shares_at_once() and set_session_nice(_LINGERING_NICE, worker.pid)
             with anyio.move_on_after(self.grace) as waited:
+                if quiet:
+                    with anyio.move_on_after(QUIET_TEARDOWN):
+                        await worker.process.wait()
+                    set_session_nice(0, worker.pid)
                 await worker.process.wait()
             if waited.cancelled_caught:
                 logger.warning(

@@ -15,11 +15,13 @@ leaves its answer behind, which the next request recognises by its id and drops.
 exception tells the agent its exit status (1) right after the traceback is printed, before the interpreter's
 teardown (which, with torch and its process groups loaded, takes about half a second): the agent starts the next
 attempt then, and reaps the old process when its teardown is over. Once the agent has the report, the teardown goes
-on at the lowest CPU priority (nice 19, every thread): it still runs whole (``atexit`` handlers, buffered output),
-and within its session it yields to the rest. Its session keeps its share (see
-:func:`aelastic.agent.prewarm.parent.set_session_nice`): until the
-process is gone its sockets stay open, and survivors blocked in a collective with it are released only when they
-close (measured beside ``stress-ng --cpu 2``: a teardown at the lowest share held a survivor past its 10 s grace).
+on under ``SCHED_IDLE`` (every thread): it still runs whole (``atexit`` handlers, buffered output), but a worker that
+wakes on its CPU takes it at once, and the kernel places a waking task on a CPU that runs only idle tasks as on an
+idle one (at nice 19 a restore beside it waited for it). Against other sessions only its session's share counts:
+the agent lowers that for the next attempt's start and gives it back a second later
+(:data:`aelastic.agent.processes.QUIET_TEARDOWN`), since survivors blocked in a collective with it are released only
+when its sockets close (measured beside ``stress-ng --cpu 2``: a teardown left at the lowest share held a survivor
+past its 10 s grace).
 
 Standard library only: this runs in the worker's interpreter.
 """
@@ -142,11 +144,12 @@ def report_exit(code: int) -> bool:
 
 
 def _yield_cpus() -> None:
-    """Nice 19 for every thread of this process (a nice value is per thread on Linux)."""
+    """``SCHED_IDLE`` for every thread of this process (a policy is per thread on Linux; lowering it needs no
+    privilege, and the process never leaves it)."""
     with contextlib.suppress(OSError):
         for tid in os.listdir("/proc/self/task"):
             with contextlib.suppress(OSError):  # the thread ended meanwhile
-                os.setpriority(os.PRIO_PROCESS, int(tid), 19)
+                os.sched_setscheduler(int(tid), os.SCHED_IDLE, os.sched_param(0))
 
 
 def _excepthook(previous: Any, kind: type[BaseException], value: BaseException, tb: types.TracebackType | None) -> None:

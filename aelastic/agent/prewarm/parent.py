@@ -31,7 +31,6 @@ environment differs in any of them from the attempt's is discarded and that work
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -51,6 +50,7 @@ from ...errors import ReaperError
 from ..finish.child import FINISH_FDS_ENV
 from ..link.child import LINK_ENV
 from ..reaper.parent import Reaper
+from ..shares import set_session_nice, shares_at_once
 from ..spawn.parent import ATTEMPT_VARIABLES, FdVar, WorkerCommand, spawn_process, wait_process
 from . import child as standby_child
 
@@ -64,35 +64,6 @@ PER_ATTEMPT: Final = ATTEMPT_VARIABLES | {FINISH_FDS_ENV, LINK_ENV}
 # Imported only where the workers' interpreter finds torch. torch._dynamo too: every optimizer's first construction
 # imports it (1.5 s on a 2-core machine, 70 MiB), which a restarted worker would otherwise pay before its first step.
 DEFAULT_PRELOAD: Final = ("torch", "torch._dynamo")
-
-
-def set_session_nice(nice: int, pid: int) -> bool:
-    """Give the session that ``pid`` leads the CPU share of a task at ``nice``; whether it
-    did.
-
-    Where the kernel groups each session's processes for the scheduler (``sched_autogroup_enabled``, the default of
-    most distributions), a nice value or ``SCHED_IDLE`` weighs only against the same session's processes, and the
-    agent starts each worker and standby as the leader of a session of its own: against the other workers only the
-    session's share counts (measured on 2 cores: a standby preloading under ``SCHED_IDLE`` took 0.1 s of CPU from a
-    restore beside it). Only a session's leader sets it (the session is then its own and its children's). Not
-    done: no autogroups, not the leader, or a change within 0.1 s of another, which the kernel refuses without
-    ``CAP_SYS_ADMIN``."""
-    target = pid
-    try:
-        if os.getsid(target) != target:
-            return False
-        with open(f"/proc/{target}/autogroup", "r+") as autogroup:  # "/autogroup-<id> nice <n>"
-            if autogroup.read().split()[-1] != str(nice):  # unchanged: no write to count against the 0.1 s
-                autogroup.write(str(nice))
-    except (OSError, IndexError):
-        return False
-    return True
-
-
-@functools.cache
-def _shares_at_once() -> bool:
-    """Whether the agent may change a session's CPU share at any moment (see :meth:`Standbys.refill`)."""
-    return standby_child.capable(standby_child.CAP_SYS_ADMIN)
 
 
 class PythonTarget(NamedTuple):
@@ -346,7 +317,7 @@ class Standbys:
         next time. ``beside_workers``: the standbys preload at idle CPU priority (where they can leave it again),
         so that they never take a CPU from running workers; before the first attempt there are none to protect.
         ``quiet``: their sessions get the lowest CPU share, until :meth:`settled` (idle priority weighs only within a
-        session, where the kernel groups sessions: see :func:`set_session_nice`), for
+        session, where the kernel groups sessions: see :mod:`aelastic.agent.shares`), for
         standbys started while restarted workers restore their state; only where the agent has ``CAP_SYS_ADMIN``.
         """
         while self._handed:
@@ -391,7 +362,7 @@ class Standbys:
             return
         # Only where the share can be given back at once: without CAP_SYS_ADMIN the kernel takes one change per
         # 0.1 s on the whole host, and a quiet standby handed an attempt would train at the lowest share.
-        standby.quiet = quiet and _shares_at_once() and set_session_nice(19, standby.popen.pid)
+        standby.quiet = quiet and shares_at_once() and set_session_nice(19, standby.popen.pid)
         self._idle[local_rank] = standby
         standby.warm(self._warm)
         if local_rank in self._slots:

@@ -1,0 +1,43 @@
+"""The CPU share of a session the agent started (each worker and standby leads one, as torchrun's do).
+
+Where the kernel groups each session's processes for the scheduler (``sched_autogroup_enabled``, the default of most
+distributions), a nice value or ``SCHED_IDLE`` weighs only against the same session's processes: against the other
+workers only the session's share counts (measured on 2 cores: a standby preloading under ``SCHED_IDLE``, and a
+failed worker's teardown under it, each took 0.1 s of CPU from a restore beside them). The agent lowers a session's
+share for a while, and gives it back, in two places: the standby it starts at once after a restart
+(:meth:`~aelastic.agent.prewarm.parent.Standbys.refill`) and a failed worker's teardown
+(:class:`~aelastic.agent.processes.Supervisor`). Only where the agent has ``CAP_SYS_ADMIN``: without it the kernel
+takes one change per 0.1 s on the whole host, and a share lowered could not be given back when it must be.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+__all__ = ["set_session_nice", "shares_at_once"]
+
+
+def set_session_nice(nice: int, pid: int) -> bool:
+    """Give the session that ``pid`` leads the CPU share of a task at ``nice``; whether it did.
+
+    Only a session's leader sets it (the session is then its own and its children's). Not done: no autogroups, not
+    the leader, the process gone, or a change within 0.1 s of another, which the kernel refuses without
+    ``CAP_SYS_ADMIN``."""
+    try:
+        if os.getsid(pid) != pid:
+            return False
+        with open(f"/proc/{pid}/autogroup", "r+") as autogroup:  # "/autogroup-<id> nice <n>"
+            if autogroup.read().split()[-1] != str(nice):  # unchanged: no write to count against the 0.1 s
+                autogroup.write(str(nice))
+    except (OSError, IndexError):
+        return False
+    return True
+
+
+@functools.cache
+def shares_at_once() -> bool:
+    """Whether the agent may change a session's CPU share at any moment (``CAP_SYS_ADMIN``)."""
+    from .prewarm.child import CAP_SYS_ADMIN, capable  # the standby's side reads capabilities too; standard library
+
+    return capable(CAP_SYS_ADMIN)
