@@ -8,13 +8,16 @@ awaited through pidfds.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
@@ -28,9 +31,11 @@ from helpers.procs import alive, wait_gone
 
 from aelastic.agent.callables.parent import bootstrap_args, read_result, write_payload
 from aelastic.agent.errors import ProcessFailure
+from aelastic.agent.link.child import AgentLink
 from aelastic.agent.logs import ConsoleSinks, LogSpec
 from aelastic.agent.processes import GroupOutcome, StopSignal, run_workers
 from aelastic.agent.reaper.parent import open_reaper
+from aelastic.agent.restart.child import RestartRequested, _Session
 from aelastic.agent.restart.parent import RestartChannel
 from aelastic.agent.spawn.parent import WorkerCommand
 
@@ -580,3 +585,85 @@ async def test_a_verdict_leaves_the_restart_channel_to_the_next_round_before_the
         assert verdicts == [{"verdict": "restart", "env": {"RANK": "1"}}]
     finally:
         channel.close()
+
+
+class _VerdictLink:
+    """The worker's link as the restart session uses it: every report of a call's end is answered "restart"."""
+
+    def request(self, op: str, **fields: object) -> tuple[dict[str, object], list[int]]:
+        assert op == "restart.raised", op
+        return {"verdict": "restart", "env": {}}, []
+
+
+class _Call(threading.Thread):
+    """One call of a restartable function in a thread of its own: it runs Python until told to end, and records the
+    abort raised into it; each ``tick`` it acknowledges shows that it ran Python since (a pending abort is raised
+    there)."""
+
+    def __init__(self, session: _Session) -> None:
+        super().__init__(daemon=True)
+        self.session = session
+        self.entered, self.tick, self.ticked, self.end = (threading.Event() for _ in range(4))
+        self.raised: list[BaseException] = []
+        self.start()
+        assert self.entered.wait(DEADLINE)
+
+    def run(self) -> None:
+        self.session.enter()
+        self.entered.set()
+        try:
+            while not self.end.is_set():
+                if self.tick.wait(0.001):
+                    self.tick.clear()
+                    self.ticked.set()
+        except RestartRequested as exc:
+            self.raised.append(exc)
+        finally:
+            self.session.leave()
+            self.ticked.set()
+
+    def ran_python(self) -> bool:
+        self.ticked.clear()
+        self.tick.set()
+        return self.ticked.wait(DEADLINE)
+
+
+def test_an_abort_the_worker_reads_after_its_call_reported_its_end_does_not_end_the_next_call() -> None:
+    """The agent aborts a survivor's call; the call ends by itself (its collective failed), is reported, and the
+    verdict starts the next call before the worker's listener reads the abort (a busy node). That abort must not end
+    the next call: its report ("aborted") would be one the agent never asked for, judged "fail" (the hundred-fault
+    job ran out of restarts beside stress-ng). An abort of the call that runs still ends it."""
+    channel = RestartChannel()
+    worker_end = socket.socket(fileno=channel.worker_fd)  # the worker's end, read here: the listener is held back
+    channel.worker_fd = -1
+    agent_side, listened = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    session = _Session(cast("AgentLink", _VerdictLink()), listened)
+
+    def abort(reason: str) -> tuple[str, float, int]:
+        channel.abort(reason, 2.0)
+        event = json.loads(worker_end.recv(1 << 16))
+        return event["reason"], event["grace"], event["verdicts"]
+
+    try:
+        first = _Call(session)
+        stale = abort("local rank 1 failed")
+        first.end.set()
+        first.join(DEADLINE)
+        assert first.raised == []
+        assert session.ask(RuntimeError("Connection closed by peer")) == {}
+        channel.take({"error": "RuntimeError: Connection closed by peer", "distributed": True, "aborted": False})
+        channel.decide({"verdict": "restart", "env": {}})
+
+        second = _Call(session)
+        session._abort(*stale)  # what the listener does with the abort it reads now
+        assert second.ran_python()
+        assert second.raised == []
+        session._abort(*abort("local rank 2 failed"))
+        second.join(DEADLINE)
+        assert [type(exc) for exc in second.raised] == [RestartRequested]
+        session.ask(second.raised[0])  # reported: the abort's timer finds it let go
+    finally:
+        channel.close()
+        worker_end.close()
+        agent_side.close()
+        listened.close()

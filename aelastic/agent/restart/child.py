@@ -129,6 +129,7 @@ class _Session:
         self.running: int | None = None  # the thread ident running the function
         self.calls = 0  # the function's calls so far
         self.asked = 0  # the last call whose end was reported to the agent
+        self.reports = 0  # the calls' ends reported to the agent, each answered by one verdict
         self.listener = threading.Thread(target=self._listen, name="aelastic-restart", daemon=True)
         self.listener.start()
 
@@ -142,13 +143,16 @@ class _Session:
                 return  # the agent is gone
             event = json.loads(data)
             if event.get("event") == "abort":
-                self._abort(str(event.get("reason", "")), float(event.get("grace", 10.0)))
+                self._abort(str(event.get("reason", "")), float(event.get("grace", 10.0)), int(event["verdicts"]))
 
-    def _abort(self, reason: str, grace: float) -> None:
+    def _abort(self, reason: str, grace: float, verdicts: int) -> None:
+        """End the call the agent gave ``verdicts`` verdicts before, if it runs."""
         with self.lock:
             ident = self.running
             if ident is None:
                 return  # between calls: the agent's word comes as the verdict
+            if verdicts != self.reports:
+                return  # an earlier call's, which reported its end by itself before this listener read the abort
             _raise_in(ident, RestartRequested)
             calls = self.calls
         # Half the grace later, a call that has not let go says where it is held, before the agent kills it.
@@ -187,6 +191,7 @@ class _Session:
         aborted = isinstance(exc, RestartRequested)
         with self.lock:
             self.asked = self.calls
+            self.reports += 1
         try:
             reply, _ = self.link.request("restart.raised", error=error, distributed=is_distributed_error(exc),
                                          aborted=aborted)  # fmt: skip

@@ -55,6 +55,7 @@ class RestartChannel:
         self.reported = anyio.Event()
         self.aborted = False
         self.grace = ABORT_GRACE  # how long the last abort lets it take to report
+        self.verdicts = 0  # given so far: an abort names the call it ends by it (see abort)
         self._pending = _Verdict()  # the verdict on the report pending (or the next one)
 
     def __repr__(self) -> str:
@@ -71,8 +72,11 @@ class RestartChannel:
         if self.aborted:
             return
         self.aborted, self.grace = True, grace
+        # The call it ends is the one after this many verdicts: a worker whose listener reads it only after it has
+        # reported that call's end by itself and started the next (a busy node) must not end the next one with it.
+        event = {"event": "abort", "reason": reason, "grace": grace, "verdicts": self.verdicts}
         with suppress(OSError):  # a full socket or a dead worker: it reports anyway, or its end is seen
-            self._socket.send(json.dumps({"event": "abort", "reason": reason, "grace": grace}).encode())
+            self._socket.send(json.dumps(event).encode())
 
     def take(self, report: Mapping[str, Any]) -> None:
         """The worker's report of its function's exception."""
@@ -85,6 +89,7 @@ class RestartChannel:
         of its own, though the worker's link may hand the verdict over only after that round has begun watching."""
         pending, self._pending = self._pending, _Verdict()
         self.report, self.reported, self.aborted = None, anyio.Event(), False
+        self.verdicts += 1
         pending.value = verdict
         pending.decided.set()
 
