@@ -35,7 +35,8 @@ Outside an agent (plain ``python``, torchrun), the function is called once, as w
 
 Protocol, over the worker's link (:mod:`aelastic.agent.link`): ``restart.register`` is answered with one fd, the
 worker's end of an events socket (``SOCK_SEQPACKET``, JSON messages: ``{"event": "abort", "reason": ..., "grace":
-seconds}``);
+seconds, "verdicts": n}``, which ends the call that follows the agent's n-th verdict: one read late, after that call
+reported its own end, is ignored);
 ``restart.raised`` (``error``, ``distributed``: whether it comes from a collective, ``aborted``: whether the agent
 asked for it) is answered once the agent has decided: ``{"verdict": "restart", "env": {...}}`` or ``{"verdict":
 "fail"}``.
