@@ -192,8 +192,9 @@ def at_exit():
         # later: every value it takes, until it is back. /proc has no event to await: a bounded poll.
         deadline = time.time() + 20
         while time.time() < deadline and not (19 in shares and shares[-1] == 0):
-            if session_nice() != shares[-1]:
-                shares.append(session_nice())
+            share = session_nice()
+            if share != shares[-1]:
+                shares.append(share)
             time.sleep(0.005)
     threads = [int(t) for t in os.listdir("/proc/self/task")]
     report("teardown", attempt=ATTEMPT, policies=[os.sched_getscheduler(t) for t in threads], shares=shares,
