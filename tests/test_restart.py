@@ -120,11 +120,25 @@ def test_outside_an_agent_the_function_runs_once(tmp_path: Path) -> None:
     assert "raised once [21, 1]" in torchrun.stdout
 
 
+async def test_a_survivor_asleep_is_woken_by_the_abort_and_keeps_its_process(job: Job) -> None:
+    """Rank 0 is in an hour's ``time.sleep`` (a step waiting on its data, on a device) when rank 1 fails at the same
+    step: the abort's signal ends the sleep, and rank 0 goes on in its process from the step before, as ranks 2 and 3
+    do; only rank 1 is replaced."""
+    await train(job, [[20, 0, "sleep"], [20, 1, "raise", 0]], 30, "--prewarm")  # rank 1 raises once rank 0 sleeps
+    records = starts(job)
+    first = {r["rank"]: r["pid"] for r in records if r["start"] == 0}
+    second = {r["rank"]: (r["pid"], r["call"], r["loaded"]["source"]) for r in records if r["start"] == 20}
+    assert second[1][0] != first[1]
+    for rank in (0, 2, 3):
+        assert second[rank] == (first[rank], 2, "memory"), (first, second)
+
+
 async def test_a_survivor_that_does_not_let_go_is_killed_and_replaced(job: Job) -> None:
-    """Rank 0 is in a C call that does not return (a long sleep: the abort's exception waits for it to return) when
-    rank 1 fails at the same step: rank 0 is killed once the abort's grace is over, and replaced; ranks 2 and 3 keep
-    their processes. Rank 1's replacement is started at once, not after rank 0's grace: it needs no survivor."""
-    schedule = [[20, 0, "sleep"], [20, 1, "raise", 0]]  # rank 1 raises once rank 0 sleeps
+    """Rank 0 is in a C call that no signal ends (a long sleep with the abort's wake signal blocked: the abort's
+    exception waits for it to return) when rank 1 fails at the same step: rank 0 is killed once the abort's grace is
+    over, and replaced; ranks 2 and 3 keep their processes. Rank 1's replacement is started at once, not after rank
+    0's grace: it needs no survivor."""
+    schedule = [[20, 0, "hold"], [20, 1, "raise", 0]]  # rank 1 raises once rank 0 is held
     await train(job, schedule, 30, env={"LOGLEVEL": "DEBUG"})
     agent_log = job.agents[0].output
     let_go = agent_log.index("did not let go of its round within 10 s of the abort: killing it and starting another")

@@ -494,7 +494,7 @@ class Supervisor:
         try:
             try:
                 # New workers first: a survivor lets go of its round when its thread next runs Python (a gloo
-                # collective or a sleep holds it until it returns), and a replacement's start-up (the script's
+                # collective holds it until it returns), and a replacement's start-up (the script's
                 # imports, its state's memory) needs no survivor.
                 survive = set(kept) if finish is None else set()
                 reassigned = [c for c in commands if c.local_rank in survive]

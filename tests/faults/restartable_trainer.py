@@ -3,10 +3,12 @@ restartable``), with an in-memory checkpoint every step, and faults injected on 
 
 argv: OUT. Environment (set on the agent, inherited): FAULTS_HOST names the host, FAULTS_STEP_PAUSE is the pause after
 each step, FAULTS_STEPS the steps to train, FAULTS_SCHEDULE the path of a JSON list of faults ``[step, rank, kind]``
-(kind: raise, kill, exit, sleep, busy; the step ``"go"``: the step ``OUT/go`` holds, or, if it is empty, the first step
-once it exists), each injected once in the whole job (a marker file, created exclusively, says it was), during its step:
-after the gradients' all-reduce, before the optimizer's step, so the other ranks complete the step and save it, and the
-job must restore the step before. A ``busy`` rank computes for FAULTS_BUSY seconds (default 20) and goes on. A ``stop``
+(kind: raise, kill, exit, sleep, hold, busy; the step ``"go"``: the step ``OUT/go`` holds, or, if it is empty, the
+first step once it exists), each injected once in the whole job (a marker file, created exclusively, says it was),
+during its step: after the gradients' all-reduce, before the optimizer's step, so the other ranks complete the step
+and save it, and the job must restore the step before. A ``sleep`` is an hour's ``time.sleep`` (a signal ends it: the
+agent's abort does); a ``hold`` the same with the abort's wake signal blocked (a C call that no signal ends). A
+``busy`` rank computes for FAULTS_BUSY seconds (default 20) and goes on. A ``stop``
 (a step every rank knows: a number, or "go" with the step in ``OUT/go``) happens inside a collective: every rank
 all-reduces 16 MiB at that step, and the faulting rank SIGSTOPs itself 10 ms into it. A fourth field, ``[step, rank,
 kind, index]``, holds the fault back until fault ``index`` has happened (its record exists): two ranks' faults at the
@@ -65,8 +67,10 @@ def fault(step: int, rank: int) -> None:
             raise RuntimeError(f"fault {index} at step {step}")
         if kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
-        if kind == "sleep":
-            time.sleep(3600)  # a C call that does not return: an exception raised into the thread waits for it
+        if kind == "hold":
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGURG})  # an exception raised into it waits for it
+        if kind in ("sleep", "hold"):
+            time.sleep(3600)
         if kind == "busy":
             until = time.monotonic() + BUSY
             while time.monotonic() < until:  # a long step: CPU time moves, the others wait in the collective

@@ -25,9 +25,11 @@ function's call ends with an exception, the wrapper tells the agent what it was 
 When the agent decides on a new round while the function runs (a failure elsewhere, a node joining), it sends an
 *abort* (with the seconds it has to let go) on the worker's events socket; a thread of the wrapper then aborts the
 process groups (NCCL: the blocked collective returns) and raises :class:`RestartRequested` into the function's
-thread, where it surfaces at the next Python bytecode (a thread blocked in C, e.g. in a gloo collective, sees it once
-that call returns: a gloo collective returns when the failed peer's connections close; the agent kills a peer that
-hangs). A worker still held halfway through its grace writes its threads' stacks to stderr (the worker's log) first.
+thread, where it surfaces at the next Python bytecode. A main thread blocked in a wait that a signal interrupts
+(``time.sleep``, a lock or a queue, ``select``: a step waiting on its data or on a device) is woken for it by
+:data:`WAKE_SIGNAL`; a thread blocked in C otherwise, e.g. in a gloo collective, sees it once that call returns (a
+gloo collective returns when the failed peer's connections close; the agent kills a peer that hangs). A worker
+still held halfway through its grace writes its threads' stacks to stderr (the worker's log) first.
 The function must allow being called again in the same process: it keeps no object of the old process group, and it
 loads its state at the top of each call (``aelastic.checkpoint.load``).
 
@@ -52,6 +54,7 @@ import functools
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
@@ -70,6 +73,12 @@ T = TypeVar("T")
 # What a collective's failure says when a peer went away (gloo's transport, NCCL's watchdog, torch's store).
 PEER_FAILURE_MARKERS: Final = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL", "gloo",
                          "ProcessGroup", "c10d", "Timed out", "timed out")  # fmt: skip
+
+
+# Sent to the main thread with an abort, to end a wait of the function's that a signal interrupts. Ignored by
+# default and seldom used (out-of-band socket data): one that arrives after the call ended, or finds no handler,
+# does nothing.
+WAKE_SIGNAL: Final = signal.SIGURG
 
 
 class RestartRequested(BaseException):
@@ -131,6 +140,7 @@ class _Session:
         self.calls = 0  # the function's calls so far
         self.asked = 0  # the last call whose end was reported to the agent
         self.reports = 0  # the calls' ends reported to the agent, each answered by one verdict
+        self.waking = False  # the main thread was sent WAKE_SIGNAL for the running call's abort
         self.listener = threading.Thread(target=self._listen, name="aelastic-restart", daemon=True)
         self.listener.start()
 
@@ -155,6 +165,9 @@ class _Session:
             if verdicts != self.reports:
                 return  # an earlier call's, which reported its end by itself before this listener read the abort
             _raise_in(ident, RestartRequested)
+            if ident == threading.main_thread().ident and signal.getsignal(WAKE_SIGNAL) is _wake:
+                self.waking = True
+                signal.pthread_kill(ident, WAKE_SIGNAL)
             calls = self.calls
         # Half the grace later, a call that has not let go says where it is held, before the agent kills it.
         timer = threading.Timer(grace / 2, self._report_held, args=(calls, reason, grace))
@@ -184,7 +197,7 @@ class _Session:
         with self.lock:
             if self.running is not None:
                 _raise_in(self.running, None)  # withdraw one that was not raised yet
-            self.running = None
+            self.running, self.waking = None, False
 
     def ask(self, exc: BaseException) -> dict[str, str] | None:
         """The agent's word on ``exc``: the new round's environment, or ``None`` (fail)."""
@@ -212,6 +225,17 @@ def _raise_in(ident: int, kind: type[BaseException] | None) -> None:
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), None if kind is None else ctypes.py_object(kind))
 
 
+def _wake(signum: int, frame: object) -> None:
+    """:data:`WAKE_SIGNAL`'s handler: ends the main thread's interrupted wait with the abort's exception. (Where the
+    interpreter checks for pending exceptions on entering a function, the one already raised into the thread surfaces
+    here first.) The lock is not taken: the handler may run while the main thread holds it."""
+    session = _session
+    if session is not None and session.waking:
+        session.waking = False
+        _raise_in(threading.get_ident(), None)
+        raise RestartRequested
+
+
 _session: _Session | None = None
 _session_lock = threading.Lock()
 
@@ -227,6 +251,9 @@ def _register(link: AgentLink) -> _Session | None:
                                "function once", exc)  # fmt: skip
                 return None
             _session = _Session(link, socket.socket(fileno=fds[0]))
+            if threading.current_thread() is threading.main_thread() and signal.getsignal(WAKE_SIGNAL) in (
+                signal.SIG_DFL, signal.SIG_IGN):  # fmt: skip
+                signal.signal(WAKE_SIGNAL, _wake)  # a handler of the program's own is left alone
         return _session
 
 
