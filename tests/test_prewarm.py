@@ -8,6 +8,7 @@ synchronise on report files and process exits; every process is killed at teardo
 
 from __future__ import annotations
 
+import datetime
 import os
 import re
 import shutil
@@ -280,6 +281,61 @@ async def test_a_standby_started_at_once_after_a_restart_preloads_at_its_session
     assert share == 19 or (share == 0 and settled in agent.output), (share, agent.output)
     await logged(agent, re.escape(settled))  # the settle's end: 3 s into the attempt
     assert session_nice(pid) == 0
+    (job.out / "go").touch()
+    assert await agent.wait() == 0, agent.output
+
+
+RESTORING = (
+    ORIGIN
+    + """
+import torch
+def asleep(pid):  # in recvmsg(2) (x86_64): a standby waiting for its attempt, its preload done
+    try:
+        return open(f"/proc/{pid}/syscall").read().split()[0] == "47"
+    except OSError:
+        return False
+
+import aelastic.checkpoint as ckpt
+
+state = {"weights": torch.zeros(1024)}
+report("ran", attempt=ATTEMPT, standby=STANDBY)
+if ATTEMPT == 0:
+    ckpt.save(state, step=0)
+    ready_to_crash()
+    while not [pid for pid in map(int, open(f"/proc/{os.getppid()}/task/{os.getppid()}/children").read().split())
+               if pid != os.getpid() and b"aelastic.agent.prewarm.child" in cmdline(pid) and asleep(pid)]:
+        time.sleep(0.01)  # until the next attempt's standby has preloaded: the restarted worker starts at once
+    raise RuntimeError("the fault")
+ckpt.load(into=state)
+time.sleep(1.0)  # the restore's moments, drawn out: a standby started at once would start in them
+report("saving", attempt=ATTEMPT)
+ckpt.save(state, step=1)
+while not os.path.exists(os.path.join(OUT, "go")):  # the test says when
+    time.sleep(0.01)
+"""
+)
+
+
+def logged_at(found: re.Match[str]) -> float:
+    """The time of the agent's log line whose ``[date time,ms]`` prefix ``found`` took as its groups 1 and 2."""
+    return datetime.datetime.strptime(found[1], "%Y-%m-%d %H:%M:%S").timestamp() + int(found[2]) / 1000
+
+
+async def test_a_standby_for_a_burst_of_faults_starts_once_the_restarted_workers_have_restored(job: Job) -> None:
+    # The restart restores from memory: the standby the agent starts for a burst of faults waits until the
+    # restarted worker has committed its first checkpoint of the attempt (it has restored and trained on), not to
+    # take a CPU from the restore while its worker waits on a peer; at the latest it starts at the settle.
+    script = job.script("restoring.py", RESTORING)
+    agent = await job.agent("--standalone", "--prewarm", *common(1, "--max-restarts", "1"), script, job.out,
+                            env={"LOGLEVEL": "DEBUG"})  # fmt: skip
+    saving = (await job.wait_records("saving", 1))[0]["time"]
+    stamp = r"\[([-\d]+ [:\d]+),(\d+)\][^\n]*"
+    restores = logged_at(await logged(agent, stamp + "this round restores step 0"))
+    started = await logged(agent, stamp + r"started \(pid (\d+), its session at the lowest CPU share\)")
+    # Before the worker's commit only where that came after the settle, 3 s into the attempt (a busy machine); at
+    # once, it would have started before both. The log's clock keeps milliseconds.
+    assert logged_at(started) >= min(saving, restores + 3.0) - 0.001, (saving, agent.output)
+    await logged(agent, re.escape(f"standby pid {started[3]}: its session back to a worker's CPU share"))
     (job.out / "go").touch()
     assert await agent.wait() == 0, agent.output
 

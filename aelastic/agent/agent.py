@@ -415,6 +415,7 @@ class ElasticAgent:
         dumper: StackDumper,
     ) -> tuple[GroupOutcome | None, str | None]:
         reason: str | None = None
+        keeper, ranks = self.checkpoints, [command.global_rank for command in commands]
 
         async def before_kill(survivors: Sequence[WorkerProcess]) -> None:
             for worker in survivors:
@@ -459,6 +460,7 @@ class ElasticAgent:
                 before_kill=before_kill,
                 started=self.recorder.spawned,
                 refill_after=_RESTART_SETTLE if self._attempt else 0.0,
+                restored=None if keeper is None else functools.partial(keeper.restored, ranks),
                 keep_on_failure=self.budget.failure_restart_left,
                 interrupt=changed,
             )

@@ -58,7 +58,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any, Final
 
@@ -465,15 +465,18 @@ class Supervisor:
         before_kill: WorkerHook | None = None,
         started: Callable[[Sequence[WorkerProcess]], None] | None = None,
         refill_after: float = 0.0,
+        restored: Callable[[], Awaitable[None]] | None = None,
         keep_on_failure: bool = False,
         interrupt: Interrupt | None = None,
     ) -> GroupOutcome:
-        """One attempt: the parameters and the result of :func:`run_workers` (which see), with three more:
+        """One attempt: the parameters and the result of :func:`run_workers` (which see), with four more:
 
         Args:
             refill_after: the seconds the workers run before the next attempt's standbys start (a restart's
                 workers start up, load their state and allocate their memory, the costliest moments of a
                 recovery, without them).
+            restored: returns once this attempt's workers have restored their state: where no standby is idle,
+                one starts then, before ``refill_after`` (for a burst of faults); at once where it is ``None``.
             keep_on_failure: a worker's failure ends the attempt and another follows (a failure restart is left):
                 the workers that registered for in-process restarts are aborted and kept for it instead of
                 stopped (:mod:`aelastic.agent.restart`); the others are stopped.
@@ -518,7 +521,7 @@ class Supervisor:
                 await self.stop([*workers, *kept.values()], self.requested, before_kill)
                 raise
             await self.stop(list(kept.values()), signal.SIGTERM)  # survivors of local ranks this attempt lacks
-            first_failure = await self._until_end(workers, finish, watch, before_kill, refill_after,
+            first_failure = await self._until_end(workers, finish, watch, before_kill, refill_after, restored,
                                                   keep_on_failure and finish is None, interrupt)  # fmt: skip
             for worker in workers:
                 if worker.reported:  # its traceback, written before its report, belongs in its stderr tail
@@ -532,14 +535,20 @@ class Supervisor:
             if finish is not None:
                 finish.close()
 
-    async def _refill(self, commands: Sequence[WorkerCommand], delay: float) -> None:
-        """The next attempt's standbys, ``delay`` seconds into this one; one at once when none is idle (faults in a
+    async def _refill(
+        self, commands: Sequence[WorkerCommand], delay: float, restored: Callable[[], Awaitable[None]] | None
+    ) -> None:
+        """The next attempt's standbys, ``delay`` seconds into this one; one sooner when none is idle (faults in a
         burst: an attempt shorter than the delay would otherwise leave the next replacement none, and it would
-        start cold, on the recovery's path, at the CPU's full price)."""
+        start cold, on the recovery's path, at the CPU's full price): once ``restored`` returns, at once without it."""
         assert self.standbys is not None
-        if delay and not self.standbys.statistics().idle:  # quiet while this attempt's workers start and restore
-            await self.standbys.refill(commands[:1], quiet=True)
-        await anyio.sleep(delay)
+        began = anyio.current_time()
+        if delay and not self.standbys.statistics().idle:
+            if restored is not None:  # quiet or not, a standby takes a CPU while the restorers wait on each other
+                with anyio.move_on_after(delay):
+                    await restored()
+            await self.standbys.refill(commands[:1], quiet=True)  # quiet while this attempt's workers start up
+        await anyio.sleep_until(began + delay)
         self.standbys.settled()
         await self.standbys.refill(commands)
 
@@ -550,6 +559,7 @@ class Supervisor:
         watch: WorkerHook | None,
         before_kill: WorkerHook | None,
         refill_after: float,
+        restored: Callable[[], Awaitable[None]] | None,
         keep_on_failure: bool,
         interrupt: Interrupt | None,
     ) -> Tracked | None:
@@ -584,7 +594,7 @@ class Supervisor:
                 if finish is not None:
                     waiters.start_soon(finish.serve)
                 if self.standbys is not None:  # the next attempt's, preloading while these run
-                    waiters.start_soon(self._refill, [w.command for w in workers], refill_after)
+                    waiters.start_soon(self._refill, [w.command for w in workers], refill_after, restored)
                 if interrupt is not None:
                     waiters.start_soon(wait_interrupt, interrupt.event, waiters.cancel_scope)
                 for worker in workers:

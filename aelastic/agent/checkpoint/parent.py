@@ -31,7 +31,7 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -149,6 +149,8 @@ class Keeper:
         # into each new memory file: the agent's standbys map them ahead of a replacement's restore.
         self.on_slots: Callable[[int, int, Sequence[tuple[int, int, int, int]]], None] | None = None
         self._announced: dict[int, tuple[tuple[int, int], ...]] = {}  # by rank: the slots on_slots was told
+        self._committed: set[int] = set()  # the ranks that committed a checkpoint in this round (see restored)
+        self._commits = anyio.Event()  # set at the next commit
 
     def __repr__(self) -> str:
         own = {r: [s.header.step for s in h.complete() if s.header] for r, h in sorted(self._own.items())}
@@ -209,6 +211,7 @@ class Keeper:
             replica.latest = replica.at(step) if step is not None else None
         self._fetches = {}
         self._holders = None
+        self._committed = set()
         for saved, endpoint in plan.fetch.items():
             self._fetches[saved] = (anyio.Event(), [])
             self._tg.start_soon(self._fetch, saved, endpoint, plan.step)
@@ -216,6 +219,12 @@ class Keeper:
             where = "the checkpoint directory" if plan.disk else "memory"
             logger.info("checkpoints: this round restores step %d (world %d) from %s%s", plan.step, plan.world,
                         where, f"; fetching ranks {sorted(plan.fetch)}" if plan.fetch else "")  # fmt: skip
+
+    async def restored(self, ranks: Collection[int]) -> None:
+        """Return once each of ``ranks`` has committed a checkpoint in this round, so has restored its state and
+        trained on (at once where the round restores nothing)."""
+        while self._plan.step is not None and not self._committed.issuperset(ranks):
+            await self._commits.wait()
 
     async def _fetch(self, saved: int, endpoint: str, step: int | None) -> None:
         done, errors = self._fetches[saved]
@@ -309,6 +318,9 @@ class Keeper:
                               f"committed (step {step}, {size} bytes)")  # fmt: skip
         rank.commit(slot, header, "memory")
         self._counts["saves"] += 1
+        self._committed.add(rank.rank)
+        self._commits.set()
+        self._commits = anyio.Event()
         if host > self._largest:
             self._largest = host
             if self.on_state_size is not None:
