@@ -547,7 +547,7 @@ class Supervisor:
             if restored is not None:  # quiet or not, a standby takes a CPU while the restorers wait on each other
                 with anyio.move_on_after(delay):
                     await restored()
-            await self.standbys.refill(commands[:1], quiet=True)  # quiet while this attempt's workers start up
+            await self.standbys.refill(commands[:1], quiet=True)  # quiet until the settle
         await anyio.sleep_until(began + delay)
         self.standbys.settled()
         await self.standbys.refill(commands)
