@@ -110,6 +110,8 @@ RECORDED = (
      "tests/faults` (samples accumulate over runs)"),
     ("slurm", "Slurm test cluster", "the real-Slurm tests, `pytest tests/slurm` and `AELASTIC_SLURM_TORCHRUN=1 "
      "pytest tests/slurm/test_node_loss.py` (torchrun in the same template; samples accumulate over runs)"),
+    ("cuda_checkpoint", "GPU checkpoints", "`python -m benchmarks.cuda_checkpoint --json "
+     "benchmarks/out/cuda_checkpoint.json` on a machine with a GPU (not in CI)"),
     ("soak", "Soak", "`python -m benchmarks.soak --minutes 10 --json benchmarks/out/soak.json` (not in CI)"),
     ("hang", "Hang detection", "`python -m benchmarks.hang --minutes 10 --json benchmarks/out/hang.json` (not in CI)"),
     ("store_fuzz", "Store fuzz campaign", "`python -m benchmarks.store_fuzz --minutes 10 --json "

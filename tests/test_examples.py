@@ -19,9 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import suppress
 from pathlib import Path
 
-import nbformat
 import pytest
-from nbclient import NotebookClient
 from test_agent_e2e import alive, free_port, kill_all_mentioning
 
 pytestmark = pytest.mark.torch
@@ -318,6 +316,9 @@ def test_orchestrator_time_budget_cancels_the_sweep(start: Start, script: str) -
 
 def test_notebook_runs_a_cell_function_on_two_workers() -> None:
     """The notebook in a real Jupyter kernel (the venv's "python3"), where an event loop already runs."""
+    import nbformat  # here: the other tests of this module run where Jupyter is not installed (tests/test_gpu.py)
+    from nbclient import NotebookClient
+
     notebook = nbformat.read(EXAMPLES / "notebook.ipynb", as_version=4)
     client = NotebookClient(notebook, kernel_name="python3", timeout=int(DEADLINE),
                             resources={"metadata": {"path": str(EXAMPLES)}})  # fmt: skip

@@ -53,17 +53,31 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--step-time", type=float, default=0.0, help="simulated compute seconds per step")
     parser.add_argument("--crash-at-step", type=int, default=None,
                         help="in the first attempt, the last rank SIGKILLs itself at this step")  # fmt: skip
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: train on the GPU of the worker's local rank (default: cpu)")  # fmt: skip
+    parser.add_argument("--backend", default="gloo", help="process group backend (default: gloo; nccl needs a GPU "
+                        "per worker)")  # fmt: skip
     return parser.parse_args()
+
+
+def local_device(kind: str) -> torch.device:
+    """The worker's device: with several GPUs, the one of its local rank (set as current, as NCCL needs)."""
+    if kind == "cpu":
+        return torch.device("cpu")
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
 
 
 @restartable
 def train(args: argparse.Namespace) -> None:
     """One round of training: called again, in this process, when another worker fails or the world changes."""
-    dist.init_process_group("gloo")
+    device = local_device(args.device)
+    dist.init_process_group(args.backend)
     rank, world_size = dist.get_rank(), dist.get_world_size()
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(FEATURES, 16), nn.Tanh(), nn.Linear(16, 1))
+    model = nn.Sequential(nn.Linear(FEATURES, 16), nn.Tanh(), nn.Linear(16, 1)).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     step = 0
     restored = ckpt.load(into={"model": model.state_dict()})  # the model's parameters, filled in place
@@ -75,7 +89,7 @@ def train(args: argparse.Namespace) -> None:
               f"{loaded and loaded.source} (restart {restart})", flush=True)  # fmt: skip
     else:
         print(f"rank {rank} of {world_size} (pid {os.getpid()}): starts", flush=True)
-    ddp = DistributedDataParallel(model)
+    ddp = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
 
     while step < args.steps:
         step += 1
@@ -83,7 +97,7 @@ def train(args: argparse.Namespace) -> None:
             print(f"rank {rank}: crashing at step {step} (SIGKILL)", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
         x, y = make_batch(step, args.batch_size)
-        x, y = x.tensor_split(world_size)[rank], y.tensor_split(world_size)[rank]
+        x, y = x.tensor_split(world_size)[rank].to(device), y.tensor_split(world_size)[rank].to(device)
         squared_error = ((ddp(x) - y) ** 2).sum() / args.batch_size
         optimizer.zero_grad()
         (squared_error * world_size).backward()  # DDP averages gradients over the ranks

@@ -48,6 +48,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--step-time", type=float, default=0.0, help="simulated compute seconds per step")
     parser.add_argument("--crash-at-step", type=int, default=None,
                         help="in the first attempt, the last rank SIGKILLs itself at this step")  # fmt: skip
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: train on the GPU of the worker's local rank (default: cpu)")  # fmt: skip
+    parser.add_argument("--backend", default="gloo", help="process group backend (default: gloo; nccl needs a GPU "
+                        "per worker)")  # fmt: skip
     args = parser.parse_args()
     if args.checkpoint is None:
         run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
@@ -71,19 +75,29 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def local_device(kind: str) -> torch.device:
+    """The worker's device: with several GPUs, the one of its local rank (set as current, as NCCL needs)."""
+    if kind == "cpu":
+        return torch.device("cpu")
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
+
+
 def main() -> None:
     args = parse_args()
-    dist.init_process_group("gloo")
+    device = local_device(args.device)
+    dist.init_process_group(args.backend)
     rank, world_size = dist.get_rank(), dist.get_world_size()
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
 
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(FEATURES, 16), nn.Tanh(), nn.Linear(16, 1))
+    model = nn.Sequential(nn.Linear(FEATURES, 16), nn.Tanh(), nn.Linear(16, 1)).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     step = 0
     if args.checkpoint.exists():
         # Every rank reads it before its first all-reduce, so rank 0 cannot overwrite it under a reader.
-        state = torch.load(args.checkpoint, weights_only=True)
+        state = torch.load(args.checkpoint, map_location=device, weights_only=True)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         step = state["step"]
@@ -91,7 +105,7 @@ def main() -> None:
               f"(restart {restart})", flush=True)  # fmt: skip
     else:
         print(f"rank {rank} of {world_size}: no checkpoint at {args.checkpoint}, starting at step 0", flush=True)
-    ddp = DistributedDataParallel(model)
+    ddp = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
 
     while step < args.steps:
         step += 1
@@ -101,7 +115,7 @@ def main() -> None:
                 print(f"rank {rank}: crashing at step {step} (SIGKILL)", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
         x, y = make_batch(step, args.batch_size)
-        x, y = x.tensor_split(world_size)[rank], y.tensor_split(world_size)[rank]
+        x, y = x.tensor_split(world_size)[rank].to(device), y.tensor_split(world_size)[rank].to(device)
         # This rank's share of the global mean: DDP averages gradients over ranks, so scale by the world size.
         squared_error = ((ddp(x) - y) ** 2).sum() / args.batch_size
         optimizer.zero_grad()
