@@ -239,8 +239,13 @@ def test_in_memory_checkpoints_lose_only_the_step_a_crash_interrupted(start: Sta
     """The README command: rank 1 SIGKILLs itself at step 25; both workers restore step 24 from their agent's memory
     (rank 0 in its own process: the function is restartable, only rank 1 is replaced) and the run prints the same
     steps, with the same losses, as a run without the crash."""
-    command = [AELASTIC, "run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--prewarm",
-               "examples/checkpoint/train.py"]  # fmt: skip
+    crash_at_25_restores_24(start, [AELASTIC, "run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+                                    "--prewarm", "examples/checkpoint/train.py"])  # fmt: skip
+
+
+def crash_at_25_restores_24(start: Start, command: list[str]) -> None:
+    """``command`` (examples/checkpoint on two workers) with and without ``--crash-at-step 25``: both ranks restore
+    step 24 from memory, rank 0 in its own process, and the two runs print the same steps with the same losses."""
     crashed = start(*command, "--crash-at-step", "25")
     assert crashed.wait() == 0, crashed.output
     clean = start(*command)

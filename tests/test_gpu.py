@@ -16,7 +16,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from test_examples import PREFIX, Start, resumed_lines, start, step_lines
+from test_examples import PREFIX, Start, crash_at_25_restores_24, resumed_lines, start, step_lines
 
 torch = pytest.importorskip("torch")
 
@@ -31,24 +31,8 @@ GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 def test_cuda_state_in_memory_checkpoints_loses_only_the_interrupted_step(start: Start) -> None:
     """examples/checkpoint on the GPU, two workers over gloo: rank 1 SIGKILLs itself at step 25; both restore step
     24 from their agent's memory onto the GPU (rank 0 in its own process), and the losses are a clean run's."""
-    command = [*AELASTIC, "run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--prewarm",
-               "examples/checkpoint/train.py", "--device", "cuda"]  # fmt: skip
-    crashed = start(*command, "--crash-at-step", "25")
-    assert crashed.wait() == 0, crashed.output
-    clean = start(*command)
-    assert clean.wait() == 0, clean.output
-    started = dict(re.findall(PREFIX + r"rank (\d) of 2 \(pid (\d+)\): starts$", crashed.output, re.M))
-    restored = re.findall(
-        PREFIX + r"rank (\d) of 2 \(pid (\d+)\): restored step (\d+) from (\w+) \(restart 1\)$", crashed.output, re.M
-    )
-    assert sorted((rank, step, source) for rank, _, step, source in restored) == [
-        ("0", "24", "memory"), ("1", "24", "memory")], crashed.output  # fmt: skip
-    pids = {rank: pid for rank, pid, _, _ in restored}
-    assert pids["0"] == started["0"], crashed.output
-    assert pids["1"] != started["1"], crashed.output
-    steps = step_lines(crashed.output)
-    assert [step for step, _, _ in steps] == [*range(1, 25), *range(25, 41)], crashed.output
-    assert steps == step_lines(clean.output)
+    crash_at_25_restores_24(start, [*AELASTIC, "run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+                                    "--prewarm", "examples/checkpoint/train.py", "--device", "cuda"])  # fmt: skip
 
 
 def test_an_nccl_job_resumes_after_a_worker_is_killed_mid_run(start: Start, tmp_path: Path) -> None:

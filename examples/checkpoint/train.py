@@ -60,19 +60,13 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def local_device(kind: str) -> torch.device:
-    """The worker's device: with several GPUs, the one of its local rank (set as current, as NCCL needs)."""
-    if kind == "cpu":
-        return torch.device("cpu")
-    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
-    torch.cuda.set_device(device)
-    return device
-
-
 @restartable
 def train(args: argparse.Namespace) -> None:
     """One round of training: called again, in this process, when another worker fails or the world changes."""
-    device = local_device(args.device)
+    device = torch.device("cpu")
+    if args.device == "cuda":  # the GPU of the worker's local rank, made current (as NCCL needs)
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
     dist.init_process_group(args.backend)
     rank, world_size = dist.get_rank(), dist.get_world_size()
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")

@@ -46,12 +46,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--checkpoint-every", type=int, default=5, help="checkpoint period in steps (default: 5)")
     parser.add_argument("--checkpoint", type=Path, default=None, help="checkpoint file (default: per run id)")
     parser.add_argument("--step-time", type=float, default=0.0, help="simulated compute seconds per step")
-    parser.add_argument("--crash-at-step", type=int, default=None,
-                        help="in the first attempt, the last rank SIGKILLs itself at this step")  # fmt: skip
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: train on the GPU of the worker's local rank (default: cpu)")  # fmt: skip
     parser.add_argument("--backend", default="gloo", help="process group backend (default: gloo; nccl needs a GPU "
                         "per worker)")  # fmt: skip
+    parser.add_argument("--crash-at-step", type=int, default=None,
+                        help="in the first attempt, the last rank SIGKILLs itself at this step")  # fmt: skip
     args = parser.parse_args()
     if args.checkpoint is None:
         run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
@@ -75,18 +75,12 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def local_device(kind: str) -> torch.device:
-    """The worker's device: with several GPUs, the one of its local rank (set as current, as NCCL needs)."""
-    if kind == "cpu":
-        return torch.device("cpu")
-    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
-    torch.cuda.set_device(device)
-    return device
-
-
 def main() -> None:
     args = parse_args()
-    device = local_device(args.device)
+    device = torch.device("cpu")
+    if args.device == "cuda":  # the GPU of the worker's local rank, made current (as NCCL needs)
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
     dist.init_process_group(args.backend)
     rank, world_size = dist.get_rank(), dist.get_world_size()
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
