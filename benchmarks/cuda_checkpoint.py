@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -91,10 +92,6 @@ def job(size: int, repeats: int) -> dict[str, Any]:
     return {**first, **second}
 
 
-def median(values: list[float]) -> float:
-    return sorted(values)[len(values) // 2]
-
-
 WHAT = {
     "save": "aelastic.checkpoint.save of a GPU state until it returns (each slot's first save apart), beside a "
     "copy_ of the same tensors into pinned host tensors, and torch.save of them to local disk (torch)",
@@ -136,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'MiB':>5} {'save':>7} {'raw':>7} {'ratio':>6} {'restore':>7} {'raw':>7} {'ratio':>6} {'1st save':>8} "
           f"{'1st rest':>8} {'to disk':>7}")  # fmt: skip
     for size, r in results.items():
-        save, restore = median(r["saves"][1:]), median(r["restores"][1:])
+        save, restore = statistics.median(r["saves"][2:]), statistics.median(r["restores"][1:])
         print(f"{size:>5} {save:>7.4f} {r['raw copy to pinned']:>7.4f} {save / r['raw copy to pinned']:>5.2f}x "
               f"{restore:>7.4f} {r['raw copy from pinned']:>7.4f} {restore / r['raw copy from pinned']:>5.2f}x "
               f"{r['saves'][0]:>8.4f} {r['restores'][0]:>8.4f} {r['torch.save to disk']:>7.4f}")  # fmt: skip

@@ -71,8 +71,7 @@ class Mapping:
             warnings.simplefilter("ignore", UserWarning)
             self.bytes: torch.Tensor | None = torch.frombuffer(self.mmap, dtype=torch.uint8)
         self.kept = False  # one of this process's slots (see _Client): it stays mapped after a read
-        self._pinned = False
-        self._pin_failed = False
+        self._pinned: bool | None = None  # registered with CUDA (None: not tried yet; False: it failed)
 
     @classmethod
     def open(cls, fd: int, size: int, *, shared: bool, writable: bool = False, populate: bool = False) -> Mapping:
@@ -92,16 +91,14 @@ class Mapping:
 
     def pin(self) -> bool:
         """Register the mapping with CUDA once, so that copies from devices into it are asynchronous DMA; whether it
-        is. (Measured on an H100 host: 0.17 s per 256 MiB, paid by a slot's first save; registering in a thread
-        of its own instead made that save slower still, its copies waiting on the registration.)"""
-        if not self._pinned and not self._pin_failed:
+        is. A slot's first save pays it (0.24 s per 256 MiB on an H100 host, ``benchmarks/cuda_checkpoint.py``)."""
+        if self._pinned is None:
             # Portable: pinned for every device's context, for a state spread over several GPUs.
             error = torch.cuda.cudart().cudaHostRegister(  # type: ignore[no-untyped-call]
                 self.tensor.data_ptr(), self.size, _CUDA_HOST_REGISTER_PORTABLE
             )
             self._pinned = error == torch.cuda.cudart().cudaError.success  # type: ignore[no-untyped-call]
-            self._pin_failed = not self._pinned
-            if self._pin_failed:  # the copies stay synchronous: slower, as correct
+            if not self._pinned:  # the copies stay synchronous: slower, as correct
                 logger.warning("aelastic.checkpoint: registering a slot with CUDA failed (%s)", error)
         return self._pinned
 
