@@ -66,6 +66,7 @@ out, system, size_mib, ckdir = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.a
 STEP, FAULT, STEPS, EVERY = $step, $fault, $steps, $every
 n = size_mib * 2**20 // 16
 state = {name: torch.zeros(n) for name in ("params", "exp_avg", "exp_avg_sq", "master")}  # kept across calls
+scratch = {}  # the floor's copies, kept too: freeing them is no part of a recovery
 
 def main():
     global state
@@ -80,7 +81,7 @@ def main():
 
     state["step"] = -1
     if attempt == 0:  # the floor beside each save: the same bytes, the same moment (the other rank saving too)
-        scratch = {name: torch.zeros(n) for name in ("params", "exp_avg", "exp_avg_sq", "master")}
+        scratch.update((name, torch.zeros(n)) for name in ("params", "exp_avg", "exp_avg_sq", "master"))
     path = os.path.join(ckdir, f"rank{rank}.pt")
     began = time.time()
     if system.startswith("aelastic"):

@@ -8,6 +8,7 @@ awaited through pidfds.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import re
@@ -34,6 +35,7 @@ from aelastic.agent.errors import ProcessFailure
 from aelastic.agent.link.child import AgentLink
 from aelastic.agent.logs import ConsoleSinks, LogSpec
 from aelastic.agent.processes import GroupOutcome, StopSignal, run_workers
+from aelastic.agent.procfs import dies_of, process_state
 from aelastic.agent.reaper.parent import open_reaper
 from aelastic.agent.restart.child import RestartRequested, _Session
 from aelastic.agent.restart.parent import RestartChannel
@@ -667,3 +669,47 @@ def test_an_abort_the_worker_reads_after_its_call_reported_its_end_does_not_end_
         worker_end.close()
         agent_side.close()
         listened.close()
+
+
+_PTRACE_SEIZE = 0x4206  # attaches without stopping the tracee: a debugger's, whose tracer sees signals first
+
+
+def test_proc_tells_which_signal_ends_a_process_on_delivery() -> None:
+    """A stop does not wait for a worker that a signal ends on delivery (its memory's teardown is the kernel's); one
+    that catches, ignores or blocks the signal, is stopped or traced, or has exited already is waited for."""
+    setups = {
+        "plain": "pass",
+        "catches": "signal.signal(signal.SIGTERM, lambda *a: None)",
+        "ignores": "signal.signal(signal.SIGTERM, signal.SIG_IGN)",
+        "blocks": "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})",
+        "stopped": "pass",
+        "traced": "pass",
+        "exited": "pass",
+    }
+    processes = {}
+    try:
+        for name, setup in setups.items():
+            code = f"import signal, sys, time\n{setup}\nprint('ready', flush=True)\n"
+            code += "sys.exit(3)" if name == "exited" else "time.sleep(120)"
+            processes[name] = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+        for process in processes.values():
+            assert process.stdout is not None
+            assert process.stdout.readline() == b"ready\n"
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+        assert libc.ptrace(_PTRACE_SEIZE, processes["traced"].pid, None, None) == 0, os.strerror(ctypes.get_errno())
+        os.kill(processes["stopped"].pid, signal.SIGSTOP)
+        os.waitid(os.P_PID, processes["stopped"].pid, os.WSTOPPED | os.WNOWAIT)
+        os.waitid(os.P_PID, processes["exited"].pid, os.WEXITED | os.WNOWAIT)  # a zombie, not reaped yet
+        assert process_state(processes["exited"].pid) == "Z"
+        ends = {name: dies_of(process.pid, signal.SIGTERM) for name, process in processes.items()}
+        assert ends == {"plain": True, "catches": False, "ignores": False, "blocks": False, "stopped": False,
+                        "traced": False, "exited": False}  # fmt: skip
+        assert dies_of(processes["catches"].pid, signal.SIGKILL)
+        assert not dies_of(processes["plain"].pid, signal.SIGINT)  # Python's own handler (KeyboardInterrupt)
+        assert not dies_of(processes["plain"].pid, signal.SIGCHLD)  # ignored by default
+    finally:
+        for process in processes.values():
+            process.kill()
+            process.wait()
+    assert not dies_of(processes["plain"].pid, signal.SIGKILL)  # gone

@@ -8,6 +8,7 @@ import json
 import random
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -149,3 +150,51 @@ async def test_a_survivor_that_does_not_let_go_is_killed_and_replaced(job: Job) 
     assert second[1] != first[1]
     assert (second[2], second[3]) == (first[2], first[3])
     assert agent_log.index(f"started worker local_rank 1 (pid {second[1]})") < let_go, agent_log[-5000:]
+
+
+# Rank 1 fails in its first attempt with an error of its own, its groups' release held until its replacement has
+# started (at most 120 s); rank 0 waits in a sleep, which the abort ends. Both then meet in a barrier.
+OWN_FAILURE = textwrap.dedent("""
+    import os, pathlib, sys, time
+    import torch.distributed as dist
+    import aelastic.agent.restart.child as restart
+    from aelastic.worker import restartable
+
+    out, rank, attempt = pathlib.Path(sys.argv[1]), os.environ["RANK"], os.environ["TORCHELASTIC_RESTART_COUNT"]
+    (out / f"started-{rank}-{attempt}").touch()
+    release = restart._teardown
+
+    def held_release():
+        for _ in range(1200):
+            if (out / "started-1-1").exists():
+                break
+            time.sleep(0.1)
+        (out / "released").write_text(str((out / "started-1-1").exists()))
+        release()
+
+    @restartable
+    def main():
+        dist.init_process_group("gloo")
+        if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+            if dist.get_rank() == 1:
+                restart._teardown = held_release
+                raise ValueError("its own failure")
+            time.sleep(3600)
+        dist.barrier()
+        dist.destroy_process_group()
+
+    main()
+""")
+
+
+async def test_a_workers_own_failure_is_reported_before_its_groups_are_released(job: Job) -> None:
+    """An error of the worker's own reaches the agent at once, and the replacement starts while the failed worker
+    releases its process groups (which its exit report, made where the worker is pre-warmed, then waits for): the
+    release is held here until the replacement has started, and would wait 120 s and say so had the report waited
+    for the release."""
+    script = job.tmp_path / "own_failure.py"
+    script.write_text(OWN_FAILURE)
+    agent = await job.agent("--standalone", *common(2, "--max-restarts", "1"), "--prewarm", script, job.out)
+    assert await agent.wait(DEADLINE) == 0, agent.output[-5000:]
+    assert (job.out / "released").read_text() == "True"
+    assert "[rank1]: ValueError: its own failure" in agent.output

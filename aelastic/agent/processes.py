@@ -11,13 +11,15 @@ run for it in the supervisor's task group: its *life* (``await`` its end: no pol
 (its pidfd), or it reports its exit status over its link before its interpreter's teardown (an uncaught exception:
 the teardown of torch and its process groups takes about half a second). A reported worker *lingers*: the agent
 moves on at once, and the worker's life lets the teardown run for up to ``grace`` before it kills the worker's group
-and reaps it. :meth:`Supervisor.stop` stops the workers given (never a lingering one) the way trio's
-``run_process`` stops a child: the stop signal to every worker's process group (``killpg``: also the groups whose
-leader already exited, so a worker's own children die too), wait up to ``grace`` for the leaders, SIGKILL to every
-group, reap every leader. The pumps are shielded, so what the workers wrote before dying reaches the logs; once the
-groups are dead the pipes reach end of file (a descendant that left its group and still holds a pipe is cut off
-after :data:`DRAIN_LIMIT`). Closing the supervisor stops every worker still running, under a shield, and waits for
-the lingering ones.
+and reaps it. :meth:`Supervisor.stop` stops the workers given (never a lingering one) the way trio's ``run_process``
+stops a child: the stop signal to every worker's process group (``killpg``: also the groups whose leader already
+exited, so a worker's own children die too), wait up to ``grace`` for the leaders, SIGKILL to every group, reap
+every leader. A leader that dies of the stop signal on delivery (it neither catches, ignores nor blocks it:
+``/proc``) has ended then, with that signal's status; it lingers too, while the kernel frees its memory (tens of
+milliseconds for a training process), and the rest of its stop runs in the background. The pumps are shielded, so
+what the workers wrote before dying reaches the logs; once the groups are dead the pipes reach end of file (a
+descendant that left its group and still holds a pipe is cut off after :data:`DRAIN_LIMIT`). Closing the supervisor
+stops every worker still running, under a shield, and waits for the lingering ones.
 
 :meth:`Supervisor.run` is one attempt: start every worker, wait until all exited 0, or the first failed, or a
 cancellation; stop the rest; return the outcome (or re-raise the cancellation). :func:`run_workers` is the same on
@@ -71,7 +73,7 @@ from .finish.parent import FinishLineServer
 from .forward.parent import RunningWorkers
 from .link.parent import LinkRefusal, LinkService
 from .logs import LogSpec, Std, WorkerLog, pump
-from .procfs import process_state, wait_channel
+from .procfs import dies_of, process_state, wait_channel
 from .reaper.parent import Reaper
 from .restart.parent import ABORT_GRACE, LOST_ABORT_GRACE, VICTIM_GRACE, RestartChannel
 from .shares import set_session_nice, shares_at_once
@@ -245,15 +247,8 @@ class Supervisor:
             if self.running is not None:
                 self.running.discard(worker.pid)  # ended, as far as signals forwarded to workers go
             worker.stopping = True
-            # Its teardown is nobody's wait any more: the next attempt's workers, starting now, go first.
-            with suppress(OSError):
-                os.setpriority(os.PRIO_PGRP, worker.pid, _LINGERING_NICE)
-            quiet = shares_at_once() and set_session_nice(_LINGERING_NICE, worker.pid)
             with anyio.move_on_after(self.grace) as waited:
-                if quiet:
-                    with anyio.move_on_after(QUIET_TEARDOWN):
-                        await worker.process.wait()
-                    set_session_nice(0, worker.pid)
+                await _quietly(worker, worker.process.wait)
                 await worker.process.wait()
             if waited.cancelled_caught:
                 logger.warning(
@@ -276,17 +271,36 @@ class Supervisor:
         self, workers: Sequence[Tracked], signum: signal.Signals, before_kill: WorkerHook | None = None
     ) -> None:
         """``signum`` to every group of ``workers`` (but lingering ones), wait up to ``grace`` for the leaders,
-        ``before_kill`` the survivors, KILL every group, reap, wait for their output, close them. Shielded."""
+        ``before_kill`` the survivors, KILL every group, reap, wait for their output, close them; those whose
+        leader dies of ``signum`` on delivery, in the background. Shielded."""
         targets = [w for w in workers if not w.stopping]
         for worker in targets:
             worker.stopping = True
         if not targets:
             return
         with anyio.CancelScope(shield=True):
+            # One that dies of the signal on delivery (it has no handler of its own: none of its code runs any more)
+            # has ended: the kernel's teardown of its memory, tens of milliseconds for a training process, is
+            # nobody's wait. The rest of its stop goes on in the background, as a lingering worker's does.
+            doomed = [w for w in targets if dies_of(w.pid, signum)]
             for worker in targets:
                 signal_group(worker.pid, signum)
+            for worker in doomed:
+                worker.observe(-signum, reported=False)
+                self._tg.start_soon(self._end, [worker], signum, None, True)
+            await self._end([w for w in targets if w not in doomed], signum, before_kill)
+
+    async def _end(
+        self, targets: Sequence[Tracked], signum: signal.Signals, before_kill: WorkerHook | None, quiet: bool = False
+    ) -> None:
+        """The rest of a stop, once ``targets`` are signalled (``quiet``: they linger); shielded."""
+        if not targets:
+            return
+        with anyio.CancelScope(shield=True):
             with anyio.move_on_after(self.grace) as waited:
                 for worker in targets:
+                    if quiet:
+                        await _quietly(worker, worker.reaped.wait)
                     await worker.reaped.wait()
             if waited.cancelled_caught:
                 survivors = [w for w in targets if w.running()]
@@ -423,10 +437,11 @@ class Supervisor:
         channel.decide({"verdict": "fail"})
 
     async def _wait_devices_released(self) -> None:
-        """Wait for the lingering workers that hold a GPU (their teardown frees its memory, which the next
-        attempt's workers will want) to end; the others tear down beside the next attempt."""
+        """Wait for the lingering workers (reported, or dying of a stop's signal) that hold a GPU (their teardown
+        frees its memory, which the next attempt's workers will want) to end; the others tear down beside the next
+        attempt."""
         for worker in list(self._workers):
-            if worker.reported and worker.running() and _holds_device(worker.pid):
+            if worker.ended.is_set() and worker.running() and _holds_device(worker.pid):
                 await worker.reaped.wait()  # at most the grace: then it is killed
         await anyio.lowlevel.checkpoint()
 
@@ -623,6 +638,18 @@ class Supervisor:
         if survivors:
             logger.info("keeping local ranks %s in their processes for the next round (%s)",
                         sorted(w.local_rank for w in survivors), reason)  # fmt: skip
+
+
+async def _quietly(worker: Tracked, ended: Callable[[], Awaitable[object]]) -> None:
+    """A lingering worker's teardown is nobody's wait any more: the next attempt's workers, starting now, go first.
+    Its session's share is lowered for :data:`QUIET_TEARDOWN` at most (``ended`` returns when it has ended), since
+    survivors blocked in a collective with it are released only when its sockets close."""
+    with suppress(OSError):
+        os.setpriority(os.PRIO_PGRP, worker.pid, _LINGERING_NICE)
+    if shares_at_once() and set_session_nice(_LINGERING_NICE, worker.pid):
+        with anyio.move_on_after(QUIET_TEARDOWN):
+            await ended()
+        set_session_nice(0, worker.pid)
 
 
 def _holds_device(pid: int) -> bool:

@@ -1,4 +1,5 @@
-"""What ``/proc`` says of a worker the agent supervises: its scheduler state and the CPU time of its process tree.
+"""What ``/proc`` says of a worker the agent supervises: its scheduler state, the CPU time of its process tree, and
+whether a signal kills it outright.
 
 Linux only, as the rest of supervision; a process that is gone reads as ``""`` and no time.
 """
@@ -6,12 +7,15 @@ Linux only, as the rest of supervision; a process that is gone reads as ``""`` a
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 from typing import Final, NamedTuple
 
-__all__ = ["ProcessTimes", "process_state", "tree_times", "wait_channel"]
+__all__ = ["ProcessTimes", "dies_of", "process_state", "tree_times", "wait_channel"]
 
 _TICK: Final = 1.0 / os.sysconf("SC_CLK_TCK")
+# The signals a stop sends whose default action ends the process (without a core dump).
+_TERMINATING: Final = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL})
 
 
 class ProcessTimes(NamedTuple):
@@ -73,3 +77,20 @@ def wait_channel(pid: int) -> str:
     """The kernel function ``pid`` sleeps in (``/proc/<pid>/wchan``), ``""`` if running, gone or not shown."""
     channel = _read(f"/proc/{pid}/wchan")
     return "" if channel == "0" else channel
+
+
+def dies_of(pid: int, signum: signal.Signals) -> bool:
+    """Whether ``signum`` ends process ``pid`` on delivery: its default action terminates; the process runs or
+    sleeps interruptibly (one stopped or in uninterruptible sleep takes it later, if ever; one that exited already
+    has a status of its own); no tracer may intercept it; and its main thread neither catches, ignores nor blocks
+    it."""
+    status = _read(f"/proc/{pid}/status")
+    fields = {key: value.strip() for key, _, value in (line.partition(":") for line in status.splitlines())}
+    if signum not in _TERMINATING or not fields.get("State", "").startswith(("R", "S")):
+        return False
+    if fields.get("TracerPid", "0") != "0":
+        return False
+    if signum == signal.SIGKILL:
+        return True
+    bit = 1 << (signum - 1)
+    return not any(int(fields.get(mask, "0"), 16) & bit for mask in ("SigBlk", "SigIgn", "SigCgt"))

@@ -35,7 +35,7 @@ import socket
 import sys
 import threading
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 __all__ = [
@@ -45,6 +45,7 @@ __all__ = [
     "AgentLink",
     "LinkRefused",
     "agent_link",
+    "before_yield",
     "install_exit_report",
     "report_exit",
 ]
@@ -73,9 +74,16 @@ class AgentLink:
         return f"<AgentLink fd={self._socket.fileno()}>"
 
     def request(
-        self, op: str, fds: Sequence[int] = (), *, timeout: float | None = None, **fields: Any
+        self,
+        op: str,
+        fds: Sequence[int] = (),
+        *,
+        timeout: float | None = None,
+        sent: Callable[[], None] | None = None,
+        **fields: Any,
     ) -> tuple[dict[str, Any], list[int]]:
-        """Send one request and return the agent's answer and the fds it passed.
+        """Send one request and return the agent's answer and the fds it passed; ``sent`` is called once the request
+        is on its way, before the answer is awaited.
 
         Raises:
             LinkRefused: the agent refused the request.
@@ -87,6 +95,8 @@ class AgentLink:
             ident = self._next_id
             self._socket.settimeout(timeout)
             socket.send_fds(self._socket, [json.dumps({"op": op, "id": ident, **fields}).encode()], list(fds))
+            if sent is not None:
+                sent()
             while True:
                 data, received, _, _ = socket.recv_fds(self._socket, MAX_MESSAGE, MAX_FDS)
                 if not data:
@@ -139,8 +149,20 @@ def report_exit(code: int) -> bool:
         link.request("exit", code=code, timeout=_EXIT_REPORT_TIMEOUT)
     except (OSError, LinkRefused):  # the agent learns of the exit from the kernel instead
         return False
+    finally:
+        while _before_yield:
+            _before_yield.pop()()
     _yield_cpus()
     return True
+
+
+_before_yield: list[Callable[[], None]] = []
+
+
+def before_yield(work: Callable[[], None]) -> None:
+    """Have :func:`report_exit` run ``work`` once the agent has the report, before the teardown yields the CPUs: work
+    that others wait for (a peer blocked in a collective waits for this worker's connections to close)."""
+    _before_yield.append(work)
 
 
 def _yield_cpus() -> None:

@@ -20,7 +20,9 @@ function's call ends with an exception, the wrapper tells the agent what it was 
   ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``MASTER_PORT`` of a fresh store, ``TORCHELASTIC_RESTART_COUNT``,
   ...) into ``os.environ``, and calls the function again, in the same process.
 * *fail*: the exception is this worker's own failure; the wrapper re-raises it: the process ends as it would have,
-  and the agent replaces it with a fresh one.
+  and the agent replaces it with a fresh one. Such an exception (neither an abort nor a collective's failure) is
+  reported before the groups are destroyed, by a thread meanwhile: the agent starts the next round at once, and the
+  worker's exit report (:mod:`aelastic.agent.link`) waits for that thread before the teardown yields its CPUs.
 
 When the agent decides on a new round while the function runs (a failure elsewhere, a node joining), it sends an
 *abort* (with the seconds it has to let go) on the worker's events socket; a thread of the wrapper then aborts the
@@ -62,7 +64,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any, Final, NamedTuple, TypeVar
 
-from ..link.child import AgentLink, LinkRefused, agent_link
+from ..link.child import AgentLink, LinkRefused, agent_link, before_yield
 
 __all__ = ["RestartRequested", "is_distributed_error", "restartable"]
 
@@ -199,16 +201,17 @@ class _Session:
                 _raise_in(self.running, None)  # withdraw one that was not raised yet
             self.running, self.waking = None, False
 
-    def ask(self, exc: BaseException) -> dict[str, str] | None:
-        """The agent's word on ``exc``: the new round's environment, or ``None`` (fail)."""
+    def ask(self, exc: BaseException, sent: Callable[[], None] | None = None) -> dict[str, str] | None:
+        """The agent's word on ``exc``: the new round's environment, or ``None`` (fail); ``sent`` is called once the
+        report is on its way."""
         error = f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}"[:4000]
         aborted = isinstance(exc, RestartRequested)
         with self.lock:
             self.asked = self.calls
             self.reports += 1
         try:
-            reply, _ = self.link.request("restart.raised", error=error, distributed=is_distributed_error(exc),
-                                         aborted=aborted)  # fmt: skip
+            reply, _ = self.link.request("restart.raised", sent=sent, error=error,
+                                         distributed=is_distributed_error(exc), aborted=aborted)  # fmt: skip
         except (OSError, LinkRefused) as failure:
             logger.warning("aelastic: no word from the agent on %s (%s): failing", error, failure)
             return None
@@ -275,17 +278,37 @@ def _call(session: _Session, fn: Callable[..., Any], args: Any, kwargs: Any) -> 
     except (KeyboardInterrupt, SystemExit):
         raise  # the agent stops the worker (SIGINT), or the function exits on purpose: not a restart
     except BaseException as exc:
-        # The groups go first: a peer blocked in a collective with this worker is released only when this worker's
-        # connections close, and the next round waits for that peer. gloo closes them when the group's last
-        # reference goes, and the finished frames of the traceback hold some (the collective's ``group``, the
-        # training code's objects): their locals are cleared (the traceback still prints as it would).
-        traceback.clear_frames(exc.__traceback__)
-        _teardown()
-        env = session.ask(exc)
-        if env is None:
-            raise
+        if isinstance(exc, RestartRequested) or is_distributed_error(exc):
+            # A survivor, or a victim of a failure elsewhere, lets go of its groups before it reports: the agent
+            # takes the report as the sign that it let go (one whose teardown hangs is killed after the grace).
+            _release(exc)
+            env = session.ask(exc)
+            if env is None:
+                raise
+        else:
+            # Its own failure, whose verdict is nearly always to fail: the agent hears of it at once and starts the
+            # next round while a thread releases the groups. If the verdict is to fail, the exit report (where the
+            # worker makes one) waits for that thread before the teardown yields the CPUs, since peers blocked with
+            # this worker wait for it; the interpreter's exit waits for it in any case (not a daemon).
+            releasing = threading.Thread(target=_release, args=(exc,), name="aelastic-release")
+            env = session.ask(exc, sent=releasing.start)
+            if releasing.ident is None:  # the report could not be sent
+                releasing.start()
+            if env is None:
+                before_yield(releasing.join)
+                raise
+            releasing.join()
         sys.excepthook = hook
         return env
+
+
+def _release(exc: BaseException) -> None:
+    """Close this worker's process groups: a peer blocked in a collective with it is released only when its
+    connections close, and the next round waits for that peer. gloo closes them when the group's last reference
+    goes, and the finished frames of the traceback hold some (the collective's ``group``, the training code's
+    objects): their locals are cleared (the traceback still prints as it would)."""
+    traceback.clear_frames(exc.__traceback__)
+    _teardown()
 
 
 def restartable(fn: Callable[..., T]) -> Callable[..., T]:
