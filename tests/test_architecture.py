@@ -298,6 +298,7 @@ GLOBAL_STATE = {
     ("aelastic.rendezvous.registry", "_entries"): "a registry by name: register_backend()",
     ("aelastic.rendezvous.api", "_warned_keys"): "a warning once per process and key",
     ("aelastic.agent.link.child", "_link"): "a worker's one link to its agent",
+    ("aelastic.agent.link.child", "_before_yield"): "a worker's work its exit report waits for: the process ends",
     ("aelastic.agent.restart.child", "_session"): "a worker's one restart session with its agent",
     ("aelastic.agent.timers.child", "_last_heartbeat"): "a worker's watchdog: when it last beat",
     ("aelastic.agent.checkpoint.child.api", "_clients"): "a worker's one checkpoint client per agent",
