@@ -94,7 +94,7 @@ __all__ = ["GroupOutcome", "Interrupt", "StopSignal", "Supervisor", "WorkerExit"
 
 logger = logging.getLogger(__name__)
 
-_LINGERING_NICE: Final = 19  # a worker that reported its end tears down at the lowest priority
+_LINGERING_NICE: Final = 19  # a lingering worker (reported, or dying of a stop's signal) at the lowest priority
 # ... and its session at the lowest CPU share (:mod:`.shares`) for this long: the next attempt's workers start and
 # restore their state meanwhile (here, at 1 GiB a rank: within about 0.5 s of the report). Then it is back: until
 # the process is gone its sockets stay open, and survivors blocked in a collective with it wait for them to close.
