@@ -39,16 +39,16 @@ from ._lazy import lazy_exports
 from .errors import CheckpointError
 
 if TYPE_CHECKING:
-    from .agent.checkpoint.child.api import LoadInfo, last_loaded, load, save
-    from .agent.checkpoint.child.dcp import StorageReader, StorageWriter
+    from .worker._checkpoint.api import LoadInfo, last_loaded, load, save
+    from .worker._checkpoint.dcp import StorageReader, StorageWriter
 
 _LAZY = {
-    "LoadInfo": "aelastic.agent.checkpoint.child.api",
-    "StorageReader": "aelastic.agent.checkpoint.child.dcp",
-    "StorageWriter": "aelastic.agent.checkpoint.child.dcp",
-    "last_loaded": "aelastic.agent.checkpoint.child.api",
-    "load": "aelastic.agent.checkpoint.child.api",
-    "save": "aelastic.agent.checkpoint.child.api",
+    "LoadInfo": "aelastic.worker._checkpoint.api",
+    "StorageReader": "aelastic.worker._checkpoint.dcp",
+    "StorageWriter": "aelastic.worker._checkpoint.dcp",
+    "last_loaded": "aelastic.worker._checkpoint.api",
+    "load": "aelastic.worker._checkpoint.api",
+    "save": "aelastic.worker._checkpoint.api",
 }
 
 __all__ = ["CheckpointError", "LoadInfo", "StorageReader", "StorageWriter", "last_loaded", "load", "save"]

@@ -21,13 +21,13 @@ from ._eventloop import run_options
 from ._groups import leaves, single_error
 from ._net import format_address
 from .agent.errors import ChildFailedError, propagate_root_cause
-from .agent.processes import UNKILLABLE_TIMEOUT
 from .config import DEFAULT_FORWARDED, DEFAULT_NODE_CHECK_SLOWDOWN, DEFAULT_SIGNALS, LIST_LIMIT
 from .config.command import RunCommand, resolve
 from .config.environ import export_run_environment, log_level
 from .config.limits import raise_open_file_limit
 from .config.sources import describe
 from .config.values import (
+    UNKILLABLE_TIMEOUT,
     comma_list,
     parse_log_level,
     parse_port,

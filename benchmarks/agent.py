@@ -218,7 +218,7 @@ def recovery_once(system: str, script: Path, crash: str = "exit") -> Recovery:
                 reaper = reaper or reaper_of(proc.pid)
                 if reaper is not None:
                     reaper_mib = max(reaper_mib, peak_rss_mib(reaper) or 0.0)
-            for pid in children_running(proc.pid, b"aelastic.agent.prewarm.child") if system == PREWARM else ():
+            for pid in children_running(proc.pid, b"aelastic.worker._standby") if system == PREWARM else ():
                 standbys[pid] = max(standbys.get(pid, 0.0), peak_rss_mib(pid) or 0.0)
             if (out / "ready").exists() and not (out / "go").exists() and steady(system, proc.pid, out):
                 (out / "go").touch()
@@ -250,7 +250,7 @@ def steady(system: str, agent: int, out: Path) -> bool:
     if system != PREWARM:
         return True
     workers = {int(p.name.split("-")[1]) for p in out.glob("pid-*")}
-    idle = [pid for pid in children_running(agent, b"aelastic.agent.prewarm.child") if pid not in workers]
+    idle = [pid for pid in children_running(agent, b"aelastic.worker._standby") if pid not in workers]
     try:
         return len(idle) == 2 and all(
             Path(f"/proc/{pid}/syscall").read_text().split()[0] == str(RECVMSG) for pid in idle

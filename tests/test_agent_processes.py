@@ -32,12 +32,12 @@ from helpers.procs import alive, wait_gone
 
 from aelastic.agent.callables.parent import bootstrap_args, read_result, write_payload
 from aelastic.agent.errors import ProcessFailure
-from aelastic.agent.link.child import AgentLink
+from aelastic.worker._link import AgentLink
 from aelastic.agent.logs import ConsoleSinks, LogSpec
 from aelastic.agent.processes import GroupOutcome, StopSignal, run_workers
 from aelastic.agent.procfs import dies_of, process_state
 from aelastic.agent.reaper.parent import open_reaper
-from aelastic.agent.restart.child import RestartRequested, _Session
+from aelastic.worker._restart import RestartRequested, _Session
 from aelastic.agent.restart.parent import RestartChannel
 from aelastic.agent.spawn.parent import WorkerCommand
 
@@ -177,7 +177,7 @@ async def test_a_worker_that_reports_its_exit_while_it_is_stopped_is_reaped_once
     sink = Sink()
     reporting = """
         import atexit, signal, time
-        from aelastic.agent.link.child import install_exit_report
+        from aelastic.worker._link import install_exit_report
         install_exit_report()
         def stopped(*_):
             raise RuntimeError("stopped")
@@ -574,7 +574,7 @@ async def test_a_verdict_leaves_the_restart_channel_to_the_next_round_before_the
     verdicts: list[dict[str, object]] = []
 
     async def link() -> None:  # the link's "restart.raised" service, as the supervisor's handle runs it
-        channel.take({"error": "aelastic.agent.restart.child.RestartRequested: ", "aborted": True})
+        channel.take({"error": "aelastic.worker._restart.RestartRequested: ", "aborted": True})
         verdicts.append(await channel.wait_verdict())
 
     try:

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import ast
 import importlib
+import json
 import re
+import subprocess
+import sys
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -237,8 +240,10 @@ WORKER_SIDE = {"aelastic.agent.errors": "record() runs in the worker and reads i
 
 
 def _child_side(module: str) -> bool:
+    """Code that runs in a worker's (or a helper's) interpreter: the worker package, the agent's helpers run by path,
+    the stack hook."""
     parts = module.split(".")
-    return "child" in parts or parts[-1] == "sitecustomize"
+    return parts[:2] == ["aelastic", "worker"] or "child" in parts or parts[-1] == "sitecustomize"
 
 
 def _environment_reads(module: str) -> Iterator[tuple[int, ast.expr]]:
@@ -297,13 +302,13 @@ GLOBAL_STATE = {
     ("aelastic.events", "_factories"): "a registry by name: register_event_handler()",
     ("aelastic.rendezvous.registry", "_entries"): "a registry by name: register_backend()",
     ("aelastic.rendezvous.api", "_warned_keys"): "a warning once per process and key",
-    ("aelastic.agent.link.child", "_link"): "a worker's one link to its agent",
-    ("aelastic.agent.link.child", "_before_yield"): "a worker's work its exit report waits for: the process ends",
-    ("aelastic.agent.restart.child", "_session"): "a worker's one restart session with its agent",
-    ("aelastic.agent.timers.child", "_last_heartbeat"): "a worker's watchdog: when it last beat",
-    ("aelastic.agent.checkpoint.child.api", "_clients"): "a worker's one checkpoint client per agent",
-    ("aelastic.agent.checkpoint.child.heap", "_warmed"): "a worker's heap, warmed by the standby it started in",
-    ("aelastic.agent.checkpoint.child.premapped", "_mapped"): "a worker's slots, mapped by the standby it started in",
+    ("aelastic.worker._link", "_link"): "a worker's one link to its agent",
+    ("aelastic.worker._link", "_before_yield"): "a worker's work its exit report waits for: the process ends",
+    ("aelastic.worker._restart", "_session"): "a worker's one restart session with its agent",
+    ("aelastic.worker._timers", "_last_heartbeat"): "a worker's watchdog: when it last beat",
+    ("aelastic.worker._checkpoint.api", "_clients"): "a worker's one checkpoint client per agent",
+    ("aelastic.worker._checkpoint.heap", "_warmed"): "a worker's heap, warmed by the standby it started in",
+    ("aelastic.worker._checkpoint.premapped", "_mapped"): "a worker's slots, mapped by the standby it started in",
 }
 _MUTATORS = frozenset(
     {"add", "append", "clear", "discard", "extend", "insert", "pop", "popitem", "remove", "setdefault", "update"}
@@ -401,3 +406,103 @@ def test_exceptions_live_in_errors_py() -> None:
     ]
     assert stray == []
     assert all(name in exported for _, name in PUBLIC_ELSEWHERE)
+
+
+# --- the agent never imports torch ----------------------------------------------------------------------------------
+
+HEAVY = frozenset({"torch", "numpy"})
+
+
+def _module_level_imports(module: str) -> Iterator[ast.Import | ast.ImportFrom]:
+    """The import statements that run when ``module`` is imported: at its top level and in the blocks there (a
+    class body, ``try``, ``if``), not in functions, nor under ``if TYPE_CHECKING``."""
+    todo: list[ast.stmt] = list(TREES[module].body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, ast.If) and ast.unparse(node.test) in {"TYPE_CHECKING", "typing.TYPE_CHECKING"}:
+            todo += node.orelse
+        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            todo += [child for child in ast.iter_child_nodes(node) if isinstance(child, ast.stmt)]
+            if isinstance(node, ast.Try):
+                todo += [stmt for handler in node.handlers for stmt in handler.body]
+
+
+def _loaded_at_import(module: str) -> tuple[set[str], set[str]]:
+    """(aelastic modules, other top-level modules) that importing ``module`` loads: its module-level imports, those
+    of the aelastic modules they load in turn, and each one's packages (``import a.b`` runs ``a/__init__.py``)."""
+    ours: set[str] = set()
+    others: set[str] = set()
+    todo = [module]
+    while todo:
+        current = todo.pop()
+        if current in ours:
+            continue
+        ours.add(current)
+        parent = current.rpartition(".")[0]
+        todo += [parent] if parent in MODULES else []  # a namespace package runs nothing
+        is_package = MODULES[current].name == "__init__.py"
+        for node in _module_level_imports(current):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif node.level:
+                base = current.split(".") if is_package else current.split(".")[:-1]
+                prefix = ".".join([*base[: len(base) - (node.level - 1)], *([node.module] if node.module else [])])
+                names = [f"{prefix}.{a.name}" if f"{prefix}.{a.name}" in MODULES else prefix for a in node.names]
+            else:
+                names = [node.module or ""]
+            for name in names:
+                if name.partition(".")[0] != "aelastic":
+                    others.add(name.partition(".")[0])
+                    continue
+                while name not in MODULES:
+                    name = name.rpartition(".")[0]
+                todo.append(name)
+    return ours, others
+
+
+AGENT_SIDE = sorted(m for m in MODULES if not _child_side(m))
+
+
+@pytest.mark.parametrize("module", AGENT_SIDE)
+def test_the_agent_side_never_imports_torch(module: str) -> None:
+    """No module outside ``aelastic/worker/`` (and the helpers run by path) imports torch or numpy when it is
+    imported, itself or through the aelastic modules and packages it imports at module level."""
+    ours, others = _loaded_at_import(module)
+    heavy = {m: sorted(_loaded_at_import(m)[1] & HEAVY) for m in ours if _loaded_at_import(m)[1] & HEAVY}
+    assert others & HEAVY == set(), f"{module} loads {sorted(others & HEAVY)} through {heavy}"
+
+
+def test_torch_imports_are_found() -> None:
+    """The scan above can fail: a module-level import is found, through a package too; one in a function or under
+    TYPE_CHECKING is not."""
+    TREES["aelastic.__probe__"] = ast.parse(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import numpy\ntry:\n    import torch\n"
+        "except ImportError:\n    pass\ndef f():\n    import scipy\n"
+    )
+    MODULES["aelastic.__probe__"] = PACKAGE / "__probe__.py"
+    try:
+        assert _loaded_at_import("aelastic.__probe__")[1] & {"numpy", "torch", "scipy"} == {"torch"}
+    finally:
+        del TREES["aelastic.__probe__"], MODULES["aelastic.__probe__"]
+    assert "torch" in _loaded_at_import("aelastic.worker._checkpoint.dcp")[1]
+
+
+def test_the_agent_process_loads_no_torch() -> None:
+    """The same, as the interpreter sees it: every agent-side module imported in one process, torch not loaded."""
+    code = (
+        "import importlib, json, sys\n"
+        f"for name in {[m for m in AGENT_SIDE if m != 'aelastic.__main__']!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(json.dumps(sorted(m for m in ('torch', 'numpy') if m in sys.modules)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == []
+
+
+def test_config_imports_nothing_of_the_agent() -> None:
+    """config/ checks values and hands them down; the agent imports its records, never the reverse."""
+    found = {m: sorted(t for t in EDGES[m] if _unit(t) == "agent") for m in MODULES if _unit(m) == "config"}
+    assert {m: ts for m, ts in found.items() if ts} == {}

@@ -144,14 +144,14 @@ def faults(allocate):
     return tensor, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 
 report("started", attempt=ATTEMPT, anonymous=anonymous_memory(),  # what a standby holds before any warming
-       api="aelastic.agent.checkpoint.child.api" in sys.modules)
+       api="aelastic.worker._checkpoint.api" in sys.modules)
 state, faulted = faults(lambda: {"params": torch.zeros(MIB * 2**20 // 4)})  # before any checkpoint call, as jobs do
 dist = init_gloo()
 restored, load_faulted = faults(lambda: ckpt.load(into=state))
 value = None if restored is None else state["params"][0].item()
 _, faulted_after = faults(lambda: torch.zeros(MIB * 2**20 // 4))  # load settled malloc: large blocks are mappings
 report("alloc", attempt=ATTEMPT, faulted=faulted, faulted_after=faulted_after, pages=PAGES, load_faulted=load_faulted,
-       standby=b"aelastic.agent.prewarm.child" in open("/proc/self/cmdline", "rb").read())
+       standby=b"aelastic.worker._standby" in open("/proc/self/cmdline", "rb").read())
 state["params"].add_(1)
 ckpt.save(state, step=ATTEMPT)
 report("saved", attempt=ATTEMPT)

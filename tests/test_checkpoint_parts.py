@@ -18,9 +18,9 @@ import numpy
 import pytest
 import torch
 
-from aelastic.agent.checkpoint.child import premapped
-from aelastic.agent.checkpoint.child.layout import ALIGN, DATA_OFFSET, Header, LayoutError, place
-from aelastic.agent.checkpoint.child.tree import StateError, flatten, unflatten
+from aelastic.worker._checkpoint import premapped
+from aelastic.worker._checkpoint.layout import ALIGN, DATA_OFFSET, Header, LayoutError, place
+from aelastic.worker._checkpoint.tree import StateError, flatten, unflatten
 from aelastic.agent.checkpoint.persist import (
     CopyStopped,
     file_name,
@@ -295,7 +295,7 @@ def test_a_stopped_copy_leaves_no_file(tmp_path: Path) -> None:
 WARMING = """
 import itertools, json, resource
 import torch
-from aelastic.agent.checkpoint.child import heap
+from aelastic.worker._checkpoint import heap
 
 def faults(size):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -1,11 +1,15 @@
-"""The child-side rule (stated once, in :mod:`aelastic.agent`'s docstring), enforced.
+"""The worker-side rule (stated once, in :mod:`aelastic.worker`'s docstring and ARCHITECTURE.md), enforced.
 
-Each feature package under ``aelastic/agent/`` keeps what runs in a worker or sidecar interpreter in its
-``child.py`` module or its ``child/`` directory. That code is standard library only and imports nothing of aelastic
-but its own feature's child side. Each child-side module is imported here in a bare interpreter (``python -I -S``:
-no site-packages, no environment, nothing of aelastic but what the test puts on ``sys.path``) and every module the
-import loaded is checked; the modules found by name, so a new child-side module is checked without being listed.
-The exceptions are declared in :data:`EXCEPTIONS`, each with its reason, and must stay true.
+Everything of aelastic that runs in a worker's interpreter (the training process, a standby, the node check's
+process) lives in ``aelastic/worker/``: standard library only, importing nothing of aelastic outside that package but
+its ancestors (``aelastic``, its lazy re-exports, the error tree). Each worker module is imported here in a bare
+interpreter (``python -I -S``: no site-packages, no environment, nothing of aelastic but what the test puts on
+``sys.path``) and every module the import loaded is checked; the modules are found by name, so a new one is checked
+without being listed. The third-party modules a worker module may import are declared in :data:`THIRD_PARTY`, each
+with its reason, and must stay true.
+
+The agent's helpers that run in a process of their own by path (the spawn shim, the reaper sidecar, the signal
+witness) and the stack hook (a start-up file on the worker's ``PYTHONPATH``) need nothing of aelastic at all.
 """
 
 from __future__ import annotations
@@ -22,45 +26,26 @@ from pathlib import Path
 import pytest
 
 import aelastic.agent
+import aelastic.worker
 
 AGENT_DIR = Path(aelastic.agent.__file__).parent
+WORKER_DIR = Path(aelastic.worker.__file__).parent
 SOURCE_ROOT = AGENT_DIR.parent.parent  # the directory that holds the aelastic package
 
-# The cross-process features; each must keep a child side (discovery below finds any other too).
-FEATURES = {"callables", "checkpoint", "finish", "forward", "link", "nodecheck", "prewarm", "reaper", "restart",
-            "spawn", "stacks", "timers"}  # fmt: skip
-
-# (child-side module, module it may import besides the rule) -> why.
-EXCEPTIONS = {
-    ("aelastic.agent.callables.child", "cloudpickle"): "the payload's format (functions of __main__ by value)",
-    ("aelastic.agent.callables.child", "aelastic.agent.errors"): "record(): the error file torch's agent reads",
-    ("aelastic.agent.callables.child", "aelastic.agent.finish.child"): "callable workers finish together",
-    ("aelastic.agent.timers.child", "aelastic.errors"): "TimerServerUnavailableError lives in the one error tree",
-    ("aelastic.agent.prewarm.child", "aelastic.agent.link.child"): "a standby reports its worker's failure over the "
-    "worker's link before the interpreter's teardown",
-    ("aelastic.agent.prewarm.child", "aelastic.agent.checkpoint.child.heap"): "a standby warms its heap for the "
-    "state its worker will allocate and checkpoint",
-    ("aelastic.agent.prewarm.child", "aelastic.agent.checkpoint.child.premapped"): "a standby maps the slots its "
-    "worker will restore from",
-    ("aelastic.agent.checkpoint.child.api", "torch"): "the worker's own torch: a checkpoint is the state's tensors",
-    ("aelastic.agent.checkpoint.child.api", "aelastic.errors"): "CheckpointError lives in the one error tree",
-    ("aelastic.agent.checkpoint.child.api", "aelastic.agent.link.child"): "save and load ask the agent over the "
-    "worker's link",
-    ("aelastic.agent.checkpoint.child.tree", "torch"): "the worker's own torch: a state is tensors",
-    ("aelastic.agent.checkpoint.child.dcp", "torch"): "torch.distributed.checkpoint's storage classes",
-    ("aelastic.agent.checkpoint.child.dcp", "aelastic.errors"): "CheckpointError lives in the one error tree",
-    ("aelastic.agent.restart.child", "aelastic.agent.link.child"): "a restartable worker registers, and reports its "
-    "exception, over the worker's link",
-    ("aelastic.agent.nodecheck.child", "torch"): "the check is torch's: a matmul on the node's device, gloo's "
-    "all-reduces",
+# (worker module, third-party module it imports) -> why.
+THIRD_PARTY = {
+    ("aelastic.worker._callables", "cloudpickle"): "the payload's format (functions of __main__ by value)",
+    ("aelastic.worker._checkpoint.api", "torch"): "the worker's own torch: a checkpoint is the state's tensors",
+    ("aelastic.worker._checkpoint.tree", "torch"): "the worker's own torch: a state is tensors",
+    ("aelastic.worker._checkpoint.dcp", "torch"): "torch.distributed.checkpoint's storage classes",
+    ("aelastic.worker._nodecheck", "torch"): "the check is torch's: a matmul on the node's device, gloo's all-reduces",
 }
 
-# What ``python -m aelastic.agent.<feature>.child`` imports on the way down before the module itself: the
-# packages, and what aelastic/__init__.py and aelastic/agent/__init__.py import. Kept standard library only.
-ANCESTORS = {"aelastic", "aelastic._lazy", "aelastic.errors", "aelastic.agent"}
+# What importing ``aelastic.worker`` loads of aelastic: the packages, and what their __init__s import.
+ANCESTORS = {"aelastic", "aelastic._lazy", "aelastic.errors", "aelastic.worker"}
 
-# The child sides the agent runs by path (``python -I -S <file>``): nothing of aelastic is importable there at all.
-BY_PATH = {"forward", "reaper", "spawn"}
+# The agent's helpers run by path (``python -I -S <file>``): nothing of aelastic is importable there at all.
+BY_PATH = ["forward", "reaper", "spawn"]
 
 PROBE = """
 import importlib, json, sys
@@ -73,26 +58,13 @@ print(json.dumps(loaded))
 """
 
 
-def features() -> list[str]:
-    return sorted(d.name for d in AGENT_DIR.iterdir() if (d / "__init__.py").is_file())
-
-
-def child_modules() -> list[tuple[str, str]]:
-    """(feature, module name) of every ``child.py``, and of every module of a ``child/`` package."""
-    modules = [(f, f"aelastic.agent.{f}.child") for f in features() if (AGENT_DIR / f / "child.py").is_file()]
-    for f in features():
-        package = AGENT_DIR / f / "child"
-        if (package / "__init__.py").is_file():
-            modules += [(f, f"aelastic.agent.{f}.child.{p.stem}") for p in sorted(package.glob("*.py"))
-                        if p.stem != "__init__"]  # fmt: skip
-    return modules
-
-
-def child_files() -> list[tuple[str, Path]]:
-    """(feature, file) of every file under a ``child/`` directory that is not a package: each is imported as a
-    top-level module from its directory (as the stack hook is, from the worker's ``PYTHONPATH``)."""
-    return [(f, path) for f in features() if not (AGENT_DIR / f / "child" / "__init__.py").is_file()
-            for path in sorted((AGENT_DIR / f / "child").glob("*.py"))]  # fmt: skip
+def worker_modules() -> list[str]:
+    """Every module of ``aelastic/worker/``, packages included."""
+    names = []
+    for path in sorted(WORKER_DIR.rglob("*.py")):
+        parts = path.relative_to(SOURCE_ROOT).with_suffix("").parts
+        names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
 
 
 def probe(path: list[str], imports: list[str], env: dict[str, str] | None = None, **kwargs: object) -> list[str]:
@@ -119,56 +91,54 @@ def location(module: str) -> str:
 
 
 def imported_by(module: str) -> set[str]:
-    """The modules that ``module``'s import statements name (relative ones resolved), from its source."""
-    path = SOURCE_ROOT.joinpath(*module.split(".")).with_suffix(".py")
-    package = module.rpartition(".")[0]
+    """The top-level names of the modules that ``module``'s import statements name outside aelastic."""
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin is not None, module
     names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(ast.parse(Path(spec.origin).read_text())):
         if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = importlib.util.resolve_name("." * node.level + (node.module or ""), package) if node.level else ""
-            names.add(base or node.module or "")
+            names.update(alias.name.partition(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module.partition(".")[0])
     return names
 
 
-def test_every_feature_keeps_its_child_side() -> None:
-    with_child = {f for f, _ in child_modules()} | {f for f, _ in child_files()}
-    assert with_child >= FEATURES, FEATURES - with_child
+def test_the_worker_modules_are_found() -> None:
+    modules = worker_modules()
+    assert {"aelastic.worker", "aelastic.worker._link", "aelastic.worker._checkpoint.api"} <= set(modules)
+    assert {m for m, _ in THIRD_PARTY} <= set(modules), "a declaration names a module that is gone"
 
 
-@pytest.mark.parametrize("feature", features())
-def test_a_feature_package_is_standard_library_only(feature: str) -> None:
-    """``python -m`` of a child side imports its package first: nothing of aelastic but the ancestors."""
-    loaded = probe([str(SOURCE_ROOT)], [f"aelastic.agent.{feature}"])
-    aelastic = {m for m in loaded if m.partition(".")[0] == "aelastic"}
-    assert aelastic <= ANCESTORS | {f"aelastic.agent.{feature}"}, aelastic
-    assert all(is_stdlib(m) for m in set(loaded) - aelastic), sorted(set(loaded) - aelastic)
-
-
-@pytest.mark.parametrize(("feature", "module"), child_modules())
-def test_a_child_module_imports_only_the_standard_library_and_its_own_child_side(feature: str, module: str) -> None:
-    declared = {imported: why for (child, imported), why in EXCEPTIONS.items() if child == module}
-    # What the feature's other child modules may import, this one may import through them.
-    permitted = {imported for (child, imported) in EXCEPTIONS if child.startswith(f"aelastic.agent.{feature}.child")}
-    third_party = sorted({location(m) for m in permitted if m.partition(".")[0] != "aelastic"})
-    loaded = probe([str(SOURCE_ROOT), *third_party], [f"aelastic.agent.{feature}", module])
+@pytest.mark.parametrize("module", worker_modules())
+def test_a_worker_module_imports_only_the_standard_library_and_the_worker_package(module: str) -> None:
+    declared = {imported for (worker, imported) in THIRD_PARTY if worker == module}
+    # What the worker modules it imports may import, this one loads through them.
+    loaded = probe([str(SOURCE_ROOT), *sorted({location(m) for (_, m) in THIRD_PARTY})], ["aelastic.worker", module])
+    reached = {m for m in loaded if m.startswith("aelastic.")} | {module}
+    permitted = {imported for (worker, imported) in THIRD_PARTY if worker in reached}
 
     def allowed(name: str) -> bool:
-        if name == module or name.startswith(f"aelastic.agent.{feature}.child"):
+        if name.partition(".")[0] == "aelastic":
+            return name in ANCESTORS or name.startswith("aelastic.worker.")
+        if is_stdlib(name):
             return True
-        if "torch" in permitted and name.partition(".")[0] != "aelastic":
-            return True  # the worker's torch, and what torch imports
-        if any(name == d or name.startswith(f"{d}.") or d.startswith(f"{name}.") for d in permitted):
-            return True  # a declared module, one of its submodules or its package
-        return name.partition(".")[0] != "aelastic" and is_stdlib(name)
+        # A declared package, and (for torch) what it imports in turn.
+        return bool(permitted) and ("torch" in permitted or name.partition(".")[0] in permitted)
 
     assert [m for m in loaded if not allowed(m)] == []
-    assert set(declared) <= imported_by(module), f"stale exceptions: {set(declared) - imported_by(module)}"
+    assert declared <= imported_by(module), f"stale declarations: {declared - imported_by(module)}"
 
 
-@pytest.mark.parametrize("feature", sorted(BY_PATH))
-def test_a_child_run_by_path_needs_nothing_of_aelastic(feature: str) -> None:
+def test_the_worker_package_imports_nothing_on_its_own() -> None:
+    """``import aelastic.worker`` (and ``python -m`` of a worker module, which imports it first) loads only the
+    ancestors: each worker module pays for what it imports itself."""
+    loaded = probe([str(SOURCE_ROOT)], ["aelastic.worker"])
+    assert {m for m in loaded if m.partition(".")[0] == "aelastic"} == ANCESTORS
+    assert all(is_stdlib(m) for m in loaded if m.partition(".")[0] != "aelastic")
+
+
+@pytest.mark.parametrize("feature", BY_PATH)
+def test_a_helper_run_by_path_needs_nothing_of_aelastic(feature: str) -> None:
     """Loaded by path (not run: ``__name__`` is not ``"__main__"``) with nothing of aelastic importable."""
     code = (
         "import json, runpy, sys; before = set(sys.modules); "
@@ -180,10 +150,10 @@ def test_a_child_run_by_path_needs_nothing_of_aelastic(feature: str) -> None:
     assert [m for m in json.loads(out.stdout) if not is_stdlib(m)] == []
 
 
-@pytest.mark.parametrize(("feature", "path"), child_files())
-def test_a_child_hook_imports_only_the_standard_library(feature: str, path: Path) -> None:
-    """Imported as a top-level module from its directory; the stack hook armed (as in a worker), so the imports it
-    makes then are checked too."""
+def test_the_stack_hook_imports_only_the_standard_library() -> None:
+    """Imported as the top-level module ``sitecustomize`` from its directory, armed (as in a worker), so the imports
+    it makes then are checked too."""
+    path = AGENT_DIR / "stacks" / "child" / "sitecustomize.py"
     read_end, write_end = os.pipe()
     try:
         env = {"AELASTIC_STACKS": f"{os.getpid()}:{write_end}:{int(signal.SIGRTMIN) + 5}"}
@@ -198,5 +168,4 @@ def test_a_child_hook_imports_only_the_standard_library(feature: str, path: Path
             if fd >= 0:
                 os.close(fd)
     assert [m for m in loaded if m != path.stem and not is_stdlib(m)] == []
-    if path.name == "sitecustomize.py":
-        assert armed == b"armed\n"
+    assert armed == b"armed\n"

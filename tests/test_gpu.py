@@ -74,7 +74,7 @@ def test_an_nccl_job_restores_its_cuda_state_from_memory(start: Start) -> None:
 
 ABORT_AND_AGAIN = textwrap.dedent("""
     import sys, torch, torch.distributed as dist
-    from aelastic.agent.restart.child import _teardown
+    from aelastic.worker._restart import _teardown
 
     torch.cuda.set_device(0)
     for round in range(3):

@@ -23,7 +23,7 @@ import test_agent_e2e
 from test_agent_e2e import DEADLINE, Job, alive, common, processes_mentioning, wait_gone
 
 from aelastic import LaunchConfig, launch
-from aelastic.agent.prewarm.child import CAP_SYS_ADMIN, capable
+from aelastic.worker._standby import CAP_SYS_ADMIN, capable
 from aelastic.agent.prewarm.parent import PER_ATTEMPT, python_target
 
 pytestmark = [pytest.mark.anyio, pytest.mark.torch]
@@ -33,7 +33,7 @@ job = test_agent_e2e.job
 # Appended to test_agent_e2e.REPORT: what a worker knows about how it was started.
 ORIGIN = """
 import glob
-STANDBY = b"aelastic.agent.prewarm.child" in open("/proc/self/cmdline", "rb").read()
+STANDBY = b"aelastic.worker._standby" in open("/proc/self/cmdline", "rb").read()
 ATTEMPT = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 
 def ready_to_crash():
@@ -46,7 +46,7 @@ def ready_to_crash():
         workers = {r["pid"] for r in records if r["attempt"] == ATTEMPT}
         children = {int(pid) for task in os.listdir(f"/proc/{agent}/task")
                     for pid in open(f"/proc/{agent}/task/{task}/children").read().split()}
-        standbys = [pid for pid in children - workers if b"aelastic.agent.prewarm.child" in cmdline(pid)]
+        standbys = [pid for pid in children - workers if b"aelastic.worker._standby" in cmdline(pid)]
         if len(workers) == int(os.environ["WORLD_SIZE"]) and len(standbys) >= int(os.environ["LOCAL_WORLD_SIZE"]):
             return
         time.sleep(0.01)
@@ -66,7 +66,7 @@ def standby_pids(agent_pid: int) -> list[int]:
         for task in os.listdir(f"/proc/{agent_pid}/task")
         for child in Path(f"/proc/{agent_pid}/task/{task}/children").read_text().split()
     ]
-    return [pid for pid in children if b"aelastic.agent.prewarm.child" in cmdline(pid)]
+    return [pid for pid in children if b"aelastic.worker._standby" in cmdline(pid)]
 
 
 def cmdline(pid: int) -> bytes:
@@ -166,7 +166,7 @@ async def test_module_with_relative_imports_and_an_uncaught_exception(job: Job) 
     # The traceback is the interpreter's, from runpy down, with none of the standby's own frames.
     assert "RuntimeError: boom in attempt 0" in agent.output, agent.output
     assert 'File "<frozen runpy>"' in agent.output, agent.output
-    assert "agent/prewarm/child.py" not in agent.output, agent.output
+    assert "worker/_standby.py" not in agent.output, agent.output
 
 
 # --- a failed worker's teardown yields the CPUs ----------------------------------------------------------------------
@@ -303,7 +303,7 @@ if ATTEMPT == 0:
     ckpt.save(state, step=0)
     ready_to_crash()
     while not [pid for pid in map(int, open(f"/proc/{os.getppid()}/task/{os.getppid()}/children").read().split())
-               if pid != os.getpid() and b"aelastic.agent.prewarm.child" in cmdline(pid) and asleep(pid)]:
+               if pid != os.getpid() and b"aelastic.worker._standby" in cmdline(pid) and asleep(pid)]:
         time.sleep(0.01)  # until the next attempt's standby has preloaded: the restarted worker starts at once
     raise RuntimeError("the fault")
 ckpt.load(into=state)
@@ -473,7 +473,7 @@ async def test_no_python_starts_cold_silently(job: Job) -> None:
 
 
 def rank_and_origin() -> tuple[int, bool]:
-    return int(os.environ["RANK"]), b"aelastic.agent.prewarm.child" in Path("/proc/self/cmdline").read_bytes()
+    return int(os.environ["RANK"]), b"aelastic.worker._standby" in Path("/proc/self/cmdline").read_bytes()
 
 
 async def test_callables_run_in_standbys(tmp_path: Path) -> None:
@@ -538,8 +538,8 @@ async def test_a_standby_dying_idle_is_replaced_once_then_its_rank_starts_cold(j
         (("python", "-u", "SCRIPT", "a"), ("SCRIPT", None, ("a",), ("-u",))),
         (("/usr/bin/python3", "-u", "-m", "pkg.mod", "-x"), (None, "pkg.mod", ("-x",), ("-u",))),
         (
-            (sys.executable, "-m", "aelastic.agent.callables.child", "p", "r"),
-            (None, "aelastic.agent.callables.child", ("p", "r"), ()),
+            (sys.executable, "-m", "aelastic.worker._callables", "p", "r"),
+            (None, "aelastic.worker._callables", ("p", "r"), ()),
         ),
         (("python", "-c", "pass"), None),
         (("python", "-O", "SCRIPT"), None),

@@ -16,7 +16,7 @@ import pytest
 import test_agent_e2e
 from test_agent_e2e import DEADLINE, Job, common
 
-from aelastic.agent.restart.child import is_distributed_error
+from aelastic.worker._restart import is_distributed_error
 
 pytestmark = [pytest.mark.anyio, pytest.mark.torch]
 
@@ -157,7 +157,7 @@ async def test_a_survivor_that_does_not_let_go_is_killed_and_replaced(job: Job) 
 OWN_FAILURE = textwrap.dedent("""
     import os, pathlib, sys, time
     import torch.distributed as dist
-    import aelastic.agent.restart.child as restart
+    import aelastic.worker._restart as restart
     from aelastic.worker import restartable
 
     out, rank, attempt = pathlib.Path(sys.argv[1]), os.environ["RANK"], os.environ["TORCHELASTIC_RESTART_COUNT"]

@@ -45,24 +45,27 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import anyio
 
 from .. import events
+from .._devices import visible_devices
+from ..config.logs_specs import LogsSpecs
+from ..config.values import UNKILLABLE_TIMEOUT
 from ..errors import AelasticError, RendezvousClosedError, StoreConnectionError
 from ..rendezvous.api import RendezvousHandler, RendezvousInfo
+from ..worker._timers import FILE_ENV, WATCHDOG_ENV
 from .errors import ChildFailedError, FailedElsewhereError, ProcessFailure
 from .figures import AgentMetrics
 from .forward.parent import RunningWorkers
 from .hang.parent import HangWatch, flight_recorder_env
 from .link.parent import LinkService
 from .logs import LogSpec
-from .logs_specs import LogsSpecs, reify
+from .logs_specs import reify
 from .policy import Action, Budget, Decision, FailureMark, Outcome, decide
-from .processes import UNKILLABLE_TIMEOUT, GroupOutcome, Interrupt, StopSignal, Supervisor, open_supervisor
+from .processes import GroupOutcome, Interrupt, StopSignal, Supervisor, open_supervisor
 from .ranks import RankAssignment, RoleInfo, exchange_ranks
 from .reaper.parent import Reaper
 from .rootcause import FailureRecord, JobFailures, as_reported, error_line, first_cause, kind_of, with_cause
 from .spawn.parent import WorkerCommand, WorkerProcess
 from .stacks.parent import DEFAULT_DUMP_TIMEOUT, StackDumper
 from .status_events import AgentSnapshot, record_agent, record_started, record_workers
-from .timers.child import FILE_ENV, WATCHDOG_ENV
 from .timers.parent import ENABLE_ENV, Expiry, FileTimerServer, signal_name
 from .workers import RunResult, Worker, WorkerGroup, WorkerSpec, WorkerState
 
@@ -84,25 +87,6 @@ _RESTART_SETTLE = 3.0
 _CAUSE_WAIT = 5.0  # seconds a node ending the job waits for the others' failures, to name the same root cause
 _STOPPED = (signal.SIGTERM, signal.SIGKILL)  # the signals that stop a worker that did not fail itself
 _FINAL = (Action.STOP_FAILED, Action.STOP_CLOSED, Action.STOP_NO_PROGRESS)  # the decisions that end the run
-
-
-def visible_devices(env: Mapping[str, str]) -> list[str]:
-    """The NVIDIA devices a worker could see, without importing torch: ``CUDA_VISIBLE_DEVICES`` if set (as CUDA
-    reads it: up to the first invalid entry), else the ``/dev/nvidia<N>`` devices' indices."""
-    visible = env.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        devices = []
-        for item in (part.strip() for part in visible.split(",")):
-            if not item or item.startswith("-"):
-                break
-            devices.append(item)
-        return devices
-    try:
-        names = os.listdir("/dev")
-    except OSError:
-        return []
-    indices = (name[len("nvidia") :] for name in names if name.startswith("nvidia"))
-    return sorted((index for index in indices if index.isdigit()), key=int)
 
 
 @dataclass(frozen=True, slots=True)

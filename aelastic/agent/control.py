@@ -34,6 +34,7 @@ import anyio
 import anyio.abc
 import h11
 
+from ..config.extras import METRICS_MISSING
 from ..errors import AelasticError, ConfigurationError
 from ..store import ServerStatistics
 from .figures import RESTART_CAUSES, AgentMetrics
@@ -102,9 +103,7 @@ def _registry(metrics: AgentMetrics, stores: StoreStatistics = _no_stores) -> Co
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
         from prometheus_client.registry import Collector, CollectorRegistry
     except ImportError:
-        raise ConfigurationError(
-            "--metrics-port: the Prometheus endpoint needs prometheus-client: pip install 'aelastic[metrics]'"
-        ) from None
+        raise ConfigurationError(METRICS_MISSING) from None
 
     role = [metrics.role]
 
@@ -180,11 +179,6 @@ def _store_metrics(
         keys.add_metric(store, stats.keys)
         waiters.add_metric(store, stats.waiters)
     yield from (requests, received, sent, connections, keys, waiters)
-
-
-def check_metrics_available() -> None:
-    """Refuse ``--metrics-port`` before anything starts when prometheus-client is missing."""
-    _registry(AgentMetrics(role="check", max_restarts=0))
 
 
 class _Routes:

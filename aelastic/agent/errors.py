@@ -1,37 +1,30 @@
-"""Error files, per-worker failures and the worker group's failure report (torch's ``ChildFailedError`` text).
+"""Error files read, per-worker failures and the worker group's failure report (torch's ``ChildFailedError``
+text).
 
-A worker decorated with :func:`record` (ours or torch's: same file format) writes its uncaught exception to
-``TORCHELASTIC_ERROR_FILE``::
-
-    {"message": {"message": "<Type>: <msg>", "extraInfo": {"py_callstack": "<traceback>", "timestamp": "<epoch s>"}}}
-
-The agent turns each failed :class:`~aelastic.agent.started.WorkerExit` plus that file into a
-:class:`ProcessFailure`, and the group's failures into a :class:`ChildFailedError` whose text is torch's report,
-byte for byte, except where a worker wrote no error file and did not die by a signal: torch then prints a link to
-its documentation; here the traceback field shows the last lines the worker wrote to stderr (often a traceback).
-
-This module is imported by workers (through :func:`record` and the callable bootstrap): it imports only the
-standard library and :mod:`aelastic.errors`.
+A worker decorated with :func:`record` (written in :mod:`aelastic.worker._errorfile`, re-exported here at torch's
+place; ours or torch's: same file format) writes its uncaught exception to ``TORCHELASTIC_ERROR_FILE``. The agent
+turns each failed :class:`~aelastic.agent.started.WorkerExit` plus that file into a :class:`ProcessFailure`, and the
+group's failures into a :class:`ChildFailedError` whose text is torch's report, byte for byte, except where a worker
+wrote no error file and did not die by a signal: torch then prints a link to its documentation; here the traceback
+field shows the last lines the worker wrote to stderr (often a traceback).
 """
 
 from __future__ import annotations
 
-import faulthandler
-import functools
 import json
 import logging
 import os
 import signal
 import socket
-import time
-import traceback as traceback_module
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from string import Template
-from typing import Any, Final, ParamSpec, Protocol, TypeVar
+from typing import Any, Final, Protocol
 
 from ..errors import AelasticError, RendezvousClosedError
+from ..worker import _errorfile as errorfile
+from ..worker._errorfile import record
 
 __all__ = [
     "ChildFailedError",
@@ -45,7 +38,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 NOT_AVAILABLE: Final = "<N/A>"
-_ERROR_FILE_ENV: Final = "TORCHELASTIC_ERROR_FILE"
 _TORCH_NO_TRACEBACK: Final = "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html"
 
 _FAILURE_FORMAT_TEMPLATE: Final = """[${idx}]:
@@ -67,9 +59,6 @@ ${section}
 Root Cause (first observed failure):
 ${root_failure}
 ${boarder}"""
-
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
 
 
 def _signal_name(exitcode: int) -> str:
@@ -258,6 +247,17 @@ class ChildFailedError(AelasticError):
         rank = min(self.failures, key=lambda r: self.failures[r].timestamp)
         return rank, self.failures[rank]
 
+    def error_file_data(self) -> dict[str, Any] | None:
+        """What :func:`record` writes for this report: the root cause's error file, with its exit code (``None``
+        where the root cause wrote none)."""
+        _, root = self.get_first_failure()
+        if root.error_file == NOT_AVAILABLE:
+            return None
+        data: dict[str, Any] = json.loads(json.dumps(root.error_data))
+        if isinstance(data.get("message"), dict) and root.exitcode:
+            data["message"]["errorCode"] = root.exitcode
+        return data
+
     def format_report(self, boarder_delim: str = "=", section_delim: str = "-") -> str:
         """torch's ``ChildFailedError.format_msg`` text."""
         title = f"{self.name} FAILED"
@@ -308,6 +308,17 @@ class NoProgressError(ChildFailedError):
         self.reason = reason
         super().__init__(name, failures, **kwargs)
 
+    def error_file_data(self) -> dict[str, Any] | None:
+        """What :func:`record` writes for this report: the root cause's error file, with its exit code (``None``
+        where the root cause wrote none)."""
+        _, root = self.get_first_failure()
+        if root.error_file == NOT_AVAILABLE:
+            return None
+        data: dict[str, Any] = json.loads(json.dumps(root.error_data))
+        if isinstance(data.get("message"), dict) and root.exitcode:
+            data["message"]["errorCode"] = root.exitcode
+        return data
+
     def format_report(self, boarder_delim: str = "=", section_delim: str = "-") -> str:
         return f"no progress: {self.reason}\n" + super().format_report(boarder_delim, section_delim)
 
@@ -317,76 +328,10 @@ class FailedElsewhereError(ChildFailedError, RendezvousClosedError):
     stopped. The report names the job's root cause on its node, and this node's workers as stopped."""
 
 
-def _error_file_path() -> str | None:
-    return os.environ.get(_ERROR_FILE_ENV) or None
-
-
-def _write_json(path: str, data: Mapping[str, Any]) -> None:
-    try:
-        with open(path, "w", encoding="utf-8") as fp:
-            json.dump(data, fp)
-    except OSError as exc:
-        logger.warning("could not write the error file %s: %s", path, exc)
-
-
-def _record_exception(exc: BaseException) -> None:
-    path = _error_file_path()
-    if path is None:
-        return
-    _write_json(
-        path,
-        {
-            "message": {
-                "message": f"{type(exc).__name__}: {exc}",
-                "extraInfo": {
-                    "py_callstack": "".join(traceback_module.format_exception(exc)),
-                    "timestamp": str(int(time.time())),
-                },
-            }
-        },
-    )
-
-
 def propagate_root_cause(exc: ChildFailedError) -> None:
     """Write the root cause of ``exc`` to this process's own ``TORCHELASTIC_ERROR_FILE``, if it has one, with the
     worker's exit code, as torch's ``record`` (on torchrun's ``main``) does: a scheduler or an outer agent reads
     it. The root cause may be another node's (its error file's JSON travelled with its record)."""
-    _, root = exc.get_first_failure()
-    path = _error_file_path()
-    if path is None or root.error_file == NOT_AVAILABLE:
-        return
-    data = json.loads(json.dumps(root.error_data))
-    if isinstance(data.get("message"), dict) and root.exitcode:
-        data["message"]["errorCode"] = root.exitcode
-    _write_json(path, data)
-
-
-def record(fn: Callable[_P, _R]) -> Callable[_P, _R | None]:
-    """Decorate a worker's entry point so an uncaught exception is written to ``TORCHELASTIC_ERROR_FILE``.
-
-    The file has torch's format, so torch's agent reads it too. The exception is re-raised (the worker still exits
-    non-zero with its traceback on stderr). ``SystemExit(0)`` returns ``None`` (a script's clean ``sys.exit()``);
-    other ``SystemExit`` codes and ``KeyboardInterrupt`` pass through without a file. Without the variable,
-    nothing is written. Like torch, it enables :mod:`faulthandler`, so a crash signal dumps the stacks to stderr.
-    """
-
-    @functools.wraps(fn)
-    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R | None:
-        try:
-            faulthandler.enable(all_threads=True)
-        except (RuntimeError, ValueError, OSError) as exc:  # no usable stderr (e.g. closed)
-            logger.debug("faulthandler not enabled: %s", exc)
-        try:
-            return fn(*args, **kwargs)
-        except SystemExit as exc:
-            if exc.code == 0:
-                return None
-            raise
-        except ChildFailedError as exc:
-            propagate_root_cause(exc)
-            raise
-        except Exception as exc:
-            _record_exception(exc)
-            raise
-
-    return wrapper
+    data = exc.error_file_data()
+    if data is not None:
+        errorfile.write(data)

@@ -34,7 +34,6 @@ handler: they hit the page cache or the terminal and do not wait on the workers.
 from __future__ import annotations
 
 import codecs
-import enum
 import logging
 import os
 import re
@@ -51,6 +50,7 @@ from typing import BinaryIO, Final, Protocol
 import anyio
 import anyio.abc
 
+from ..config.streams import Std, StdSpec
 from ..errors import ConfigurationError
 
 __all__ = ["ConsoleSinks", "CustomLogs", "LogSink", "LogSpec", "Std", "TextSink", "WorkerLog", "pump"]
@@ -58,39 +58,6 @@ __all__ = ["ConsoleSinks", "CustomLogs", "LogSink", "LogSpec", "Std", "TextSink"
 logger = logging.getLogger(__name__)
 
 _MAX_LINE: Final = 1 << 16  # a console "line" longer than this is cut, so one runaway line cannot eat memory
-_STD_MAP_RE: Final = re.compile(r"^(\d:[0123],)*(\d:[0123])$")  # torch's pattern: single-digit local ranks
-
-
-class Std(enum.IntFlag):
-    """Which of a worker's standard streams a setting applies to (torch's ``Std``)."""
-
-    NONE = 0
-    OUT = 1
-    ERR = 2
-    ALL = OUT | ERR
-
-    @classmethod
-    def from_str(cls, vm: str) -> Std | dict[int, Std]:
-        """Parse torch's spelling: ``"0"``..``"3"`` for every rank, or ``"i:v,j:v"`` per local rank.
-
-        Raises:
-            ConfigurationError: ``vm`` is neither form.
-        """
-        if re.fullmatch(r"[0123]", vm):
-            return cls(int(vm))
-        if _STD_MAP_RE.match(vm):
-            parsed: dict[int, Std] = {}
-            for item in vm.split(","):
-                rank, value = item.split(":")
-                parsed[int(rank)] = cls(int(value))
-            return parsed
-        raise ConfigurationError(
-            f"{vm!r}: expected a value in 0..3 (0 none, 1 stdout, 2 stderr, 3 both) "
-            "or a per-local-rank map like '0:1,1:3'"
-        )
-
-
-StdSpec = Std | Mapping[int, Std]
 
 
 class TextSink(Protocol):

@@ -68,6 +68,7 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
+from ..config.values import UNKILLABLE_TIMEOUT
 from ..errors import ConfigurationError, ReaperError, UnkillableWorkerError
 from .finish.parent import FinishLineServer
 from .forward.parent import RunningWorkers
@@ -99,9 +100,6 @@ _LINGERING_NICE: Final = 19  # a lingering worker (reported, or dying of a stop'
 # restore their state meanwhile (here, at 1 GiB a rank: within about 0.5 s of the report). Then it is back: until
 # the process is gone its sockets stay open, and survivors blocked in a collective with it wait for them to close.
 QUIET_TEARDOWN: Final = 1.0
-# A SIGKILLed process normally ends within milliseconds; a large one's teardown (a GPU context, dirty pages) within
-# seconds. One still there after this long is held by the kernel (uninterruptible sleep on a dead mount or device).
-UNKILLABLE_TIMEOUT: Final = 30.0
 
 
 def _unkillable(worker: Tracked, bound: float) -> str:

@@ -8,7 +8,7 @@ numbered by the store's counter (``add``: the store's order, no host's clock), a
 
 * ``failed``: the worker's own failure (an exception of its code, a crash, a signal from outside, a hang's verdict);
 * ``victim``: its error is a collective's or the store's after a peer went away (gloo's "Connection closed by
-  peer", NCCL's errors, ...), as :func:`~aelastic.agent.restart.child.is_distributed_error` tells them in a worker;
+  peer", NCCL's errors, ...), as :func:`~aelastic.worker._restart.is_distributed_error` tells them in a worker;
 * ``stopped``: the agent stopped it because the attempt ended (SIGTERM, or SIGKILL after the grace).
 
 The job's root cause is the first ``failed`` record in the store's order, else the first record. A node that ends
@@ -30,8 +30,8 @@ import anyio
 
 from ..errors import StoreError
 from ..store.api import Store
+from ..worker._restart import PEER_FAILURE_MARKERS
 from .errors import NOT_AVAILABLE, ProcessFailure
-from .restart.child import PEER_FAILURE_MARKERS
 
 __all__ = [
     "CAUSE_KEY",

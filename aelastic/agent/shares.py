@@ -38,6 +38,6 @@ def set_session_nice(nice: int, pid: int) -> bool:
 @functools.cache
 def shares_at_once() -> bool:
     """Whether the agent may change a session's CPU share at any moment (``CAP_SYS_ADMIN``)."""
-    from .prewarm.child import CAP_SYS_ADMIN, capable  # the standby's side reads capabilities too; standard library
+    from ..worker._standby import CAP_SYS_ADMIN, capable  # the standby's side reads capabilities too; standard library
 
     return capable(CAP_SYS_ADMIN)

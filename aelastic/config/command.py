@@ -26,6 +26,7 @@ from ..events import check_event_handler
 from ..rendezvous.api import RendezvousParameters
 from ..rendezvous.registry import check_parameters
 from . import environ
+from .extras import check_metrics_available
 from .launch_config import LaunchConfig
 from .sources import apply_slurm, sources
 from .values import (
@@ -145,7 +146,7 @@ def _load_plugins(args: argparse.Namespace, config: LaunchConfig) -> LaunchConfi
     """The plugins the flags name, loaded (or refused) now: a --logs-specs class, the event handler, and the
     metrics endpoint's dependency."""
     if args.logs_specs not in (None, "default"):  # torch's entry-point group; importing the class imports torch
-        from ..agent.logs_specs import load_logs_specs
+        from .logs_specs import load_logs_specs
 
         specs = load_logs_specs(
             args.logs_specs,
@@ -157,8 +158,6 @@ def _load_plugins(args: argparse.Namespace, config: LaunchConfig) -> LaunchConfi
         config = dataclasses.replace(config, logs_specs=specs)
     check_event_handler(config.event_log_handler)
     if config.metrics_port is not None:
-        from ..agent.control import check_metrics_available  # prometheus-client only where the endpoint is on
-
         check_metrics_available()
     return config
 

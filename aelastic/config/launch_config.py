@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..agent.logs import Std, StdSpec
-from ..agent.processes import UNKILLABLE_TIMEOUT
 from ..errors import ConfigurationError
 from ..rendezvous.api import RendezvousParameters
 from . import environ
+from .streams import Std, StdSpec
 from .values import (
     DEFAULT_NODE_CHECK_SLOWDOWN,
     DEFAULT_SIGNALS,
+    UNKILLABLE_TIMEOUT,
     check_at_least,
     check_module_names,
     check_node_check,

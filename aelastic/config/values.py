@@ -15,8 +15,9 @@ import tempfile
 from collections.abc import Mapping
 from typing import Final
 
-from ..agent.logs import Std
+from .._devices import visible_devices
 from ..errors import ConfigurationError
+from .streams import Std
 
 __all__ = [
     "DEFAULT_FORWARDED",
@@ -47,6 +48,10 @@ __all__ = [
     "pet_flag",
     "resolve_forwarded",
 ]
+
+# A SIGKILLed process normally ends within milliseconds; a large one's teardown (a GPU context, dirty pages) within
+# seconds. One still there after this long is held by the kernel (uninterruptible sleep on a dead mount or device).
+UNKILLABLE_TIMEOUT: Final = 30.0
 
 DEFAULT_SIGNALS: Final = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 
@@ -187,8 +192,6 @@ def resolve_forwarded(
 
 
 def _gpu_count(environ: Mapping[str, str]) -> int:
-    from ..agent.agent import visible_devices  # only --nproc-per-node gpu/auto looks
-
     return len(visible_devices(environ))
 
 

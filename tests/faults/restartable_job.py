@@ -38,7 +38,7 @@ def standbys_ready(agent: Proc, count: int, workers: set[int]) -> bool:
     idle = 0
     for child in (c for c in children if int(c) not in workers):
         try:
-            if b"aelastic.agent.prewarm.child" not in Path(f"/proc/{child}/cmdline").read_bytes():
+            if b"aelastic.worker._standby" not in Path(f"/proc/{child}/cmdline").read_bytes():
                 continue
             idle += Path(f"/proc/{child}/syscall").read_text().split()[0] == str(RECVMSG)
         except OSError:

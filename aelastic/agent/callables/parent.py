@@ -1,5 +1,5 @@
 """The agent's side of callable entry points: the payload a worker runs, its command line, its result; see
-:mod:`aelastic.agent.callables` and the worker's side, :mod:`aelastic.agent.callables.child`."""
+:mod:`aelastic.agent.callables` and the worker's side, :mod:`aelastic.worker._callables`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import cloudpickle  # type: ignore[import-untyped]
 
-from . import child
+from ...worker import _callables as child
 
 __all__ = ["bootstrap_args", "read_result", "write_payload"]
 

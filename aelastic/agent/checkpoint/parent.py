@@ -1,5 +1,5 @@
 """The agent's side of in-memory checkpoints: it owns the memory (see :mod:`aelastic.checkpoint` for the user's
-view, :mod:`.child.api` for the worker's).
+view, :mod:`aelastic.worker._checkpoint.api` for the worker's).
 
 Theory of operation
 -------------------
@@ -8,8 +8,8 @@ requests over their links (:mod:`aelastic.agent.link`). For each rank that saves
 memory files the agent creates and passes to the rank's worker, which outlive every worker and are released when
 the agent ends, however it ends. ``reserve`` gives the worker the slot that is not the rank's latest complete
 checkpoint (a third one only while the other is being read and ``--checkpoint-memory`` has room; else that read is
-stopped); ``commit`` reads the header the worker wrote last (:mod:`.child.layout`) and makes the slot the latest. A
-worker that dies midway never commits, so the latest stays whole.
+stopped); ``commit`` reads the header the worker wrote last (:mod:`aelastic.worker._checkpoint.layout`) and makes the
+slot the latest. A worker that dies midway never commits, so the latest stays whole.
 
 Each rendezvous round the agents agree on the step the job restores from (:mod:`.plan`, in the rank exchange);
 :meth:`Keeper.adopt` takes this node's part: checkpoints of newer steps are dropped (a rank that completed a step
@@ -41,9 +41,9 @@ import anyio.abc
 
 from ...errors import StoreError
 from ...store.api import Store
+from ...worker._checkpoint.layout import Header, LayoutError
 from ..link.parent import LinkRefusal
 from ..spawn.parent import WorkerProcess
-from .child.layout import Header, LayoutError
 from .persist import CopyStopped, file_name, newest_complete, remove_older, write_checkpoint
 from .plan import HOLDERS_KEY, Held, Inventory, NodePlan, saved_rank
 from .replicas import ReplicaError, fetch, open_listener, push, serve

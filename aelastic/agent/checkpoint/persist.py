@@ -2,9 +2,9 @@
 (a requeued job, every node lost).
 
 The directory is flat: ``step-<step>.rank-<rank>.ckpt`` holds rank ``rank``'s checkpoint of ``step``, the bytes of
-its slot as they are (:mod:`.child.layout`: a header naming the world size, the data, the metadata). A step is
-*complete* when every rank of its world has its file; :func:`newest_complete` is the one a job restores from when
-no agent's memory holds a step.
+its slot as they are (:mod:`aelastic.worker._checkpoint.layout`: a header naming the world size, the data, the
+metadata). A step is *complete* when every rank of its world has its file; :func:`newest_complete` is the one a job
+restores from when no agent's memory holds a step.
 
 Writes are atomic: a file is written unnamed (``O_TMPFILE``), synced, and only then linked under its name, so a
 reader never sees a partial one, and a writer that dies midway (the agent SIGKILLed) leaves nothing behind; where
@@ -24,7 +24,7 @@ import threading
 from pathlib import Path
 from typing import Final
 
-from .child.layout import HEADER_SIZE, Header, LayoutError
+from ...worker._checkpoint.layout import HEADER_SIZE, Header, LayoutError
 from .plan import Held
 
 __all__ = ["CopyStopped", "file_name", "newest_complete", "remove_older", "scan", "write_checkpoint"]

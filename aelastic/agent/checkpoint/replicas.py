@@ -2,8 +2,8 @@
 checkpoint by the node that restores it (agent to agent, TCP).
 
 Protocol: a connection carries one request. A request is a *frame* (a 4-byte big-endian length, then that many
-bytes of UTF-8 JSON), followed for a push by the checkpoint's bytes (:mod:`.child.layout`); the answer is a frame,
-followed for a fetch by the checkpoint's bytes::
+bytes of UTF-8 JSON), followed for a push by the checkpoint's bytes (:mod:`aelastic.worker._checkpoint.layout`); the
+answer is a frame, followed for a fetch by the checkpoint's bytes::
 
     {"op": "push", "secret": S, "rank": r, "step": s, "size": n} + n bytes   ->  {} | {"error": "..."}
     {"op": "fetch", "secret": S, "rank": r, "step": s}                       ->  {"size": n} + n bytes | {"error": ...}
@@ -35,7 +35,7 @@ import anyio.abc
 import anyio.lowlevel
 
 from ..._net import format_address, parse_endpoint
-from .child.layout import Header, LayoutError
+from ...worker._checkpoint.layout import Header, LayoutError
 from .slots import Read, Slot
 
 __all__ = ["ReplicaError", "ReplicaHolder", "deadline", "fetch", "open_listener", "push", "serve"]

@@ -20,7 +20,7 @@ from typing import Final
 
 import anyio
 
-from .child.layout import HEADER_SIZE, Header
+from ...worker._checkpoint.layout import HEADER_SIZE, Header
 
 __all__ = ["GRANULE", "RankSlots", "Read", "Slot", "format_size"]
 
@@ -80,7 +80,8 @@ class Slot:
         self.fd, self.capacity, self.generation = fd, capacity, self.generation + 1
 
     def read_header(self) -> Header:
-        """The header the writer wrote last (raises :class:`~.child.layout.LayoutError` if it is not complete)."""
+        """The header the writer wrote last (raises :class:`~aelastic.worker._checkpoint.layout.LayoutError` if it is
+        not complete)."""
         return Header.decode(os.pread(self.fd, HEADER_SIZE, 0))
 
     @contextlib.contextmanager

@@ -3,6 +3,6 @@ multiprocessing contract, which keeps a worker from tearing down gloo connection
 
 * :mod:`.parent` (the agent's side): :class:`~.parent.FinishLineServer` makes the two pipes, reads who returned
   from the *done* pipe and closes the *release* pipe once every local worker has returned or exited.
-* :mod:`.child` (the worker's side, used by the callable bootstrap): :class:`~.child.FinishLine` takes the worker's
-  pipe ends before the user's code runs, then says it returned and blocks until release.
+* :mod:`aelastic.worker._finish` (the worker's side, used by the callable bootstrap): its ``FinishLine`` takes the
+  worker's pipe ends before the user's code runs, then says it returned and blocks until release.
 """

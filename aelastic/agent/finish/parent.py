@@ -1,5 +1,5 @@
 """The agent's side of workers that finish together; see :mod:`aelastic.agent.finish` and
-:mod:`aelastic.agent.finish.child`, which defines the protocol (:data:`~.child.FINISH_FDS_ENV`)."""
+:mod:`aelastic.worker._finish`, which defines the protocol (``FINISH_FDS_ENV``)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 import anyio
 
+from ...worker._finish import FINISH_FDS_ENV
 from ..spawn.parent import FdVar, PipeReader
-from .child import FINISH_FDS_ENV
 
 __all__ = ["FinishLineServer"]
 

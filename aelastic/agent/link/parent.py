@@ -1,9 +1,10 @@
-"""The agent's end of each worker's link (see :mod:`aelastic.agent.link`; the protocol is in :mod:`.child`).
+"""The agent's end of each worker's link (see :mod:`aelastic.agent.link`; the protocol is in
+:mod:`aelastic.worker._link`).
 
 :class:`WorkerLink` makes the socket pair before the worker starts; the worker inherits its end (``pass_fds``, or
-``SCM_RIGHTS`` to a standby) and finds it through :data:`~.child.LINK_ENV`. :meth:`WorkerLink.serve` answers the
-worker's requests in the agent's event loop for as long as the worker holds its end: an ``exit`` report is the
-link's own (it sets :attr:`WorkerLink.exit_code`); every other operation is ``<service>.<name>`` and goes to the
+``SCM_RIGHTS`` to a standby) and finds it through :data:`~aelastic.worker._link.LINK_ENV`. :meth:`WorkerLink.serve`
+answers the worker's requests in the agent's event loop for as long as the worker holds its end: an ``exit`` report is
+the link's own (it sets :attr:`WorkerLink.exit_code`); every other operation is ``<service>.<name>`` and goes to the
 :class:`LinkService` registered under that service's name. A service refuses a request by raising
 :class:`LinkRefusal`, whose message the worker receives as the reason.
 """
@@ -20,8 +21,8 @@ from typing import Any, Protocol
 
 import anyio
 
+from ...worker._link import LINK_ENV, MAX_FDS, MAX_MESSAGE
 from ..spawn.parent import FdVar, WorkerProcess
-from .child import LINK_ENV, MAX_FDS, MAX_MESSAGE
 
 __all__ = ["LinkRefusal", "LinkService", "WorkerLink"]
 
@@ -58,7 +59,8 @@ class WorkerLink:
         return f"<WorkerLink exit_code={self.exit_code} worker_fd={self._worker_fd}>"
 
     def fd_var(self) -> FdVar:
-        """The worker's end, and the variable that names it (with the agent's pid: see :func:`.child.agent_link`)."""
+        """The worker's end, and the variable that names it (with the agent's pid: see
+        :func:`aelastic.worker._link.agent_link`)."""
         return FdVar(LINK_ENV, f"{{}}:{os.getpid()}", (self._worker_fd,))
 
     def handed_over(self) -> None:

@@ -2,10 +2,10 @@
 
 Theory of operation
 -------------------
-:func:`open_node_check` gives the agent a :class:`NodeCheck`, which starts the check process (:mod:`.child`) at
-once, so that its import of torch overlaps the first rendezvous. After each round completes, and before it starts
-its workers, the agent asks :meth:`NodeCheck.admit`. Through the round's store (keys under
-``aelastic/node-check/``), every member:
+:func:`open_node_check` gives the agent a :class:`NodeCheck`, which starts the check process
+(:mod:`aelastic.worker._nodecheck`) at once, so that its import of torch overlaps the first rendezvous. After each round
+completes, and before it starts its workers, the agent asks :meth:`NodeCheck.admit`. Through the round's store (keys
+under ``aelastic/node-check/``), every member:
 
 1. says hello: whether it is new (it has not passed a check yet), the endpoint of the store its agent serves for
    this check (the groups it leads meet there), and why its check process cannot take part, if it cannot;
@@ -70,7 +70,7 @@ ANSWER_LIMIT: Final = 3 * ROUND_LIMIT  # one round in the check process: forming
 HELLO_LIMIT: Final = STARTUP_LIMIT + ROUND_LIMIT  # a new member says hello once its check process is ready
 ROUNDS: Final = 2
 _PREFIX: Final = "aelastic/node-check"
-_CHILD: Final = "aelastic.agent.nodecheck.child"
+_CHILD: Final = "aelastic.worker._nodecheck"
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +118,8 @@ class _Gone(Exception):
 
 
 class _CheckProcess:
-    """One check process and the agent's end of its socket (one JSON message a packet; see :mod:`.child`)."""
+    """One check process and the agent's end of its socket (one JSON message a packet; see
+    :mod:`aelastic.worker._nodecheck`)."""
 
     def __init__(self, env: Mapping[str, str]) -> None:
         agent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # neither inheritable
@@ -175,7 +176,8 @@ class _CheckProcess:
         return self.error
 
     async def run(self, command: Mapping[str, Any]) -> Figures:
-        """One check round (the command of :mod:`.child`): the process's figures, or failed ones saying why."""
+        """One check round (the command of :mod:`aelastic.worker._nodecheck`): the process's figures, or failed ones
+        saying why."""
 
         async def request() -> dict[str, Any]:
             self._socket.send(json.dumps(command).encode())  # a small packet: the buffer takes it whole

@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 :func:`open_standbys` gives the agent a :class:`Standbys` pool holding at most one idle interpreter per local rank
-(:mod:`aelastic.agent.prewarm.child`); a worker takes its own local rank's, else any idle one fit for it (a worker
+(:mod:`aelastic.worker._standby`); a worker takes its own local rank's, else any idle one fit for it (a worker
 replaced alone does not wait for its rank's refill). Beside an attempt's running workers, :meth:`Standbys.refill` starts
 the next attempt's standbys the way workers start (:func:`~aelastic.agent.spawn.parent.spawn_process`: a session of
 their own, the parent-death signal, registered with the reaper), so a standby never outlives the agent and, once it
@@ -14,7 +14,7 @@ stderr over ``SCM_RIGHTS``) instead of spawning a process; the standby runs the 
 from its first line.
 
 Only Python entry points have a standby: ``python [-u] script args`` and ``python [-u] -m module args`` (callables
-are ``-m aelastic.agent.callables.child``). Anything else (``--no-python``, other interpreter options, a directory or
+are ``-m aelastic.worker._callables``). Anything else (``--no-python``, other interpreter options, a directory or
 zip as the script) starts cold, silently.
 
 What must not differ: a standby starts before its attempt exists, so the variables that change between attempts
@@ -47,12 +47,12 @@ import anyio
 import anyio.abc
 
 from ...errors import ReaperError
-from ..finish.child import FINISH_FDS_ENV
-from ..link.child import LINK_ENV
+from ...worker import _standby as standby_child
+from ...worker._finish import FINISH_FDS_ENV
+from ...worker._link import LINK_ENV
 from ..reaper.parent import Reaper
 from ..shares import set_session_nice, shares_at_once
 from ..spawn.parent import ATTEMPT_VARIABLES, FdVar, WorkerCommand, spawn_process, wait_process
-from . import child as standby_child
 
 __all__ = ["PER_ATTEMPT", "PythonTarget", "Standbys", "StandbysStatistics", "open_standbys", "python_target"]
 
@@ -168,7 +168,7 @@ class _Standby:
         return f"<standby pid={self.popen.pid} returncode={self.popen.returncode}>"
 
     def warm(self, size: int) -> None:
-        """Tell it to warm ``size`` bytes of heap (:mod:`aelastic.agent.checkpoint.child.heap`), if it was told
+        """Tell it to warm ``size`` bytes of heap (:mod:`aelastic.worker._checkpoint.heap`), if it was told
         less; a full socket (it has not read the last one yet) or a dead standby skips it."""
         if size > self.warmed:
             message = json.dumps({"version": standby_child.VERSION, "warm": size}).encode()
@@ -177,7 +177,7 @@ class _Standby:
                 self.warmed = size
 
     def map_slots(self, slots: _SlotFiles) -> None:
-        """Tell it to map a rank's checkpoint slots (:mod:`aelastic.agent.checkpoint.child.premapped`); skipped
+        """Tell it to map a rank's checkpoint slots (:mod:`aelastic.worker._checkpoint.premapped`); skipped
         as :meth:`warm` is."""
         message = {"version": standby_child.VERSION, "rank": slots.rank, "map": [s[:3] for s in slots.slots]}
         with suppress(OSError):
@@ -272,7 +272,7 @@ class Standbys:
     def warm(self, size: int) -> None:
         """The largest training state in host memory a worker of this node saved is ``size`` bytes (its CPU
         tensors: a GPU state's replacement allocates on the device): each standby, idle or started from now on,
-        touches that much of its heap ahead (:mod:`aelastic.agent.checkpoint.child.heap`), so that the worker it
+        touches that much of its heap ahead (:mod:`aelastic.worker._checkpoint.heap`), so that the worker it
         becomes allocates its state without faulting in fresh memory. It holds that memory while it waits."""
         if size > self._warm:
             self._warm = size
@@ -283,7 +283,7 @@ class Standbys:
     def map_slots(self, local_rank: int, rank: int, slots: Sequence[tuple[int, int, int, int]]) -> None:
         """The checkpoint slots of ``rank``, held by ``local_rank``'s worker, are now ``slots`` (``(slot,
         generation, capacity, memory file)``): the standby of ``local_rank``, idle or started from now on, maps
-        them ahead of its worker's restore (:mod:`aelastic.agent.checkpoint.child.premapped`). The pool keeps
+        them ahead of its worker's restore (:mod:`aelastic.worker._checkpoint.premapped`). The pool keeps
         duplicates of the files (a slot's own may be closed when a larger one replaces it) until they change."""
         old = self._slots.pop(local_rank, None)
         if old is not None:

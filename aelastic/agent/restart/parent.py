@@ -1,4 +1,5 @@
-"""The agent's side of in-process restarts (see :mod:`aelastic.agent.restart`; the protocol is in :mod:`.child`).
+"""The agent's side of in-process restarts (see :mod:`aelastic.agent.restart`; the protocol is in
+:mod:`aelastic.worker._restart`).
 
 A worker that registers (``restart.register``) gets a :class:`RestartChannel`: the events socket its agent aborts
 it on, and the place where the report of its function's exception waits for the agent's verdict. The supervisor

@@ -2,7 +2,7 @@
 of :mod:`aelastic.agent.timers`).
 
 Workers ask for timers by writing one JSON line per request to a FIFO (torch's ``FileTimerClient``, unmodified,
-or :mod:`aelastic.worker`, whose client is :mod:`aelastic.agent.timers.child`)::
+or :mod:`aelastic.worker`, whose client is :mod:`aelastic.worker._timers`)::
 
     {"version": 1, "pid": <worker pid>, "scope_id": "<scope>", "expiration_time": <epoch s>, "signal": <signum>}
 
@@ -41,8 +41,8 @@ from typing import Final, NamedTuple
 import anyio
 
 from ...errors import ConfigurationError
+from ...worker._timers import FILE_ENV, VERSION
 from ..spawn.parent import WorkerProcess
-from .child import FILE_ENV, VERSION
 
 __all__ = [
     "ENABLE_ENV",

@@ -8,7 +8,7 @@ its own teardown ("terminate called without an active exception"). aelastic keep
 made by the agent: a worker that returned writes its local rank to the *done* pipe and blocks reading the *release*
 pipe, whose only write end the agent closes once every local worker has returned or exited. The worker's ends are
 named by :data:`FINISH_FDS_ENV`; this module is imported by the callable bootstrap
-(:mod:`aelastic.agent.callables.child`), so it imports nothing heavy.
+(:mod:`aelastic.worker._callables`), so it imports nothing heavy.
 """
 
 from __future__ import annotations

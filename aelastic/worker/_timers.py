@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Final
 
-from ...errors import TimerServerUnavailableError
+from ..errors import TimerServerUnavailableError
 
 __all__ = ["FILE_ENV", "HEARTBEAT_SCOPE", "VERSION", "WATCHDOG_ENV", "expires", "heartbeat"]
 

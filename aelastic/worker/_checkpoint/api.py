@@ -30,8 +30,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ....errors import CheckpointError
-from ...link.child import AgentLink, LinkRefused, agent_link, install_exit_report
+from ...errors import CheckpointError
+from .._link import AgentLink, LinkRefused, agent_link, install_exit_report
 from . import heap, premapped
 from .layout import DATA_OFFSET, HEADER_SIZE, Header, LayoutError, place
 from .tree import StateError, flatten, unflatten

@@ -1,4 +1,4 @@
-"""The node check's process (``python -m aelastic.agent.nodecheck.child FD``): a matmul on this node's device and
+"""The node check's process (``python -m aelastic.worker._nodecheck FD``): a matmul on this node's device and
 gloo all-reduces with the peers its agent names. Standard library and torch only, nothing of aelastic.
 
 Protocol: one JSON object per packet on the socket ``FD`` (a ``SOCK_SEQPACKET`` pair with the agent). Once torch is

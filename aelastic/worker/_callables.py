@@ -1,8 +1,8 @@
-"""Worker entry point for callables: ``python -m aelastic.agent.callables.child <payload_path> <result_path>``.
+"""Worker entry point for callables: ``python -m aelastic.worker._callables <payload_path> <result_path>``.
 
 The agent writes ``(fn, args, kwargs)`` with cloudpickle (:func:`~aelastic.agent.callables.parent.write_payload`),
 which pickles functions of ``__main__`` (a ``python -c`` program, a notebook cell) by value, so the worker needs
-nothing it cannot import. The worker loads it, calls ``fn`` under :func:`~aelastic.agent.errors.record` (an
+nothing it cannot import. The worker loads it, calls ``fn`` under :func:`~aelastic.worker._errorfile.record` (an
 exception lands in ``TORCHELASTIC_ERROR_FILE`` and the worker exits 1 with its traceback on stderr), and writes the
 return value to ``result_path`` (:func:`~aelastic.agent.callables.parent.read_result`), atomically: a result file
 exists only when the call returned.
@@ -12,8 +12,7 @@ set before the function is unpickled), so a function of a module that the launch
 module next to the launching script, a notebook's directory) imports in the worker too. The worker's own entries
 follow the launcher's. Then the workers finish together (:mod:`aelastic.agent.finish`).
 
-Besides the standard library it imports cloudpickle (the payload's format) and
-:mod:`aelastic.agent.errors` (``record``), both light: no anyio, no torch.
+Besides the standard library it imports cloudpickle (the payload's format): no anyio, no torch.
 """
 
 from __future__ import annotations
@@ -26,8 +25,8 @@ from pathlib import Path
 
 import cloudpickle  # type: ignore[import-untyped]
 
-from ..errors import record
-from ..finish.child import FinishLine
+from ._errorfile import record
+from ._finish import FinishLine
 
 __all__ = ["main"]
 
@@ -45,7 +44,7 @@ def _run(payload_path: str, result_path: str) -> None:
 
 def main(argv: Sequence[str]) -> int:
     if len(argv) != 2:
-        print("usage: python -m aelastic.agent.callables.child <payload_path> <result_path>", file=sys.stderr)  # noqa: T201
+        print("usage: python -m aelastic.worker._callables <payload_path> <result_path>", file=sys.stderr)  # noqa: T201
         return 2
     finish = FinishLine.from_environment()
     record(_run)(argv[0], argv[1])

@@ -64,7 +64,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any, Final, NamedTuple, TypeVar
 
-from ..link.child import AgentLink, LinkRefused, agent_link, before_yield
+from ._link import AgentLink, LinkRefused, agent_link, before_yield
 
 __all__ = ["RestartRequested", "is_distributed_error", "restartable"]
 

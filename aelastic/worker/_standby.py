@@ -1,6 +1,6 @@
 """A standby worker interpreter, the child side of :mod:`aelastic.agent.prewarm`::
 
-    python [-u] -m aelastic.agent.prewarm.child <fd> <sys.path[0]> <preload> idle|normal
+    python [-u] -m aelastic.worker._standby <fd> <sys.path[0]> <preload> idle|normal
 
 The agent starts it (:mod:`~aelastic.agent.prewarm.parent`) exactly as it starts a worker, with the workers'
 environment minus the per-attempt variables, and with the interpreter options the worker's command line has
@@ -23,10 +23,10 @@ End of file on the control socket (the agent is going away) exits 0 without runn
 
 Before the assignment, the agent may send warmings (``{"version": ..., "warm": bytes}``, no reply): the size of the
 largest training state in host memory this node's workers saved. The standby then touches that much of its heap for
-the state its worker will allocate (:mod:`aelastic.agent.checkpoint.child.heap`), at its own priority, and stops at
+the state its worker will allocate (:mod:`aelastic.worker._checkpoint.heap`), at its own priority, and stops at
 once when the next message arrives. Likewise the slots of the rank its local rank held (``{"version": ..., "map":
 [[slot, generation, capacity], ...], "rank": ...}``, their memory files as ``SCM_RIGHTS``): it maps them for the
-worker's restore (:mod:`aelastic.agent.checkpoint.child.premapped`).
+worker's restore (:mod:`aelastic.worker._checkpoint.premapped`).
 
 Priority: the preload is the only CPU a standby spends (then it sleeps in ``recvmsg``). Started beside running
 workers (``idle``), it runs under ``SCHED_IDLE`` so that it never takes a CPU from them, but only where the process
@@ -64,13 +64,13 @@ import types
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from ..link.child import report_exit
+from ._link import report_exit
 
 VERSION: Final = 4
 MAX_MESSAGE: Final = 1 << 20  # the assignment: mostly the environment
 MAX_FDS: Final = 16  # stdout, stderr, and the fds the worker inherits
 PRELOADED: Final = b"preloaded"  # the reply to the assignment
-_CHECKPOINT_API: Final = "aelastic.agent.checkpoint.child.api"
+_CHECKPOINT_API: Final = "aelastic.worker._checkpoint.api"
 CAP_SYS_ADMIN: Final = 21
 _CAP_SYS_NICE: Final = 23
 
@@ -146,19 +146,19 @@ def _receive(control_fd: int) -> tuple[dict[str, Any], list[int]] | None:
 
 
 def _warm(size: int, arrived: Callable[[], bool]) -> bool:
-    """Touch ``size`` bytes of heap for the worker's state (:mod:`aelastic.agent.checkpoint.child.heap`) until a
+    """Touch ``size`` bytes of heap for the worker's state (:mod:`aelastic.worker._checkpoint.heap`) until a
     message arrives; whether that is done (less with no message waiting: there is nothing more to touch). First,
     the checkpoint API is preloaded: a worker of this job saved, so the worker will import it, and a replacement
     would pay that import on its restore."""
-    from ..checkpoint.child.heap import warm
+    from ._checkpoint.heap import warm
 
     _preload((_CHECKPOINT_API,))
     return warm(size, arrived) == size or not arrived()
 
 
 def _map_slots(message: dict[str, Any], fds: list[int]) -> None:
-    """Map the slots of a rank's checkpoints (:mod:`aelastic.agent.checkpoint.child.premapped`)."""
-    from ..checkpoint.child.premapped import map_slots
+    """Map the slots of a rank's checkpoints (:mod:`aelastic.worker._checkpoint.premapped`)."""
+    from ._checkpoint.premapped import map_slots
 
     try:
         map_slots(int(message["rank"]), [(int(s), int(g), int(c)) for s, g, c in message["map"]], fds)
@@ -169,7 +169,7 @@ def _map_slots(message: dict[str, Any], fds: list[int]) -> None:
 
 def _fill_slots(arrived: Callable[[], bool]) -> bool:
     """Fill the mapped slots' page tables until a message arrives; whether that is done."""
-    from ..checkpoint.child.premapped import fill
+    from ._checkpoint.premapped import fill
 
     return fill(arrived)
 

@@ -1,4 +1,4 @@
-"""The worker side of the agent's expiration timers and progress watchdog; needs neither torch nor anyio.
+"""The worker's API: expiration timers, the progress watchdog and in-process restarts; needs neither torch nor anyio.
 
 ::
 
@@ -20,19 +20,38 @@ requested signal (SIGKILL by default) and the group takes the ordinary failure p
   watchdog is armed by the first call; a worker that never calls it is not watched. To keep the cost of a call
   per step negligible, a call within a tenth of the timeout of the last one sent sends nothing, so a silent worker
   is killed between 0.9 and 1 times the timeout after its last call.
+* :func:`restartable` wraps the training function so that a worker keeps its process when another fails: the
+  function is called again for the next round (``docs/howto/survivors.md``).
 
 Outside an agent that serves timers (no ``TORCHELASTIC_TIMER_FILE``; ``AELASTIC_WATCHDOG_TIMEOUT`` for
 :func:`heartbeat`) both do nothing, so the same script runs anywhere. Both raise
 :class:`~aelastic.errors.TimerServerUnavailableError` when the agent that served the timers is gone.
 
-The names are those of :mod:`aelastic.agent.timers.child`, where the client lives beside the agent's server.
+This package holds everything of aelastic that runs in a worker's interpreter (the training process, a standby
+that becomes one, the node check's process); the agent never does. Its private modules are the worker's sides of
+the agent's features, standard library only but for torch where a checkpoint or the node check needs it; this
+``__init__`` imports them on first use, so that a worker pays only for what it calls.
 """
 
 from __future__ import annotations
 
-from .agent.restart.child import RestartRequested, restartable
-from .agent.timers.child import HEARTBEAT_SCOPE, WATCHDOG_ENV, expires, heartbeat
-from .errors import TimerServerUnavailableError
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
+from ..errors import TimerServerUnavailableError
+
+if TYPE_CHECKING:
+    from ._restart import RestartRequested, restartable
+    from ._timers import HEARTBEAT_SCOPE, WATCHDOG_ENV, expires, heartbeat
+
+_LAZY = {
+    "HEARTBEAT_SCOPE": "._timers",
+    "WATCHDOG_ENV": "._timers",
+    "expires": "._timers",
+    "heartbeat": "._timers",
+    "RestartRequested": "._restart",
+    "restartable": "._restart",
+}
 
 __all__ = [
     "HEARTBEAT_SCOPE",
@@ -43,3 +62,5 @@ __all__ = [
     "heartbeat",
     "restartable",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _LAZY)

@@ -53,7 +53,7 @@ from torch.distributed.checkpoint.storage import StorageWriter as _StorageWriter
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from ....errors import CheckpointError
+from ...errors import CheckpointError
 from .api import Mapping, client, copy_into, open_checkpoint, write_tail
 from .layout import DATA_OFFSET, Header, place
 from .tree import StateError, dtype_from_name, dtype_name, flatten, unflatten
