@@ -32,14 +32,14 @@ from helpers.procs import alive, wait_gone
 
 from aelastic.agent.callables.parent import bootstrap_args, read_result, write_payload
 from aelastic.agent.errors import ProcessFailure
-from aelastic.worker._link import AgentLink
 from aelastic.agent.logs import ConsoleSinks, LogSpec
 from aelastic.agent.processes import GroupOutcome, StopSignal, run_workers
 from aelastic.agent.procfs import dies_of, process_state
 from aelastic.agent.reaper.parent import open_reaper
-from aelastic.worker._restart import RestartRequested, _Session
 from aelastic.agent.restart.parent import RestartChannel
 from aelastic.agent.spawn.parent import WorkerCommand
+from aelastic.worker._link import AgentLink
+from aelastic.worker._restart import RestartRequested, _Session
 
 pytestmark = pytest.mark.anyio
 

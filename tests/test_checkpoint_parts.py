@@ -18,9 +18,6 @@ import numpy
 import pytest
 import torch
 
-from aelastic.worker._checkpoint import premapped
-from aelastic.worker._checkpoint.layout import ALIGN, DATA_OFFSET, Header, LayoutError, place
-from aelastic.worker._checkpoint.tree import StateError, flatten, unflatten
 from aelastic.agent.checkpoint.persist import (
     CopyStopped,
     file_name,
@@ -38,6 +35,9 @@ from aelastic.agent.checkpoint.plan import (
     restore_point,
     saved_rank,
 )
+from aelastic.worker._checkpoint import premapped
+from aelastic.worker._checkpoint.layout import ALIGN, DATA_OFFSET, Header, LayoutError, place
+from aelastic.worker._checkpoint.tree import StateError, flatten, unflatten
 
 pytestmark = pytest.mark.torch
 

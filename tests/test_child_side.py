@@ -93,7 +93,8 @@ def location(module: str) -> str:
 def imported_by(module: str) -> set[str]:
     """The top-level names of the modules that ``module``'s import statements name outside aelastic."""
     spec = importlib.util.find_spec(module)
-    assert spec is not None and spec.origin is not None, module
+    assert spec is not None, module
+    assert spec.origin is not None, module
     names = set()
     for node in ast.walk(ast.parse(Path(spec.origin).read_text())):
         if isinstance(node, ast.Import):

@@ -23,8 +23,8 @@ import test_agent_e2e
 from test_agent_e2e import DEADLINE, Job, alive, common, processes_mentioning, wait_gone
 
 from aelastic import LaunchConfig, launch
-from aelastic.worker._standby import CAP_SYS_ADMIN, capable
 from aelastic.agent.prewarm.parent import PER_ATTEMPT, python_target
+from aelastic.worker._standby import CAP_SYS_ADMIN, capable
 
 pytestmark = [pytest.mark.anyio, pytest.mark.torch]
 
