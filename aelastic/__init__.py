@@ -30,7 +30,15 @@ from .errors import (
 if TYPE_CHECKING:
     from .agent.errors import ChildFailedError, FailedElsewhereError, NoProgressError, ProcessFailure, record
     from .agent.workers import RunResult, WorkerSpec, WorkerState
-    from .config import LaunchConfig
+    from .config import (
+        CheckpointOptions,
+        LaunchConfig,
+        LogOptions,
+        NodeCheckOptions,
+        PrewarmOptions,
+        RestartOptions,
+        Timeouts,
+    )
     from .launcher import LaunchControl, launch, run
 
 __version__ = "0.1.0"
@@ -40,6 +48,12 @@ _LAZY = {
     "ChildFailedError": ".agent.errors",
     "FailedElsewhereError": ".agent.errors",
     "LaunchConfig": ".config",
+    "CheckpointOptions": ".config",
+    "LogOptions": ".config",
+    "NodeCheckOptions": ".config",
+    "PrewarmOptions": ".config",
+    "RestartOptions": ".config",
+    "Timeouts": ".config",
     "NoProgressError": ".agent.errors",
     "LaunchControl": ".launcher",
     "ProcessFailure": ".agent.errors",
@@ -53,13 +67,17 @@ _LAZY = {
 
 __all__ = [
     "AelasticError",
+    "CheckpointOptions",
     "ChildFailedError",
     "ConfigurationError",
     "FailedElsewhereError",
     "LaunchConfig",
     "LaunchControl",
+    "LogOptions",
     "NoProgressError",
     "NodeCheckError",
+    "NodeCheckOptions",
+    "PrewarmOptions",
     "ProcessFailure",
     "QueueEmptyError",
     "RendezvousClosedError",
@@ -68,10 +86,12 @@ __all__ = [
     "RendezvousGracefulExitError",
     "RendezvousStateError",
     "RendezvousTimeoutError",
+    "RestartOptions",
     "RunResult",
     "StoreConnectionError",
     "StoreError",
     "StoreProtocolError",
+    "Timeouts",
     "UnkillableWorkerError",
     "WorkerSpec",
     "WorkerState",

@@ -21,20 +21,16 @@ from ._eventloop import run_options
 from ._groups import leaves, single_error
 from ._net import format_address
 from .agent.errors import ChildFailedError, propagate_root_cause
-from .config import DEFAULT_FORWARDED, DEFAULT_NODE_CHECK_SLOWDOWN, DEFAULT_SIGNALS, LIST_LIMIT
+from .config import LIST_LIMIT
 from .config.command import RunCommand, resolve
 from .config.environ import export_run_environment, log_level
+from .config.flags import ASYNC_BACKENDS, GROUPS
 from .config.limits import raise_open_file_limit
 from .config.sources import describe
 from .config.values import (
-    UNKILLABLE_TIMEOUT,
-    comma_list,
     parse_log_level,
     parse_port,
     parse_positive,
-    parse_seconds,
-    parse_size,
-    parse_slowdown,
     pet_default,
     pet_flag,
 )
@@ -44,8 +40,6 @@ from .rendezvous.state import Action, NodeDesc, NodeTimers, RendezvousSettings, 
 from .store.server import serve_store
 
 __all__ = ["main"]
-
-_BACKENDS = ("asyncio", "trio")
 
 logger = logging.getLogger("aelastic.cli")
 
@@ -81,12 +75,8 @@ def _arg_type(convert: Callable[[str], Any]) -> Callable[[str], Any]:
     return arg_type
 
 
-_comma_list = _arg_type(comma_list)
 _port = _arg_type(parse_port)
 _positive = _arg_type(parse_positive)
-_seconds = _arg_type(parse_seconds)
-_size = _arg_type(parse_size)
-_slowdown = _arg_type(parse_slowdown)
 
 
 def _spellings(flags: tuple[str, ...]) -> list[str]:
@@ -119,194 +109,23 @@ def _add(group: Any, *flags: str, dest: str, default: Any, help: str, **kwargs: 
     group.add_argument(*_spellings(flags), dest=dest, default=default, help=help, action=_Store, **kwargs)
 
 
-def _add_flag(group: Any, *flags: str, dest: str, help: str) -> None:
-    """A torchrun switch: ``PET_<DEST>=1`` turns it on (torch's ``check_env`` action)."""
-    default = pet_flag(dest, os.environ)
-    group.add_argument(*_spellings(flags), dest=dest, action=_StoreTrue, default=default, help=help)
-
-
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    """torchrun's flags, in torchrun's order and groups, each with its default; ``PET_<FLAG>`` overrides it."""
-    nodes = parser.add_argument_group("Worker/node size")
-    _add(nodes, "--nnodes", dest="nnodes", default="1:1",
-         help="number of nodes, or the range MIN:MAX for an elastic job (default: %(default)s)")  # fmt: skip
-    _add(nodes, "--nproc-per-node", dest="nproc_per_node", default="1",
-         help="workers per node: an integer, cpu (one per CPU), gpu (one per visible NVIDIA GPU) or auto (gpu if "
-         "there are GPUs, else cpu) (default: %(default)s)")  # fmt: skip
-
-    rdzv = parser.add_argument_group("Rendezvous")
-    _add(rdzv, "--rdzv-backend", dest="rdzv_backend", default="static",
-         help="c10d, etcd (etcd-v2 is an alias), static, or a registered plugin (default: %(default)s)")  # fmt: skip
-    _add(rdzv, "--rdzv-endpoint", dest="rdzv_endpoint", default="",
-         help="HOST[:PORT] of the rendezvous store; IPv6 as [ADDR]:PORT; an address given is never "
-         "reverse-resolved (default: none; static uses --master-addr:--master-port)")  # fmt: skip
-    _add(rdzv, "--rdzv-id", dest="rdzv_id", default="none", help="the job's run id (default: %(default)s)")
-    _add(rdzv, "--rdzv-conf", dest="rdzv_conf", default="",
-         help="KEY=VALUE,... e.g. join_timeout=600,last_call_timeout=30,close_timeout=30,is_host=true "
-         "(default: none)")  # fmt: skip
-    _add_flag(rdzv, "--standalone", dest="standalone",
-              help="one node: c10d on localhost with a free port and a random run id; --rdzv-backend, "
-              "--rdzv-endpoint and --rdzv-id are ignored. Automatic for one static node with no endpoint and no "
-              "--master-port, as in torch 2.14 (default: off)")  # fmt: skip
-
-    user = parser.add_argument_group("User-code launch")
-    _add(
-        user,
-        "--max-restarts",
-        dest="max_restarts",
-        default=0,
-        type=int,
-        help="failure restarts before the job fails; membership changes do not count (default: %(default)s)",
-    )
-    _add(user, "--monitor-interval", dest="monitor_interval", default=0.1, type=float,
-         help="accepted for torchrun compatibility, no effect: aelastic awaits worker exits, it does not poll "
-         "(default: %(default)s)")  # fmt: skip
-    _add(user, "--start-method", dest="start_method", default="spawn", choices=["spawn", "fork", "forkserver"],
-         help="accepted for torchrun compatibility; workers always start as fresh processes (default: "
-         "%(default)s)")  # fmt: skip
-    _add(user, "--event-log-handler", dest="event_log_handler", default="null",
-         help="where torch's events (and aelastic's rendezvous events) go: null, console (JSON lines on stderr), "
-         "file (events.jsonl in this run's log directory, <--log-dir>/<run id>_<random suffix>/, beside "
-         "attempt_<n>/) or a handler registered under the aelastic.event_handlers entry points (default: "
-         "%(default)s)")  # fmt: skip
-    _add(user, "--role", dest="role", default="default", help="the workers' role (default: %(default)s)")
-    _add_flag(user, "-m", "--module", dest="module",
-              help="run the script as a module, as 'python -m' does (default: off)")  # fmt: skip
-    _add_flag(user, "--no-python", dest="no_python",
-              help="run the script as an executable, without python in front (default: off)")  # fmt: skip
-    _add_flag(
-        user,
-        "--run-path",
-        dest="run_path",
-        help="run the script with runpy.run_path in each worker; wins over --no-python (default: off)",
-    )
-    _add(user, "--log-dir", dest="log_dir", default=None,
-         help="base directory for <run_id>_*/attempt_<n>/<local_rank>/{stdout,stderr}.log and error.json "
-         "(default: a new temporary directory)")  # fmt: skip
-    _add(user, "-r", "--redirects", dest="redirects", default="0",
-         help="streams to log files only: 0 none, 1 stdout, 2 stderr, 3 both, or LOCAL_RANK:N,... "
-         "(default: %(default)s)")  # fmt: skip
-    _add(user, "-t", "--tee", dest="tee", default="0",
-         help="streams to log files and the console, as --redirects (default: %(default)s)")  # fmt: skip
-    _add(user, "--local-ranks-filter", dest="local_ranks_filter", default="",
-         help="comma list of local ranks whose output the console shows (default: all)")  # fmt: skip
-    _add(user, "--log-line-prefix-template", dest="log_line_prefix_template", default=None,
-         help="console line prefix with ${role_name} ${rank} ${local_rank} ${hostname} (torch 2.14; '' for "
-         "none, as torchrun without --tee; default: $TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, else "
-         "[<role><local_rank>]:)")  # fmt: skip
-    for stream in ("stdout", "stderr"):
-        _add(user, f"--duplicate-{stream}-filters", dest=f"duplicate_{stream}_filters", default=[],
-             type=_comma_list, help=f"{stream} lines (of any worker) containing one of these strings are also "
-             f"written to <log dir>/attempt_<n>/filtered_{stream}.log (default: none)")  # fmt: skip
-
-    compat = parser.add_argument_group("Backwards compatible parameters with caffe2.distributed.launch")
-    _add(compat, "--node-rank", dest="node_rank", default=0, type=int,
-         help="this node's rank; static rendezvous only (default: %(default)s)")  # fmt: skip
-    _add(
-        compat,
-        "--master-addr",
-        dest="master_addr",
-        default="127.0.0.1",
-        help="address of the rank-0 node, static rendezvous only; IPv6 as [ADDR] (default: %(default)s)",
-    )
-    _add(compat, "--master-port", dest="master_port", default=None, type=int,
-         help="port of the rank-0 node's store, static rendezvous only (default: 29500)")  # fmt: skip
-    _add(compat, "--local-addr", dest="local_addr", default=None,
-         help="this node's address for the rendezvous and the workers' store (default: the local address of the "
-         "connection to the rendezvous store: routable by construction, never a reverse lookup)")  # fmt: skip
-    # torchrun reads no PET_* variable for these two.
-    compat.add_argument(*_spellings(("--logs-specs",)), dest="logs_specs", default=None, action=_Store,
-                        help="a LogsSpecs class registered under the entry-point group 'torchrun.logs_specs' decides "
-                        "where workers' output and error files go, as with torchrun (imports torch); "
-                        "(default: default, torch's layout under --log-dir)")  # fmt: skip
-    compat.add_argument(*_spellings(("--numa-binding",)), dest="numa_binding", default=None,
-                        choices=["node", "socket", "exclusive", "core-complex"],
-                        help="accepted for torchrun compatibility; torchrun binds each worker to the CPUs of its "
-                        "GPU's NUMA node with numactl, aelastic binds nothing (default: none)")  # fmt: skip
-    _add(compat, "--signals-to-handle", dest="signals_to_handle", default=DEFAULT_SIGNALS,
-         help="signals that stop the workers and then the agent (default: %(default)s)")  # fmt: skip
-    _add(compat, "--shutdown-timeout", dest="shutdown_timeout", default=None, type=float,
-         help="seconds between SIGTERM and SIGKILL when stopping workers (default: "
-         "$TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30)")  # fmt: skip
-    _add_flag(
-        compat,
-        "--virtual-local-rank",
-        dest="virtual_local_rank",
-        help="every worker sees LOCAL_RANK 0 and, where NVIDIA devices are visible, CUDA_VISIBLE_DEVICES set to its "
-        "own device only (default: off)",
-    )
-
-    own = parser.add_argument_group("aelastic (beyond torchrun; no torchrun flag changes meaning)")
-    own.add_argument("--async-backend", choices=_BACKENDS, default=argparse.SUPPRESS,
-                     help="event loop to run on, as 'aelastic --async-backend' (default: asyncio; env "
-                     "AELASTIC_ASYNC_BACKEND)")  # fmt: skip
-    _add(own, "--metrics-port", dest="metrics_port", default=None, type=_port,
-         help="serve this agent's Prometheus /metrics and /health on this port (0: a free one, logged); needs "
-         "aelastic[metrics]. TORCHELASTIC_HEALTH_CHECK_PORT serves /health alone (default: off)")  # fmt: skip
-    own.add_argument("--watchdog-timeout", dest="watchdog_timeout", default=None, type=_seconds, action=_Store,
-                     help="kill (its stack dumped first) a worker whose aelastic.worker.heartbeat() calls stop for "
-                     "this many seconds; it then fails like any worker (default: off)")  # fmt: skip
-    _add(own, "--max-restarts-scope", dest="max_restarts_scope", default="node", choices=["node", "job"],
-         help="node: --max-restarts counts this node's failure restarts, as torchrun's; job: it counts the job's, "
-         "once per restart whichever node failed (every node reads one count in the rendezvous store) "
-         "(default: %(default)s)")  # fmt: skip
-    _add(own, "--max-repeated-failures", dest="max_repeated_failures", default=0, type=int,
-         help="stop the job, restarts left or not, when this many attempts in a row failed the same way (the same "
-         "rank and error, at the same checkpointed step or as long after the start): it makes no progress; the "
-         "report says so and aelastic run exits with status 3, which a requeue script can read as 'do not "
-         "requeue'. 0: off (default: %(default)s)")  # fmt: skip
-    _add(own, "--unkillable-timeout", dest="unkillable_timeout", default=UNKILLABLE_TIMEOUT, type=_seconds,
-         help="a worker still alive this many seconds after SIGKILL (uninterruptible sleep: a dead mount, a wedged "
-         "device) is reported and the agent exits with status 4, so that the scheduler replaces the node "
-         "(default: %(default)s)")  # fmt: skip
-    _add(own, "--hang-timeout", dest="hang_timeout", default=None, type=_seconds,
-         help="a job hangs when none of its ranks has used CPU time for this many seconds (every node agrees, "
-         "through the rendezvous store; no heartbeat in the script): every rank's stack is dumped, torch's Flight "
-         "Recorder (turned on for the workers) asked for a dump, the odd ranks named (stopped, outside the "
-         "collective the others wait in) and killed, and the attempt fails as any does (default: off)")  # fmt: skip
-    _add_flag(own, "--prewarm", dest="prewarm",
-              help="keep a standby interpreter per local rank that has imported torch, torch._dynamo (which any "
-              "optimizer imports) and --prewarm-modules, and "
-              "start Python workers in it: restarts skip the interpreter start and the imports; --no-python "
-              "workers start as usual. With in-memory checkpoints, each standby also holds as much touched heap as "
-              "the largest state in host memory a worker of the node saved, where its worker allocates its state "
-              "(default: off)")  # fmt: skip
-    _add(own, "--signals-to-forward", dest="signals_to_forward", default=None,
-         help="signals forwarded to every worker's process group while the workers and the agent run on (a "
-         "scheduler's notice: Slurm's --signal); each worker sees each exactly once, also when the sender "
-         "signalled the workers too. '' forwards none (default: " + DEFAULT_FORWARDED + " less any signal of "
-         "--signals-to-handle)")  # fmt: skip
-    _add(own, "--prewarm-modules", dest="prewarm_modules", default=[], type=_comma_list,
-         help="comma list of modules the standbys import besides torch (default: none)")  # fmt: skip
-    _add(own, "--checkpoint-memory", dest="checkpoint_memory", default=None, type=_size,
-         help="the shared memory one local rank's in-memory checkpoints (aelastic.checkpoint.save) may take: two "
-         "copies of its state, three while the older is written to --checkpoint-dir or a replica if SIZE has room; "
-         "a save of a state over half of it is refused; a replica of another node's ranks takes as much again; 0 "
-         "turns the checkpoint service off (default: a quarter of this host's memory, shared among the local "
-         "ranks)")  # fmt: skip
-    _add(own, "--checkpoint-dir", dest="checkpoint_dir", default=None,
-         help="write the latest complete in-memory checkpoint here (every --checkpoint-persist-every saves, when a "
-         "worker fails, on a forwarded scheduler signal, and at the end), atomically and without blocking a step; "
-         "aelastic.checkpoint.load() reads it when no agent's memory has one (a requeued job, a replaced node) "
-         "(default: none)")  # fmt: skip
-    _add(own, "--checkpoint-persist-every", dest="checkpoint_persist_every", default=50, type=_positive,
-         help="write every N-th in-memory checkpoint to --checkpoint-dir (default: %(default)s)")  # fmt: skip
-    _add(own, "--checkpoint-replicas", dest="checkpoint_replicas", default=1, type=int, choices=[0, 1],
-         help="1: each agent keeps a copy of the next node's in-memory checkpoints, sent in the background after "
-         "each save, so that a lost node's ranks restore from memory (default: %(default)s)")  # fmt: skip
-    _add_flag(own, "--node-check", dest="node_check",
-              help="test every node before the round that admits it: a matmul on its device and gloo all-reduces "
-              "with peers, in two rounds (pairs, then the slowest with the fastest); a node that fails, or is "
-              "--node-check-slowdown times slower than the median, is left out with the reason and the job goes on "
-              "without it where --nnodes allows. Needs c10d or etcd; torch is imported in a check process, never in "
-              "the agent; docs/howto/node-check.md (default: off)")  # fmt: skip
-    _add(own, "--node-check-slowdown", dest="node_check_slowdown", default=DEFAULT_NODE_CHECK_SLOWDOWN,
-         type=_slowdown, help="with --node-check: how many times slower than the median (matmul or all-reduce) a "
-         "node may be before it is left out; a number > 1, inf for none (default: %(default)s)")  # fmt: skip
-    own.add_argument("--dry-run", dest="dry_run", action="store_true",
-                     help="print the resolved configuration, each value with its source (flag, PET_* variable, "
-                     "Slurm variable, default), and exit; nothing is started (default: off)")  # fmt: skip
-
+    """``aelastic run``'s flags, from the table (:mod:`aelastic.config.flags`): torchrun's, in torchrun's order and
+    groups, each with its default, which ``PET_<FLAG>`` overrides; then aelastic's own."""
+    for group in GROUPS:
+        arguments = parser.add_argument_group(group.title)
+        for flag in group.flags:
+            options: dict[str, Any] = {"dest": flag.dest, "help": flag.help}
+            if flag.switch:
+                options.update(action=_StoreTrue, default=flag.pet and pet_flag(flag.dest, os.environ))
+            else:
+                default = pet_default(flag.dest, flag.default, os.environ) if flag.pet else flag.default
+                options.update(
+                    action=_Store, default=default, choices=None if flag.choices is None else list(flag.choices)
+                )
+                if flag.type is not None:
+                    options["type"] = _arg_type(flag.type)
+            arguments.add_argument(*_spellings(flag.names), **options)
     parser.add_argument("training_script", help="the script (or module, or executable) every worker runs")
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="its arguments")
 
@@ -445,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_Version, help="print the installed version and exit")
     parser.add_argument(
         "--async-backend",
-        choices=_BACKENDS,
+        choices=ASYNC_BACKENDS,
         default=os.environ.get("AELASTIC_ASYNC_BACKEND", "asyncio"),
         help="event loop to run on (default: %(default)s; env AELASTIC_ASYNC_BACKEND)",
     )

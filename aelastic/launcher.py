@@ -36,7 +36,7 @@ import anyio
 from . import events
 from ._eventloop import run_options
 from ._groups import single_error
-from .agent.agent import ElasticAgent
+from .agent.agent import AgentOptions, ElasticAgent, Features
 from .agent.errors import ChildFailedError, NoProgressError
 from .agent.forward.parent import RunningWorkers, Witness, open_witness, sender_name
 from .agent.logs import LogSpec
@@ -164,14 +164,14 @@ async def launch(
         local_addr=config.local_addr,
         virtual_local_rank=config.virtual_local_rank,
     )
-    log_root = Path(config.log_dir) if config.log_dir is not None else Path(tempfile.mkdtemp(prefix="torchelastic_"))
+    log_root = Path(config.logs.dir) if config.logs.dir is not None else Path(tempfile.mkdtemp(prefix="torchelastic_"))
     log_root.mkdir(parents=True, exist_ok=True)
     logs = LogSpec(
         role=config.role,
         log_dir=(log_dir := Path(tempfile.mkdtemp(prefix=f"{run_id}_", dir=log_root))),
-        redirects=config.redirects,
-        tee=config.tee,
-        local_ranks_filter=config.local_ranks_filter,
+        redirects=config.logs.redirects,
+        tee=config.logs.tee,
+        local_ranks_filter=config.logs.local_ranks_filter,
         duplicate_stdout_filters=config.duplicate_filters[0],
         duplicate_stderr_filters=config.duplicate_filters[1],
         line_prefix_template=config.log_line_prefix_template,
@@ -215,27 +215,15 @@ async def _run_agent(
         _open_checkpoints(config, control) as checkpoints,
         open_rendezvous(config.rendezvous_parameters(run_id), observer=control.join_observer) as handler,
     ):
-        agent = ElasticAgent(
-            spec,
-            handler,
-            logs,
-            reaper,
-            run_dir=run_dir,
-            exit_barrier_timeout=config.exit_barrier_timeout,
-            watchdog_timeout=config.watchdog_timeout,
-            shutdown_timeout=config.shutdown_grace,
-            logs_specs=config.logs_specs,
-            standbys=standbys,
-            stop_signal=control.stop_signal,
-            running=control.running,
-            checkpoints=checkpoints,
-            hang_timeout=config.hang_timeout,
-            unkillable_timeout=config.unkillable_timeout,
-            job_restarts=config.max_restarts_scope == "job",
-            max_repeated_failures=config.max_repeated_failures,
-            node_check=node_check,
+        options = AgentOptions(
+            timeouts=config.timeouts,
+            restarts=config.restarts,
+            shutdown=config.shutdown_grace,
             identical_workers=workers_identical(),
+            logs_specs=config.logs_specs,
         )
+        features = Features(reaper, standbys, checkpoints, node_check, control.stop_signal, control.running)
+        agent = ElasticAgent(spec, handler, logs, run_dir=run_dir, options=options, features=features)
         try:
             if ports:
                 from .agent.control import run_with_endpoint  # h11 and the endpoint: only when asked for
@@ -284,30 +272,27 @@ async def _open_witness(control: LaunchControl) -> AsyncIterator[None]:
 @asynccontextmanager
 async def _open_standbys(config: LaunchConfig, reaper: Reaper) -> AsyncIterator[Standbys | None]:
     """The standby interpreters when ``config.prewarm`` is on (after the reaper, so they die with it)."""
-    if not config.prewarm:
+    if not config.prewarm.enabled:
         yield None
         return
     from .agent.prewarm.parent import open_standbys
 
-    async with open_standbys(config.prewarm_modules, reaper) as standbys:
+    async with open_standbys(config.prewarm, reaper) as standbys:
         yield standbys
 
 
 @asynccontextmanager
 async def _open_checkpoints(config: LaunchConfig, control: LaunchControl) -> AsyncIterator[Keeper | None]:
-    """The agent's in-memory checkpoints (:mod:`aelastic.agent.checkpoint`), unless ``checkpoint_memory`` is 0 (a
+    """The agent's in-memory checkpoints (:mod:`aelastic.agent.checkpoint`), unless ``checkpoint.memory`` is 0 (a
     scheduler's notice that ``control`` passes on persists them); its memory is released when the launch ends,
     however it ends."""
-    limit = config.checkpoint_limit
-    if not limit:
+    if not config.checkpoint.limit(config.nproc_per_node):
         yield None
         return
     from .agent.checkpoint.parent import open_keeper
 
-    directory = None if config.checkpoint_dir is None else Path(config.checkpoint_dir)
-    replicas = config.checkpoint_replicas and config.max_nodes > 1
     async with open_keeper(
-        limit=limit, directory=directory, persist_every=config.checkpoint_persist_every, replicas=replicas
+        config.checkpoint, nproc_per_node=config.nproc_per_node, multi_node=config.max_nodes > 1
     ) as keeper:
         control.checkpoints = keeper
         try:
@@ -320,12 +305,12 @@ async def _open_checkpoints(config: LaunchConfig, control: LaunchControl) -> Asy
 async def _open_node_check(config: LaunchConfig) -> AsyncIterator[NodeCheck | None]:
     """The node check (:mod:`aelastic.agent.nodecheck`) when ``config.node_check`` is on: its check process starts
     now, before the rendezvous, and ends with the launch."""
-    if not config.node_check:
+    if not config.node_check.enabled:
         yield None
         return
     from .agent.nodecheck.parent import open_node_check
 
-    async with open_node_check(config.node_check_slowdown, os.environ) as check:
+    async with open_node_check(config.node_check, os.environ) as check:
         yield check
 
 

@@ -519,7 +519,7 @@ while True:
 
 
 async def test_an_agent_restarts_a_failure_and_stops_its_workers_with_its_stop_signal(job: Job) -> None:
-    from aelastic.agent.agent import ElasticAgent
+    from aelastic.agent.agent import ElasticAgent, Features
     from aelastic.agent.logs import LogSpec
     from aelastic.agent.processes import StopSignal
     from aelastic.agent.workers import WorkerSpec, WorkerState
@@ -532,7 +532,8 @@ async def test_an_agent_restarts_a_failure_and_stops_its_workers_with_its_stop_s
     run_dir.mkdir()
     with anyio.fail_after(DEADLINE):
         async with open_rendezvous(params) as handler, anyio.create_task_group() as tg:
-            agent = ElasticAgent(spec, handler, LogSpec(), None, run_dir=run_dir, stop_signal=StopSignal(signal.SIGINT))
+            features = Features(stop_signal=StopSignal(signal.SIGINT))
+            agent = ElasticAgent(spec, handler, LogSpec(), run_dir=run_dir, features=features)
             tg.start_soon(agent.run)
             await job.wait_records("ready", 1)
             assert (agent.group.state, agent.budget.failure_restarts, agent.budget.membership_restarts) == (

@@ -22,6 +22,7 @@ import pytest
 
 from aelastic._net import format_address, parse_endpoint
 from aelastic.cli import build_parser, main
+from aelastic.config import PrewarmOptions
 from aelastic.config.command import config_from_args
 from aelastic.errors import ConfigurationError
 
@@ -504,13 +505,13 @@ def test_etcd_on_a_port_in_use_is_one_line_naming_the_address(
 @pytest.mark.usefixtures("restore_environ")
 def test_prewarm_flags_and_their_pet_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     cfg, _, _ = config()
-    assert (cfg.prewarm, cfg.prewarm_modules) == (False, ())
+    assert cfg.prewarm == PrewarmOptions(enabled=False, modules=())
     cfg, _, _ = config("--prewarm", "--prewarm-modules", "numpy,json")
-    assert (cfg.prewarm, cfg.prewarm_modules) == (True, ("numpy", "json"))
+    assert cfg.prewarm == PrewarmOptions(enabled=True, modules=("numpy", "json"))
     monkeypatch.setenv("PET_PREWARM", "1")
     monkeypatch.setenv("PET_PREWARM_MODULES", "numpy")
     cfg, _, _ = config()
-    assert (cfg.prewarm, cfg.prewarm_modules) == (True, ("numpy",))
+    assert cfg.prewarm == PrewarmOptions(enabled=True, modules=("numpy",))
     with pytest.raises(ConfigurationError, match="'a-b' is not a module name"):
         config("--prewarm-modules", "a-b")
 

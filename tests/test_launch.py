@@ -19,8 +19,8 @@ import anyio.abc
 import pytest
 
 import aelastic
-from aelastic import ChildFailedError, LaunchConfig, LaunchControl
-from aelastic.agent.logs import Std
+from aelastic import ChildFailedError, LaunchConfig, LaunchControl, LogOptions
+from aelastic.config.streams import Std
 
 pytestmark = pytest.mark.anyio
 
@@ -73,7 +73,7 @@ def importable_tests(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.usefixtures("importable_tests")
 async def test_launch_returns_values_by_global_rank(tmp_path: Path) -> None:
-    config = LaunchConfig(nproc_per_node=2, max_restarts=0, log_dir=tmp_path)
+    config = LaunchConfig(nproc_per_node=2, max_restarts=0, logs=LogOptions(tmp_path))
     with anyio.fail_after(DEADLINE):
         values = await aelastic.launch(config, rank_and_double, 21)
     assert values == {0: (0, 42, 2), 1: (1, 42, 2)}
@@ -81,7 +81,7 @@ async def test_launch_returns_values_by_global_rank(tmp_path: Path) -> None:
 
 @pytest.mark.usefixtures("importable_tests")
 async def test_launch_raises_child_failed_error_with_the_traceback(tmp_path: Path) -> None:
-    config = LaunchConfig(nproc_per_node=2, max_restarts=0, log_dir=tmp_path)
+    config = LaunchConfig(nproc_per_node=2, max_restarts=0, logs=LogOptions(tmp_path))
     with anyio.fail_after(DEADLINE), pytest.raises(ChildFailedError) as caught:
         await aelastic.launch(config, fails_on_rank_one, "s-7")
     rank, failure = caught.value.get_first_failure()
@@ -95,7 +95,7 @@ async def test_launch_raises_child_failed_error_with_the_traceback(tmp_path: Pat
 
 @pytest.mark.usefixtures("importable_tests")
 async def test_cancelling_launch_leaves_no_process(tmp_path: Path) -> None:
-    config = LaunchConfig(nproc_per_node=2, max_restarts=0, log_dir=tmp_path, shutdown_timeout=5)
+    config = LaunchConfig(nproc_per_node=2, max_restarts=0, logs=LogOptions(tmp_path), shutdown_timeout=5)
     multi = await anyio.create_tcp_listener(local_host="127.0.0.1")
     listener = cast(anyio.abc.SocketListener, multi.listeners[0])
     port = listener.extra(anyio.abc.SocketAttribute.local_port)
@@ -133,7 +133,7 @@ def report_pid_and_record_the_stop_signal(port: int, out: str) -> None:
 async def test_launch_control_sets_the_stop_signal_and_observes_the_joins(tmp_path: Path) -> None:
     """What the command line steers a launch with, through launch() alone: the signal a cancelled launch stops
     the workers with, and an observer of this node's rendezvous joins."""
-    config = LaunchConfig(nproc_per_node=2, max_restarts=0, log_dir=tmp_path / "logs", shutdown_timeout=5)
+    config = LaunchConfig(nproc_per_node=2, max_restarts=0, logs=LogOptions(tmp_path / "logs"), shutdown_timeout=5)
     seen: list[str] = []
     control = LaunchControl(join_observer=lambda node, state, settings, timers, now, action: seen.append(action.name))
     assert control.stop_signal.signum == signal.SIGTERM  # torch's default
@@ -280,7 +280,7 @@ async def test_log_files_are_complete_after_each_kind_of_stop_and_the_restart(tm
     script = tmp_path / "ends.py"
     script.write_text(ENDS_ATTEMPT_ZERO)
     logs = tmp_path / "logs"
-    config = LaunchConfig(nproc_per_node=1, max_restarts=1, log_dir=logs, redirects=Std.ALL)
+    config = LaunchConfig(nproc_per_node=1, max_restarts=1, logs=LogOptions(logs, redirects=Std.ALL))
     with anyio.fail_after(DEADLINE):
         assert await aelastic.launch(config, sys.executable, "-u", str(script), end) == {0: None}
     (run_dir,) = logs.iterdir()

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from helpers.procs import poll_until
 
-from aelastic import LaunchConfig
+from aelastic import LaunchConfig, NodeCheckOptions
 from aelastic.cli import main
 from aelastic.errors import ConfigurationError
 
@@ -221,18 +221,18 @@ def test_the_flags_reach_the_launch_config(capsys: pytest.CaptureFixture[str], t
     script.touch()
     assert main(["run", "--standalone", "--node-check", "--node-check-slowdown", "3.5", "--dry-run", str(script)]) == 0
     table = capsys.readouterr().out
-    assert re.search(r"node_check\s+True\s+<- flag --node-check\n", table), table
-    assert re.search(r"node_check_slowdown\s+3\.5\s+<- flag --node-check-slowdown\n", table), table
+    assert re.search(r"node_check.enabled\s+True\s+<- flag --node-check\n", table), table
+    assert re.search(r"node_check.slowdown\s+3\.5\s+<- flag --node-check-slowdown\n", table), table
 
 
 def test_the_launch_config_checks_its_fields() -> None:
-    assert LaunchConfig().node_check is False  # torch's behaviour unless asked
-    assert LaunchConfig().node_check_slowdown == 2.0
-    assert LaunchConfig(node_check=True).standalone  # standalone is c10d: a check of one node's device
-    with pytest.raises(ConfigurationError, match=r"LaunchConfig node_check_slowdown=1: must be a number > 1"):
-        LaunchConfig(node_check_slowdown=1)
+    assert LaunchConfig().node_check == NodeCheckOptions(enabled=False, slowdown=2.0)  # torch's behaviour unless asked
+    on = NodeCheckOptions(enabled=True)
+    assert LaunchConfig(node_check=on).standalone  # standalone is c10d: a check of one node's device
+    with pytest.raises(ConfigurationError, match=r"NodeCheckOptions slowdown=1: must be a number > 1"):
+        NodeCheckOptions(slowdown=1)
     with pytest.raises(ConfigurationError, match=r"rdzv_backend='static': needs a dynamic rendezvous"):
-        LaunchConfig(node_check=True, rdzv_backend="static", min_nodes=2, max_nodes=2)
+        LaunchConfig(node_check=on, rdzv_backend="static", min_nodes=2, max_nodes=2)
 
 
 def test_off_by_default_it_costs_the_agent_nothing() -> None:

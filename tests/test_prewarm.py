@@ -22,7 +22,7 @@ import pytest
 import test_agent_e2e
 from test_agent_e2e import DEADLINE, Job, alive, common, processes_mentioning, wait_gone
 
-from aelastic import LaunchConfig, launch
+from aelastic import LaunchConfig, LogOptions, PrewarmOptions, launch
 from aelastic.agent.prewarm.parent import PER_ATTEMPT, python_target
 from aelastic.worker._standby import CAP_SYS_ADMIN, capable
 
@@ -477,7 +477,9 @@ def rank_and_origin() -> tuple[int, bool]:
 
 
 async def test_callables_run_in_standbys(tmp_path: Path) -> None:
-    config = LaunchConfig(nproc_per_node=2, prewarm=True, log_dir=tmp_path, monitor_interval=0.1)
+    config = LaunchConfig(
+        nproc_per_node=2, prewarm=PrewarmOptions(enabled=True), logs=LogOptions(tmp_path), monitor_interval=0.1
+    )
     with anyio.fail_after(DEADLINE):
         assert await launch(config, rank_and_origin) == {0: (0, True), 1: (1, True)}
 

@@ -35,6 +35,8 @@ AELASTIC = {
     "record", "run",
     # How a job ends, beyond torch's (issue 31): its failure elsewhere, no progress, a worker SIGKILL does not end.
     "FailedElsewhereError", "NoProgressError", "NodeCheckError", "UnkillableWorkerError",
+    # aelastic's options, one record per feature (issue 44).
+    "CheckpointOptions", "LogOptions", "NodeCheckOptions", "PrewarmOptions", "RestartOptions", "Timeouts",
 }  # fmt: skip
 ETCD = {
     "Compare", "DeleteOp", "EtcdClient", "EtcdClientStatistics", "EtcdConfig", "EtcdStore", "EventType", "KeyValue",

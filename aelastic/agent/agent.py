@@ -37,7 +37,7 @@ import signal
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from string import Template
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -47,8 +47,8 @@ import anyio
 from .. import events
 from .._devices import visible_devices
 from ..config.logs_specs import LogsSpecs
-from ..config.values import UNKILLABLE_TIMEOUT
-from ..errors import AelasticError, RendezvousClosedError, StoreConnectionError
+from ..config.options import RestartOptions, Timeouts
+from ..errors import RendezvousClosedError, StoreConnectionError
 from ..rendezvous.api import RendezvousHandler, RendezvousInfo
 from ..worker._timers import FILE_ENV, WATCHDOG_ENV
 from .errors import ChildFailedError, FailedElsewhereError, ProcessFailure
@@ -89,21 +89,31 @@ _STOPPED = (signal.SIGTERM, signal.SIGKILL)  # the signals that stop a worker th
 _FINAL = (Action.STOP_FAILED, Action.STOP_CLOSED, Action.STOP_NO_PROGRESS)  # the decisions that end the run
 
 
-@dataclass(frozen=True, slots=True)
-class _Timeouts:
-    """The agent's durations, in seconds (named as :class:`ElasticAgent`'s parameters, less ``_timeout``)."""
+@dataclass(frozen=True)
+class AgentOptions:
+    """How the agent runs: the config's deadlines and restart rules, with the launch's own values."""
 
-    exit_barrier: float  # the most a node waits for the others at the exit barrier, and again when closing
-    shutdown: float  # from SIGTERM to SIGKILL when the workers are stopped
-    watchdog: float | None  # aelastic.worker's progress watchdog (None: off)
-    stack_dump: float  # the most a stack dump of the workers may take
-    hang: float | None  # no progress on any rank of the job for this long is a hang (None: not watched)
-    unkillable: float  # a worker that outlives SIGKILL this long ends the agent (UnkillableWorkerError)
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    restarts: RestartOptions = field(default_factory=RestartOptions)
+    shutdown: float = 30.0  # from SIGTERM to SIGKILL when the workers are stopped (LaunchConfig.shutdown_grace)
+    stack_dump: float = DEFAULT_DUMP_TIMEOUT  # the most a stack dump of the workers may take
+    identical_workers: bool = False  # torch's TORCH_ELASTIC_WORKER_IDENTICAL: ranks need no exchange
+    logs_specs: LogsSpecs | None = None  # a custom torch LogsSpecs (--logs-specs): reify() routes each attempt's logs
 
-    def __post_init__(self) -> None:
-        for name, value in (("watchdog_timeout", self.watchdog), ("hang_timeout", self.hang)):
-            if value is not None and value <= 0:
-                raise AelasticError(f"{name}={value!r}: must be > 0 seconds")
+
+@dataclass(frozen=True)
+class Features:
+    """What the launch opened for the agent, each ``None`` where it is off: the reaper sidecar, the standbys
+    (``--prewarm``), the workers' in-memory checkpoints, the node check; and the launch control's stop signal (what
+    a cancelled run stops the workers with; None: SIGTERM) and registry of running workers (for forwarded
+    signals)."""
+
+    reaper: Reaper | None = None
+    standbys: Standbys | None = None
+    checkpoints: Keeper | None = None
+    node_check: NodeCheck | None = None
+    stop_signal: StopSignal | None = None
+    running: RunningWorkers | None = None
 
 
 class ElasticAgent:
@@ -114,61 +124,33 @@ class ElasticAgent:
         spec: WorkerSpec,
         handler: RendezvousHandler,
         logs: LogSpec,
-        reaper: Reaper | None,
         *,
         run_dir: Path,
-        exit_barrier_timeout: float = 300.0,
-        shutdown_timeout: float = 30.0,
+        options: AgentOptions | None = None,
+        features: Features | None = None,
         base_env: Mapping[str, str] | None = None,
-        watchdog_timeout: float | None = None,
-        stack_dump_timeout: float = DEFAULT_DUMP_TIMEOUT,
-        logs_specs: LogsSpecs | None = None,
-        standbys: Standbys | None = None,
-        stop_signal: StopSignal | None = None,
-        running: RunningWorkers | None = None,
-        checkpoints: Keeper | None = None,
-        hang_timeout: float | None = None,
-        unkillable_timeout: float = UNKILLABLE_TIMEOUT,
-        job_restarts: bool = False,
-        max_repeated_failures: int = 0,
-        node_check: NodeCheck | None = None,
-        identical_workers: bool = False,
     ) -> None:
         self.spec = spec
         self.handler = handler
         self.logs = logs
-        self.reaper = reaper
         self.run_dir = run_dir
-        self.timeouts = _Timeouts(
-            exit_barrier_timeout,
-            shutdown_timeout,
-            watchdog_timeout,
-            stack_dump_timeout,
-            hang_timeout,
-            unkillable_timeout,
-        )
+        self.options = options = AgentOptions() if options is None else options
+        self.features = features = Features() if features is None else features
         self.base_env = dict(os.environ if base_env is None else base_env)
-        self.logs_specs = logs_specs  # a custom torch LogsSpecs (--logs-specs): reify() routes each attempt's logs
-        self.standbys = standbys
-        self.stop_signal = stop_signal  # what a cancelled run stops the workers with (None: SIGTERM)
-        self.running = running  # where the running workers' groups are tracked, for forwarded signals
-        self.checkpoints = checkpoints  # the workers' in-memory checkpoints (aelastic.agent.checkpoint)
+        checkpoints, standbys = features.checkpoints, features.standbys
         if checkpoints is not None and standbys is not None:  # a replacement's state lands in warm memory
             checkpoints.on_state_size = standbys.warm
             checkpoints.on_slots = standbys.map_slots
-        self.node_check = node_check  # each round's new members checked before the workers start (--node-check)
-        self.identical_workers = identical_workers  # torch's TORCH_ELASTIC_WORKER_IDENTICAL: ranks need no exchange
         # What the workers may ask over their links (aelastic.agent.link).
         self.services: dict[str, LinkService] = {} if checkpoints is None else {checkpoints.name: checkpoints}
         # torch's rule: the timer server runs when its variable is exactly "1"; aelastic's watchdog needs it too.
         self.timer_file: Path | None = None
-        if self.base_env.get(ENABLE_ENV) == "1" or watchdog_timeout is not None:
+        if self.base_env.get(ENABLE_ENV) == "1" or options.timeouts.watchdog is not None:
             self.timer_file = Path(self.base_env.get(FILE_ENV) or run_dir / "watchdog_timer")
         self.group = WorkerGroup(spec)
         # Observability (aelastic.metrics): the figures behind /metrics and /health.
         self.metrics = AgentMetrics(spec.role, spec.max_restarts)
-        self.recorder = _Recorder(spec, handler, self.group, self.metrics, max_repeated_failures)
-        self.job_restarts = job_restarts  # max_restarts counts the job's failure restarts, not this node's
+        self.recorder = _Recorder(spec, handler, self.group, self.metrics, options.restarts.max_repeated_failures)
         self._attempt = 0
         self._finished: RendezvousInfo | None = None  # the round in which every node's workers succeeded
         self._dumper: StackDumper | None = None  # the last attempt's: its notes go into the failure report
@@ -195,34 +177,35 @@ class ElasticAgent:
         returns; the next attempt does not wait for it.
         """
         async with open_supervisor(
-            grace=self.timeouts.shutdown,
-            reaper=self.reaper,
-            standbys=self.standbys,
-            stop_signal=self.stop_signal,
-            running=self.running,
+            grace=self.options.shutdown,
+            reaper=self.features.reaper,
+            standbys=self.features.standbys,
+            stop_signal=self.features.stop_signal,
+            running=self.features.running,
             services=self.services,
-            unkillable=self.timeouts.unkillable,
+            unkillable=self.options.timeouts.unkillable,
         ) as supervisor:
-            if self.standbys is not None:
-                await self._prewarm(self.standbys)
+            if self.features.standbys is not None:
+                await self._prewarm(self.features.standbys)
             while True:
                 self.recorder.init()
                 began = anyio.current_time()
                 info = await self.handler.next_rendezvous()
                 self.recorder.rendezvous_done(anyio.current_time() - began)
-                if self.node_check is not None and not await self.node_check.admit(info, self.handler):
+                check = self.features.node_check
+                if check is not None and not await check.admit(info, self.handler):
                     continue  # a member was left out, or the membership changed: the next round, no attempt
                 assignment = await self._assign(info)
                 workers, reason = await self._attempt_once(supervisor, info, assignment)
                 self.recorder.attempt_ended(workers)
                 outcome = await self._outcome(workers)
-                if outcome is Outcome.FAILED and self.job_restarts:
+                if outcome is Outcome.FAILED and self.options.restarts.scope == "job":
                     await self._job_budget(info)  # another node's failure may have spent it
                 decision = decide(outcome, self.budget, self._failure_mark(workers))
                 job: list[FailureRecord] = []
                 if decision.action in _FINAL:  # every node names the same cause
                     job = await self._job_failures(info, workers or self._stopped)
-                if decision.action is Action.RESTART_FAILURE and self.job_restarts:
+                if decision.action is Action.RESTART_FAILURE and self.options.restarts.scope == "job":
                     await self._count_job_restart(info)
                 self.recorder.decided(decision, workers, reason, functools.partial(self._attempt_report, workers))
                 if decision.action not in (Action.RESTART_FAILURE, Action.RESTART_MEMBERSHIP):
@@ -235,20 +218,20 @@ class ElasticAgent:
                 if decision.action in (Action.STOP_FAILED, Action.STOP_NO_PROGRESS):
                     await self._persist_checkpoints("the end")
                     return self._finish(WorkerState.FAILED, workers, first_cause(job), self._no_progress(decision))
-                if decision.action is Action.RESTART_FAILURE and self.checkpoints is not None:
-                    self.checkpoints.persist("a worker failed")  # in the background: the restart goes on
+                if decision.action is Action.RESTART_FAILURE and self.features.checkpoints is not None:
+                    self.features.checkpoints.persist("a worker failed")  # in the background: the restart goes on
                 if decision.action is Action.STOP_CLOSED:
                     self._closed(first_cause(job))
                 self._attempt += 1
 
     async def _persist_checkpoints(self, reason: str) -> None:
         """Write the latest in-memory checkpoints to ``--checkpoint-dir`` and wait, at most ``exit_barrier_timeout``."""
-        if self.checkpoints is not None and self.checkpoints.directory is not None:
-            with anyio.move_on_after(self.timeouts.exit_barrier) as scope:
-                await self.checkpoints.flush(reason)
+        if self.features.checkpoints is not None and self.features.checkpoints.directory is not None:
+            with anyio.move_on_after(self.options.timeouts.exit_barrier) as scope:
+                await self.features.checkpoints.flush(reason)
             if scope.cancelled_caught:
                 logger.warning("[%s] checkpoints: not every one was written to %s within %g s", self.spec.role,
-                               self.checkpoints.directory, self.timeouts.exit_barrier)  # fmt: skip
+                               self.features.checkpoints.directory, self.options.timeouts.exit_barrier)  # fmt: skip
 
     def _failure_mark(self, outcome: GroupOutcome | None) -> FailureMark | None:
         """How a failed attempt failed (for ``--max-repeated-failures``): its first failure's rank and error line,
@@ -257,7 +240,7 @@ class ElasticAgent:
         if outcome is None or first is None:
             return None
         failure = self._failures(outcome)[first.global_rank]
-        own = {} if self.checkpoints is None else self.checkpoints.statistics().own
+        own = {} if self.features.checkpoints is None else self.features.checkpoints.statistics().own
         step = max((step for steps in own.values() for step in steps), default=None)
         seconds = anyio.current_time() - self.recorder.attempt_started  # the attempt's length, to its end's news
         return FailureMark(first.global_rank, error_line(failure), step, seconds)
@@ -275,7 +258,8 @@ class ElasticAgent:
         )
 
     async def _job_budget(self, info: RendezvousInfo) -> None:
-        """The job's failure restarts so far become this node's (``job_restarts``: one budget for the job)."""
+        """The job's failure restarts so far become this node's (``--max-restarts-scope job``: one budget for the
+        job)."""
         if info.job_store is None:
             return
         spent = min(await info.job_store.add("restarts", 0), self.spec.max_restarts)
@@ -344,9 +328,9 @@ class ElasticAgent:
 
     async def _assign(self, info: RendezvousInfo) -> RankAssignment:
         me = RoleInfo(self.spec.role, info.rank, self.spec.local_world_size)
-        keeper = self.checkpoints
+        keeper = self.features.checkpoints
         if keeper is None:
-            assignment = await exchange_ranks(info.store, me, info.world_size, identical=self.identical_workers)
+            assignment = await exchange_ranks(info.store, me, info.world_size, identical=self.options.identical_workers)
         else:
             await keeper.serve_replicas(self.handler.local_addr if info.world_size > 1 else None)
             assignment = await exchange_ranks(
@@ -377,14 +361,16 @@ class ElasticAgent:
         self._stopped = None
         self.recorder.attempt_started = anyio.current_time()
         envs = {worker.local_rank: self._environment(worker, logs) for worker in self.group.workers}
-        if self.logs_specs is not None:
+        if self.options.logs_specs is not None:
             for env in envs.values():
                 del env["TORCHELASTIC_ERROR_FILE"]  # as torch's: the spec's reify() sets it, if it wants one
-            logs = replace(logs, custom=reify(self.logs_specs, envs))
-        dumper = self._dumper = StackDumper(logs, self.timeouts.stack_dump)
+            logs = replace(logs, custom=reify(self.options.logs_specs, envs))
+        dumper = self._dumper = StackDumper(logs, self.options.stack_dump)
         try:
             commands = [self._command(w, envs[w.local_rank]) for w in self.group.workers]
-            if self.standbys is None:  # a standby's interpreter started long ago, without the faulthandler hook
+            if (
+                self.features.standbys is None
+            ):  # a standby's interpreter started long ago, without the faulthandler hook
                 commands = [dumper.command(command) for command in commands]
             return await self._run_attempt(supervisor, info, commands, logs, dumper)
         finally:
@@ -399,18 +385,18 @@ class ElasticAgent:
         dumper: StackDumper,
     ) -> tuple[GroupOutcome | None, str | None]:
         reason: str | None = None
-        keeper, ranks = self.checkpoints, [command.global_rank for command in commands]
+        keeper, ranks = self.features.checkpoints, [command.global_rank for command in commands]
 
         async def before_kill(survivors: Sequence[WorkerProcess]) -> None:
             for worker in survivors:
-                dumper.note(worker.pid, f"did not exit within {self.timeouts.shutdown:g} s of the stop: SIGKILLed")
-            await dumper.dump(survivors, f"still running {self.timeouts.shutdown:g} s after the stop; SIGKILL next")
+                dumper.note(worker.pid, f"did not exit within {self.options.shutdown:g} s of the stop: SIGKILLed")
+            await dumper.dump(survivors, f"still running {self.options.shutdown:g} s after the stop; SIGKILL next")
 
         hang = None
-        if self.timeouts.hang is not None:
+        if self.options.timeouts.hang is not None:
             pipe = commands[0].env.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE")  # ours, or the user's own
             world = self.group.workers[0].world_size
-            hang = HangWatch(self.timeouts.hang, info.store, info.rank, info.world_size, world, dumper, pipe,
+            hang = HangWatch(self.options.timeouts.hang, info.store, info.rank, info.world_size, world, dumper, pipe,
                              supervisor.kill)  # fmt: skip
         async with self._timer_server() as timers, anyio.create_task_group() as tg:
 
@@ -523,9 +509,9 @@ class ElasticAgent:
                 env["CUDA_VISIBLE_DEVICES"] = devices[worker.local_rank % len(devices)]
         if self.timer_file is not None:
             env[FILE_ENV] = str(self.timer_file)
-        if self.timeouts.watchdog is not None:
-            env[WATCHDOG_ENV] = repr(self.timeouts.watchdog)
-        if self.timeouts.hang is not None:
+        if self.options.timeouts.watchdog is not None:
+            env[WATCHDOG_ENV] = repr(self.options.timeouts.watchdog)
+        if self.options.timeouts.hang is not None:
             dumps = None if logs.log_dir is None else Path(logs.log_dir) / "flight_recorder_rank_"
             env.update(flight_recorder_env(self.base_env, self._flight_recorder_pipe, dumps))
         return env
@@ -537,11 +523,13 @@ class ElasticAgent:
 
     async def _exit_barrier(self, info: RendezvousInfo) -> None:
         """Wait until every node's workers are done, so no node tears down a store others still use."""
-        with anyio.move_on_after(self.timeouts.exit_barrier) as scope:
+        with anyio.move_on_after(self.options.timeouts.exit_barrier) as scope:
             await self._members_barrier(info, _TERMINAL)
         if scope.cancelled_caught:
             logger.warning(
-                "[%s] exit barrier: not every node finished within %gs", self.spec.role, self.timeouts.exit_barrier
+                "[%s] exit barrier: not every node finished within %gs",
+                self.spec.role,
+                self.options.timeouts.exit_barrier,
             )
 
     async def _members_barrier(self, info: RendezvousInfo, key: str) -> None:
@@ -589,7 +577,7 @@ class ElasticAgent:
         closed = await self.handler.shutdown()
         if self._finished is not None:
             info = self._finished
-            with anyio.move_on_after(self.timeouts.exit_barrier):
+            with anyio.move_on_after(self.options.timeouts.exit_barrier):
                 try:
                     await self._members_barrier(info, "aelastic/agent/closed")
                 except StoreConnectionError as exc:  # the job is done; a peer that left early changes nothing

@@ -27,6 +27,7 @@ from ..rendezvous.api import RendezvousParameters
 from ..rendezvous.registry import check_parameters
 from . import environ
 from .extras import check_metrics_available
+from .flags import flags
 from .launch_config import LaunchConfig
 from .sources import apply_slurm, sources
 from .values import (
@@ -36,10 +37,8 @@ from .values import (
     new_run_id,
     parse_nnodes,
     parse_nproc,
-    parse_ranks_filter,
     parse_rdzv_conf,
     parse_signals,
-    parse_std,
     resolve_forwarded,
 )
 
@@ -48,16 +47,6 @@ __all__ = ["Resolved", "RunCommand", "config_from_args", "resolve", "run_script_
 logger = logging.getLogger(__name__)
 
 Entrypoint = str | Callable[..., Any]
-
-
-# The flags whose value (argparse's, already typed) is the LaunchConfig field of the same name.
-_AS_GIVEN = (
-    "role", "max_restarts", "monitor_interval", "start_method", "log_dir", "local_addr", "shutdown_timeout",
-    "signals_to_handle", "event_log_handler", "metrics_port", "virtual_local_rank", "watchdog_timeout", "prewarm",
-    "checkpoint_memory", "checkpoint_dir", "checkpoint_persist_every", "hang_timeout",
-    "unkillable_timeout", "max_restarts_scope", "max_repeated_failures",
-    "node_check", "node_check_slowdown",
-)  # fmt: skip
 
 
 class RunCommand(NamedTuple):
@@ -150,10 +139,10 @@ def _load_plugins(args: argparse.Namespace, config: LaunchConfig) -> LaunchConfi
 
         specs = load_logs_specs(
             args.logs_specs,
-            log_dir=config.log_dir,
-            redirects=config.redirects,
-            tee=config.tee,
-            local_ranks_filter=config.local_ranks_filter,
+            log_dir=config.logs.dir,
+            redirects=config.logs.redirects,
+            tee=config.logs.tee,
+            local_ranks_filter=config.logs.local_ranks_filter,
         )
         config = dataclasses.replace(config, logs_specs=specs)
     check_event_handler(config.event_log_handler)
@@ -213,25 +202,20 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> R
     template = args.log_line_prefix_template  # '' is a template too: no prefix
     if template is None:
         template = environ.log_line_prefix_template()
-    config = LaunchConfig(
-        min_nodes=rdzv.min_nodes,
-        max_nodes=rdzv.max_nodes,
-        nproc_per_node=nproc,
-        run_id=rdzv.run_id,
-        rdzv_endpoint=rdzv.endpoint,
-        rdzv_backend=rdzv.backend,
-        rdzv_configs=rdzv.configs,
-        redirects=parse_std("--redirects", str(args.redirects)),
-        tee=parse_std("--tee", str(args.tee)),
-        local_ranks_filter=parse_ranks_filter(args.local_ranks_filter),
-        duplicate_stdout_filters=tuple(f for f in args.duplicate_stdout_filters if f),  # torch: '' filters nothing
-        duplicate_stderr_filters=tuple(f for f in args.duplicate_stderr_filters if f),
-        log_line_prefix_template=template,
-        prewarm_modules=tuple(m for m in args.prewarm_modules if m),
-        signals_to_forward=",".join(s.name for s in forwarded),  # resolved: --dry-run shows what is forwarded
-        checkpoint_replicas=bool(args.checkpoint_replicas),
-        **{name: getattr(args, name) for name in _AS_GIVEN},
-    )
+    fields = {f.field: f.convert(getattr(args, f.dest)) if f.convert else getattr(args, f.dest) for f in
+              flags() if f.field is not None}  # fmt: skip
+    config = LaunchConfig.from_fields({
+        **fields,
+        "min_nodes": rdzv.min_nodes,
+        "max_nodes": rdzv.max_nodes,
+        "nproc_per_node": nproc,
+        "run_id": rdzv.run_id,
+        "rdzv_endpoint": rdzv.endpoint,
+        "rdzv_backend": rdzv.backend,
+        "rdzv_configs": rdzv.configs,
+        "log_line_prefix_template": template,
+        "signals_to_forward": ",".join(s.name for s in forwarded),  # resolved: --dry-run shows what is forwarded
+    })  # fmt: skip
     config = _load_plugins(args, config)
     check_parameters(config.rendezvous_parameters(config.run_id))
     entrypoint, script_args = _entrypoint(args)

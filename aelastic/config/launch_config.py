@@ -8,28 +8,22 @@ purpose: no ``rdzv_backend`` runs standalone (torch's default, ``etcd``, needs a
 
 from __future__ import annotations
 
-import os
+import dataclasses
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigurationError
 from ..rendezvous.api import RendezvousParameters
 from . import environ
-from .streams import Std, StdSpec
+from .options import CheckpointOptions, LogOptions, NodeCheckOptions, PrewarmOptions, RestartOptions, Timeouts
 from .values import (
-    DEFAULT_NODE_CHECK_SLOWDOWN,
     DEFAULT_SIGNALS,
-    UNKILLABLE_TIMEOUT,
     check_at_least,
-    check_module_names,
     check_node_check,
     check_node_range,
     check_port,
-    check_slowdown,
-    check_writable_dir,
     parse_signals,
     resolve_forwarded,
 )
@@ -67,55 +61,29 @@ class LaunchConfig:
     max_restarts: int = 3
     monitor_interval: float = 0.1
     start_method: str = "spawn"
-    log_dir: str | Path | None = None
-    redirects: StdSpec = Std.NONE
-    tee: StdSpec = Std.NONE
     local_addr: str | None = None
-    local_ranks_filter: frozenset[int] | None = None
     duplicate_stdout_filters: Sequence[str] | None = None  # None or empty: no filtered_stdout.log
     duplicate_stderr_filters: Sequence[str] | None = None
     log_line_prefix_template: str | None = None
-    exit_barrier_timeout: float = 300.0
     shutdown_timeout: float | None = None  # None: $TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30 (shutdown_grace)
     signals_to_handle: str = DEFAULT_SIGNALS
-    # aelastic's: signals forwarded to the workers while they run on (None: SIGUSR1,SIGUSR2 less signals_to_handle);
-    # read by whoever catches signals (the command line), as signals_to_handle is.
-    signals_to_forward: str | None = None
     metrics_cfg: Mapping[str, str] = field(default_factory=dict)
     event_log_handler: str = "null"
     numa_options: Any = None  # torch's NumaOptions: accepted, no effect
-    metrics_port: int | None = None
     virtual_local_rank: bool = False
-    # aelastic's: kill a worker whose aelastic.worker.heartbeat() calls stop for this many seconds (None: off).
-    watchdog_timeout: float | None = None
-    # torch's: a custom LogsSpecs instance (aelastic.agent.logs_specs); None is the default layout under log_dir.
+    # torch's: a custom LogsSpecs instance (aelastic.config.logs_specs); None is the default layout under logs.dir.
     logs_specs: Any = None
-    # aelastic's: keep a pre-warmed standby interpreter per local rank (aelastic.agent.prewarm) that has imported
-    # torch (where importable) and prewarm_modules, and start Python workers in it.
-    prewarm: bool = False
-    prewarm_modules: tuple[str, ...] = ()
-    # aelastic's: in-memory checkpoints (aelastic.checkpoint). The shared memory one local rank's checkpoints may
-    # take, in bytes (None: a quarter of this host's memory, shared among the local ranks; 0: no checkpoint
-    # service); the directory the agents persist the latest complete one to (None: none), every how many saves;
-    # and whether each agent keeps a replica of another node's checkpoints.
-    checkpoint_memory: int | None = None
-    checkpoint_dir: str | Path | None = None
-    checkpoint_persist_every: int = 50
-    checkpoint_replicas: bool = True
-    # aelastic's: the seconds without CPU progress on every rank of the job that make a hang (None: not watched;
-    # aelastic.agent.hang).
-    hang_timeout: float | None = None
-    # aelastic's: a worker alive this long after SIGKILL ends the agent (UnkillableWorkerError, exit status 4).
-    unkillable_timeout: float = UNKILLABLE_TIMEOUT
-    # aelastic's: "job" makes max_restarts one budget for the job; the same failure this many attempts in a row
-    # stops the job early (NoProgressError, exit status 3; 0: never).
-    max_restarts_scope: str = "node"
-    max_repeated_failures: int = 0
-    # aelastic's: test each node (a matmul, gloo all-reduces with peers) before the round that admits it, and leave
-    # out one that fails or is node_check_slowdown times slower than the median (aelastic.agent.nodecheck).
-    node_check: bool = False
-    node_check_slowdown: float = DEFAULT_NODE_CHECK_SLOWDOWN
-    shutdown_grace: float = field(init=False)
+    # aelastic's own, one record per feature (aelastic.config.options):
+    logs: LogOptions = field(default_factory=LogOptions)
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    restarts: RestartOptions = field(default_factory=RestartOptions)
+    prewarm: PrewarmOptions = field(default_factory=PrewarmOptions)
+    checkpoint: CheckpointOptions = field(default_factory=CheckpointOptions)
+    node_check: NodeCheckOptions = field(default_factory=NodeCheckOptions)
+    # signals forwarded to the workers while they run on (None: SIGUSR1,SIGUSR2 less signals_to_handle); read by
+    # whoever catches signals (the command line), as signals_to_handle is.
+    signals_to_forward: str | None = None
+    metrics_port: int | None = None  # the agent's /metrics and /health endpoint (aelastic.agent.control)
 
     def __post_init__(self) -> None:
         check_node_range(self.min_nodes, self.max_nodes, f"LaunchConfig nodes {self.min_nodes}:{self.max_nodes}")
@@ -125,36 +93,47 @@ class LaunchConfig:
             raise ConfigurationError(
                 f"LaunchConfig start_method={self.start_method!r}: must be spawn, fork or forkserver"
             )
-        if self.exit_barrier_timeout <= 0:
-            raise ConfigurationError(f"LaunchConfig exit_barrier_timeout={self.exit_barrier_timeout!r}: must be > 0")
         grace = environ.shutdown_timeout() if self.shutdown_timeout is None else self.shutdown_timeout
         check_at_least(grace, 0, f"LaunchConfig shutdown_timeout={grace!r}")  # torch's rule: 0 kills at once
-        object.__setattr__(self, "shutdown_grace", float(grace))
-        if self.max_restarts_scope not in ("node", "job"):
-            raise ConfigurationError(
-                f"LaunchConfig max_restarts_scope={self.max_restarts_scope!r}: must be node or job"
-            )
-        check_at_least(
-            self.max_repeated_failures, 0, f"LaunchConfig max_repeated_failures={self.max_repeated_failures}"
-        )
-        for name in ("watchdog_timeout", "hang_timeout", "unkillable_timeout"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ConfigurationError(f"LaunchConfig {name}={value!r}: must be > 0 seconds")
+        object.__setattr__(self, "_shutdown_grace", float(grace))  # read when the config is made, as torch's
         parse_signals(self.signals_to_handle, "LaunchConfig signals_to_handle")
         resolve_forwarded(self.signals_to_forward, self.signals_to_handle, _FORWARD_LABELS)
-        check_module_names(self.prewarm_modules, "LaunchConfig prewarm_modules")
         if self.metrics_port is not None:
             check_port(self.metrics_port, f"LaunchConfig metrics_port={self.metrics_port}")
-        if self.checkpoint_memory is not None:
-            check_at_least(self.checkpoint_memory, 0, f"LaunchConfig checkpoint_memory={self.checkpoint_memory}")
-        check_at_least(self.checkpoint_persist_every, 1, f"LaunchConfig checkpoint_persist_every="
-                       f"{self.checkpoint_persist_every}")  # fmt: skip
-        if self.checkpoint_dir is not None:
-            check_writable_dir(str(self.checkpoint_dir), "LaunchConfig checkpoint_dir")
-        check_slowdown(self.node_check_slowdown, f"LaunchConfig node_check_slowdown={self.node_check_slowdown!r}")
-        if self.node_check:
-            check_node_check(self.rdzv_backend, f"LaunchConfig node_check=True, rdzv_backend={self.rdzv_backend!r}")
+        if self.node_check.enabled:
+            check_node_check(self.rdzv_backend, f"LaunchConfig node_check, rdzv_backend={self.rdzv_backend!r}")
+
+    @property
+    def shutdown_grace(self) -> float:
+        """The seconds between the stop signal and SIGKILL: ``shutdown_timeout``, else
+        ``$TORCH_ELASTIC_SHUTDOWN_TIMEOUT``, else 30."""
+        grace: float = self.__dict__["_shutdown_grace"]
+        return grace
+
+    @classmethod
+    def from_fields(cls, values: Mapping[str, Any]) -> LaunchConfig:
+        """A config from field values by name, a record's fields dotted (``{"checkpoint.memory": 0}``); a record
+        not named keeps its defaults."""
+        top = {name: value for name, value in values.items() if "." not in name}
+        records: dict[str, dict[str, Any]] = {}
+        for name, value in values.items():
+            if "." in name:
+                record, _, option = name.partition(".")
+                records.setdefault(record, {})[option] = value
+        # A record field's default factory is its record class.
+        kinds: dict[str, Callable[..., Any]] = {f.name: f.default_factory for f in dataclasses.fields(cls)}  # type: ignore[misc]
+        return cls(**top, **{name: kinds[name](**options) for name, options in records.items()})
+
+    def flat(self) -> dict[str, Any]:
+        """Every field by name, a record's fields dotted, and ``shutdown_grace``: what ``--dry-run`` shows."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if dataclasses.is_dataclass(value):
+                out.update({f"{f.name}.{o.name}": getattr(value, o.name) for o in dataclasses.fields(value)})
+            else:
+                out[f.name] = value
+        return {**out, "shutdown_grace": self.shutdown_grace}
 
     @property
     def standalone(self) -> bool:
@@ -175,14 +154,6 @@ class LaunchConfig:
     def duplicate_filters(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """The stdout and stderr filters, each a tuple (empty where torch's ``None``)."""
         return tuple(self.duplicate_stdout_filters or ()), tuple(self.duplicate_stderr_filters or ())
-
-    @property
-    def checkpoint_limit(self) -> int:
-        """``checkpoint_memory`` resolved: the bytes one local rank's checkpoints may take (0: no service)."""
-        if self.checkpoint_memory is not None:
-            return self.checkpoint_memory
-        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        return memory // 4 // self.nproc_per_node
 
     def rendezvous_parameters(self, run_id: str) -> RendezvousParameters:
         """The rendezvous this launch joins as ``run_id``: standalone is ``c10d`` on ``localhost:0``; torch's

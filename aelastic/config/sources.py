@@ -10,12 +10,12 @@ line saying what it derived from which variable and which flag won over a Slurm 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
 from .._net import parse_endpoint
 from . import slurm
+from .flags import flags
 from .launch_config import LaunchConfig
 from .values import parse_nnodes, parse_rdzv_conf
 
@@ -24,10 +24,10 @@ __all__ = ["apply_slurm", "describe", "given", "sources"]
 # The flags that name the rendezvous: any one given and the Slurm source leaves the backend and the endpoint alone.
 _RDZV_DESTS = ("rdzv_backend", "rdzv_endpoint", "master_addr", "master_port", "standalone")
 
-# LaunchConfig fields set from a flag of another name.
+# LaunchConfig fields set from a flag the table does not name as theirs.
 _FIELD_DEST = {
     "min_nodes": "nnodes", "max_nodes": "nnodes", "run_id": "rdzv_id", "rdzv_configs": "rdzv_conf",
-    "shutdown_grace": "shutdown_timeout",
+    "shutdown_grace": "shutdown_timeout", **{flag.field: flag.dest for flag in flags() if flag.field is not None},
 }  # fmt: skip
 # Fields that read a variable of torch's where no flag is given.
 _FIELD_ENV = {
@@ -156,27 +156,27 @@ def sources(
         and "rdzv_backend" not in derived
     )
     out: dict[str, str] = {}
-    for f in dataclasses.fields(config):
-        dest = _FIELD_DEST.get(f.name, f.name)
-        if standalone and f.name in ("rdzv_backend", "rdzv_endpoint", "run_id"):
+    for name in config.flat():
+        dest = _FIELD_DEST.get(name, name)
+        if standalone and name in ("rdzv_backend", "rdzv_endpoint", "run_id"):
             why = given(args, "standalone", environ)
-            out[f.name] = f"standalone ({why})" if why else "standalone (one node, no endpoint: torch 2.14's rule)"
+            out[name] = f"standalone ({why})" if why else "standalone (one node, no endpoint: torch 2.14's rule)"
             continue
-        if f.name == "rdzv_endpoint" and args.rdzv_backend == "static" and not args.rdzv_endpoint:
+        if name == "rdzv_endpoint" and args.rdzv_backend == "static" and not args.rdzv_endpoint:
             parts = [given(args, d, environ) or f"default {d}" for d in ("master_addr", "master_port")]
-            out[f.name] = "static: " + ", ".join(parts)
+            out[name] = "static: " + ", ".join(parts)
             continue
         source = derived.get(dest) or (given(args, dest, environ) if hasattr(args, dest) else None)
-        env = _FIELD_ENV.get(f.name)
+        env = _FIELD_ENV.get(name)
         if source is None and env is not None and env in environ:
             source = env
-        out[f.name] = source or "default"
+        out[name] = source or "default"
     return out
 
 
 def describe(config: LaunchConfig, entrypoint: Any, script_args: list[str], source: Mapping[str, str]) -> str:
     """``--dry-run``'s table: one line per field, ``name value  <- source``; then the workers' command."""
-    rows = [(f.name, repr(getattr(config, f.name)), source.get(f.name, "")) for f in dataclasses.fields(config)]
+    rows = [(name, repr(value), source.get(name, "")) for name, value in config.flat().items()]
     name = entrypoint if isinstance(entrypoint, str) else f"{entrypoint.__module__}.{entrypoint.__qualname__}"
     rows.append(("workers run", " ".join([name, *script_args]), "training script and its arguments"))
     width = max(len(r[0]) for r in rows)

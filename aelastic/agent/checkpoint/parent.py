@@ -39,6 +39,7 @@ from typing import Any, Final
 import anyio
 import anyio.abc
 
+from ...config.options import CheckpointOptions
 from ...errors import StoreError
 from ...store.api import Store
 from ...worker._checkpoint.layout import Header, LayoutError
@@ -472,19 +473,14 @@ class Keeper:
 
 
 @contextlib.asynccontextmanager
-async def open_keeper(
-    *, limit: int, directory: Path | None = None, persist_every: int = 50, replicas: bool = True
-) -> AsyncIterator[Keeper]:
-    """A :class:`Keeper` for the body's length; its background jobs stop and its memory is released on exit.
-
-    Args:
-        limit: bytes of memory one rank's checkpoints may take (``--checkpoint-memory``).
-        directory: where checkpoints are persisted (``--checkpoint-dir``; ``None``: nowhere).
-        persist_every: persist every N-th step.
-        replicas: push each rank's latest to the next node's agent (``--checkpoint-replicas``).
-    """
+async def open_keeper(options: CheckpointOptions, *, nproc_per_node: int, multi_node: bool) -> AsyncIterator[Keeper]:
+    """A :class:`Keeper` of ``options`` for ``nproc_per_node`` local ranks, for the body's length; its background
+    jobs stop and its memory is released on exit. Replicas are pushed only in a job that may have other nodes
+    (``multi_node``)."""
+    directory = None if options.dir is None else Path(options.dir)
     async with anyio.create_task_group() as tg:
-        keeper = Keeper(tg, limit=limit, directory=directory, persist_every=persist_every, replicas=replicas)
+        keeper = Keeper(tg, limit=options.limit(nproc_per_node), directory=directory,
+                        persist_every=options.persist_every, replicas=options.replicas and multi_node)  # fmt: skip
         tg.start_soon(keeper._persist_loop)
         tg.start_soon(keeper._push_loop)
         try:

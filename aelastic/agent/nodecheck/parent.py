@@ -42,6 +42,7 @@ from typing import Any, Final, TypeVar
 import anyio
 
 from ..._net import format_address
+from ...config.options import NodeCheckOptions
 from ...errors import NodeCheckError
 from ...rendezvous.api import RendezvousHandler, RendezvousInfo
 from ...store.api import Store
@@ -411,10 +412,10 @@ class _Exchange:
 
 
 @asynccontextmanager
-async def open_node_check(slowdown: float, env: Mapping[str, str]) -> AsyncIterator[NodeCheck]:
+async def open_node_check(options: NodeCheckOptions, env: Mapping[str, str]) -> AsyncIterator[NodeCheck]:
     """A :class:`NodeCheck` whose check process starts now (it imports torch while the rendezvous runs), with
     ``env`` (the workers' base environment); it ends with the context, under a shield."""
-    check = NodeCheck(slowdown, env)
+    check = NodeCheck(options.slowdown, env)
     check.start()
     try:
         yield check

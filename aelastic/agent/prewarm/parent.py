@@ -46,6 +46,7 @@ from typing import Final, NamedTuple
 import anyio
 import anyio.abc
 
+from ...config.options import PrewarmOptions
 from ...errors import ReaperError
 from ...worker import _standby as standby_child
 from ...worker._finish import FINISH_FDS_ENV
@@ -443,11 +444,11 @@ async def _send(control: socket.socket, data: bytes, fds: Sequence[int]) -> None
 
 
 @asynccontextmanager
-async def open_standbys(extra_modules: Sequence[str], reaper: Reaper | None) -> AsyncIterator[Standbys]:
-    """A pool of standbys that preload ``torch`` (where importable) and ``extra_modules``; every standby still
+async def open_standbys(options: PrewarmOptions, reaper: Reaper | None) -> AsyncIterator[Standbys]:
+    """A pool of standbys that preload ``torch`` (where importable) and ``options.modules``; every standby still
     idle is killed and reaped on exit, under a shield."""
     async with anyio.create_task_group() as watchers:
-        standbys = Standbys((*DEFAULT_PRELOAD, *extra_modules), reaper, watchers)
+        standbys = Standbys((*DEFAULT_PRELOAD, *options.modules), reaper, watchers)
         try:
             yield standbys
         finally:

@@ -39,7 +39,8 @@ def aelastic_config(config: Any) -> Any:
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 
     import aelastic
-    from aelastic.agent.logs import Std
+    from aelastic.config.options import LogOptions
+    from aelastic.config.streams import Std
 
     def std(spec: Any) -> Any:
         if isinstance(spec, dict):
@@ -49,12 +50,8 @@ def aelastic_config(config: Any) -> Any:
     logs: dict[str, Any] = {}
     specs = config.logs_specs
     if type(specs) is DefaultLogsSpecs:  # torch's default layout: aelastic's own, from the same four settings
-        logs = {
-            "log_dir": specs.root_log_dir,
-            "redirects": std(specs._redirects),
-            "tee": std(specs._tee),
-            "local_ranks_filter": None if specs._local_ranks_filter is None else frozenset(specs._local_ranks_filter),
-        }
+        ranks = None if specs._local_ranks_filter is None else frozenset(specs._local_ranks_filter)
+        logs = {"logs": LogOptions(specs.root_log_dir, std(specs._redirects), std(specs._tee), ranks)}
     elif specs is not None:  # a custom LogsSpecs: aelastic follows its reify()
         logs = {"logs_specs": specs}
     return aelastic.LaunchConfig(
