@@ -59,7 +59,7 @@ from .link.parent import LinkService
 from .logs import LogSpec
 from .logs_specs import reify
 from .policy import Action, Budget, Decision, FailureMark, Outcome, decide
-from .processes import GroupOutcome, Interrupt, StopSignal, Supervisor, open_supervisor
+from .processes import AttemptHooks, GroupOutcome, Interrupt, StopSignal, Supervisor, open_supervisor
 from .ranks import RankAssignment, RoleInfo, exchange_ranks
 from .reaper.parent import Reaper
 from .rootcause import FailureRecord, JobFailures, as_reported, error_line, first_cause, kind_of, with_cause
@@ -422,15 +422,18 @@ class ElasticAgent:
 
             tg.start_soon(watch)
             self.recorder.running(len(commands), anyio.current_time())
+            hooks = AttemptHooks(
+                started=self.recorder.spawned,
+                watch=None if timers is None and hang is None else watch_workers,
+                before_kill=before_kill,
+                restored=None if keeper is None else functools.partial(keeper.restored, ranks),
+            )
             outcome = await supervisor.run(
                 commands,
                 logs,
+                hooks=hooks,
                 finish_together=callable(self.spec.entrypoint),  # as torch's multiprocessing runs functions
-                watch=None if timers is None and hang is None else watch_workers,
-                before_kill=before_kill,
-                started=self.recorder.spawned,
                 refill_after=_RESTART_SETTLE if self._attempt else 0.0,
-                restored=None if keeper is None else functools.partial(keeper.restored, ranks),
                 keep_on_failure=self.budget.failure_restart_left,
                 interrupt=changed,
             )

@@ -62,6 +62,7 @@ import os
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
@@ -91,7 +92,16 @@ from .started import DRAIN_LIMIT, Child, GroupOutcome, LogOf, Tracked, WorkerExi
 if TYPE_CHECKING:
     from .prewarm.parent import Standbys  # imported by the launcher only with --prewarm
 
-__all__ = ["GroupOutcome", "Interrupt", "StopSignal", "Supervisor", "WorkerExit", "open_supervisor", "run_workers"]
+__all__ = [
+    "AttemptHooks",
+    "GroupOutcome",
+    "Interrupt",
+    "StopSignal",
+    "Supervisor",
+    "WorkerExit",
+    "open_supervisor",
+    "run_workers",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -147,6 +157,24 @@ class Interrupt:
     def set(self, *, peers_lost: bool) -> None:
         self.peers_lost = peers_lost
         self.event.set()
+
+
+@dataclass(frozen=True)
+class AttemptHooks:
+    """What the agent's features ask of an attempt, each ``None`` where none does."""
+
+    # Called once every worker has been spawned, with all of them (their pids), before any is awaited.
+    started: Callable[[Sequence[WorkerProcess]], None] | None = None
+    # Run beside the waiters once every worker has started, with all of them (e.g. the expiration timer server,
+    # which may kill a worker: that worker's exit is then a failure like any other); cancelled when the waiters end.
+    # Its exceptions propagate after the stop.
+    watch: WorkerHook | None = None
+    # Awaited, shielded, with the workers still alive when the grace has run out, right before SIGKILL (e.g. a stack
+    # dump); it must bound its own time, and its exceptions are logged, not raised.
+    before_kill: WorkerHook | None = None
+    # Returns once the workers have restored their state: where no standby is idle, one starts then, before the
+    # refill delay (for a burst of faults); at once where it is None.
+    restored: Callable[[], Awaitable[None]] | None = None
 
 
 class Supervisor:
@@ -473,23 +501,18 @@ class Supervisor:
         commands: Sequence[WorkerCommand],
         logs: LogSpec,
         *,
+        hooks: AttemptHooks | None = None,
         finish_together: bool = False,
-        watch: WorkerHook | None = None,
-        before_kill: WorkerHook | None = None,
-        started: Callable[[Sequence[WorkerProcess]], None] | None = None,
         refill_after: float = 0.0,
-        restored: Callable[[], Awaitable[None]] | None = None,
         keep_on_failure: bool = False,
         interrupt: Interrupt | None = None,
     ) -> GroupOutcome:
-        """One attempt: the parameters and the result of :func:`run_workers` (which see), with four more:
+        """One attempt: the parameters and the result of :func:`run_workers` (which see), with three more:
 
         Args:
             refill_after: the seconds the workers run before the next attempt's standbys start (a restart's
                 workers start up, load their state and allocate their memory, the costliest moments of a
                 recovery, without them).
-            restored: returns once this attempt's workers have restored their state: where no standby is idle,
-                one starts then, before ``refill_after`` (for a burst of faults); at once where it is ``None``.
             keep_on_failure: a worker's failure ends the attempt and another follows (a failure restart is left):
                 the workers that registered for in-process restarts are aborted and kept for it instead of
                 stopped (:mod:`aelastic.agent.restart`); the others are stopped.
@@ -499,6 +522,7 @@ class Supervisor:
         A local rank that has a survivor kept from the previous attempt is given this attempt in its process
         instead of a new worker. The outcome's exits are those of the workers that ended; survivors are not in it.
         """
+        hooks = AttemptHooks() if hooks is None else hooks
         local_ranks = [c.local_rank for c in commands]
         if len(set(local_ranks)) != len(local_ranks):
             raise ConfigurationError(f"local ranks {local_ranks}: each local rank must appear once")
@@ -528,14 +552,14 @@ class Supervisor:
                 workers.sort(key=lambda w: local_ranks.index(w.command.local_rank))
                 if finish is not None:
                     finish.spawned()
-                if started is not None:
-                    started([w.handle() for w in workers])
+                if hooks.started is not None:
+                    hooks.started([w.handle() for w in workers])
             except BaseException:
-                await self.stop([*workers, *kept.values()], self.requested, before_kill)
+                await self.stop([*workers, *kept.values()], self.requested, hooks.before_kill)
                 raise
             await self.stop(list(kept.values()), signal.SIGTERM)  # survivors of local ranks this attempt lacks
-            first_failure = await self._until_end(workers, finish, watch, before_kill, refill_after, restored,
-                                                  keep_on_failure and finish is None, interrupt)  # fmt: skip
+            keep = keep_on_failure and finish is None
+            first_failure = await self._until_end(workers, finish, hooks, refill_after, keep, interrupt)
             for worker in workers:
                 if worker.reported:  # its traceback, written before its report, belongs in its stderr tail
                     with anyio.move_on_after(DRAIN_LIMIT):
@@ -569,10 +593,8 @@ class Supervisor:
         self,
         workers: list[Tracked],
         finish: FinishLineServer | None,
-        watch: WorkerHook | None,
-        before_kill: WorkerHook | None,
+        hooks: AttemptHooks,
         refill_after: float,
-        restored: Callable[[], Awaitable[None]] | None,
         keep_on_failure: bool,
         interrupt: Interrupt | None,
     ) -> Tracked | None:
@@ -602,12 +624,12 @@ class Supervisor:
 
         try:
             async with anyio.create_task_group() as waiters:
-                if watch is not None:
-                    waiters.start_soon(watch, [w.handle() for w in workers])
+                if hooks.watch is not None:
+                    waiters.start_soon(hooks.watch, [w.handle() for w in workers])
                 if finish is not None:
                     waiters.start_soon(finish.serve)
                 if self.standbys is not None:  # the next attempt's, preloading while these run
-                    waiters.start_soon(self._refill, [w.command for w in workers], refill_after, restored)
+                    waiters.start_soon(self._refill, [w.command for w in workers], refill_after, hooks.restored)
                 if interrupt is not None:
                     waiters.start_soon(wait_interrupt, interrupt.event, waiters.cancel_scope)
                 for worker in workers:
@@ -624,7 +646,7 @@ class Supervisor:
                 self._keep([w for w in workers if w.survives], reason, LOST_ABORT_GRACE if lost else ABORT_GRACE)
             # A peer's failure stops the others with SIGTERM (torch does); a cancellation with what was asked.
             signum = signal.SIGTERM if first_failure or interrupted else self.requested
-            await self.stop([w for w in workers if w not in self._kept.values()], signum, before_kill)
+            await self.stop([w for w in workers if w not in self._kept.values()], signum, hooks.before_kill)
         return first_failure[0] if first_failure else None
 
     def _keep(self, survivors: Sequence[Tracked], reason: str, grace: float) -> None:
@@ -696,9 +718,7 @@ async def run_workers(
     grace: float,
     reaper: Reaper | None,
     finish_together: bool = False,
-    watch: WorkerHook | None = None,
-    before_kill: WorkerHook | None = None,
-    started: Callable[[Sequence[WorkerProcess]], None] | None = None,
+    hooks: AttemptHooks | None = None,
     standbys: Standbys | None = None,
     stop_signal: StopSignal | None = None,
     running: RunningWorkers | None = None,
@@ -714,12 +734,7 @@ async def run_workers(
             on the parent-death signal alone, which leaves a worker's own children alive if the agent is SIGKILLed.
         finish_together: the workers run the callable bootstrap, which waits after the call returned until every
             local worker's has (:mod:`aelastic.agent.finish`), as torch's multiprocessing does.
-        watch: run beside the waiters once every worker has started, with all of them (e.g. the expiration timer
-            server, which may kill a worker: that worker's exit is then a failure like any other); cancelled when
-            the waiters end. Its exceptions propagate after the stop.
-        before_kill: awaited, shielded, with the workers still alive when ``grace`` has run out, right before
-            SIGKILL (e.g. a stack dump); it must bound its own time, and its exceptions are logged, not raised.
-        started: called once every worker has been spawned, with all of them (their pids), before any is awaited.
+        hooks: what the agent's features ask of the attempt (:class:`AttemptHooks`).
         standbys: pre-warmed interpreters (:mod:`aelastic.agent.prewarm`): each worker that has a fitting one is
             handed to it instead of spawned, and beside the running workers the next attempt's are started.
         stop_signal: what stops the workers when this call is cancelled; ``None`` is SIGTERM.
@@ -740,6 +755,4 @@ async def run_workers(
     async with open_supervisor(
         grace=grace, reaper=reaper, standbys=standbys, stop_signal=stop_signal, running=running
     ) as supervisor:
-        return await supervisor.run(
-            commands, logs, finish_together=finish_together, watch=watch, before_kill=before_kill, started=started
-        )
+        return await supervisor.run(commands, logs, hooks=hooks, finish_together=finish_together)

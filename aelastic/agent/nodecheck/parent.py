@@ -201,8 +201,8 @@ class _CheckProcess:
 class NodeCheck:
     """One agent's node check: its check process, whether this node is trusted yet, and the check of a round."""
 
-    def __init__(self, slowdown: float, env: Mapping[str, str]) -> None:
-        self.slowdown = slowdown
+    def __init__(self, options: NodeCheckOptions, env: Mapping[str, str]) -> None:
+        self.options = options
         self._env = dict(env)
         self._process: _CheckProcess | None = None
         self._trusted = False
@@ -211,7 +211,7 @@ class NodeCheck:
         self._left_out: Mapping[int, str] = {}
 
     def __repr__(self) -> str:
-        return f"<NodeCheck slowdown={self.slowdown:g} trusted={self._trusted} checks={self._checks} {self._process!r}>"
+        return f"<NodeCheck slowdown={self.options.slowdown:g} trusted={self._trusted} checks={self._checks} {self._process!r}>"
 
     def statistics(self) -> NodeCheckStatistics:
         return NodeCheckStatistics(self._trusted, self._checks, self._seconds, dict(self._left_out))
@@ -311,7 +311,7 @@ class NodeCheck:
                 rounds.append(Round(groups, figures))
                 groups = plan.second_groups(rounds[-1])
             kept = [r for r, h in hellos.items() if h.serves_rendezvous]
-            return _Checked(plan.judge(rounds, new, self.slowdown, kept), rounds, hellos, ready_after)
+            return _Checked(plan.judge(rounds, new, self.options.slowdown, kept), rounds, hellos, ready_after)
 
     async def _figures(
         self,
@@ -415,7 +415,7 @@ class _Exchange:
 async def open_node_check(options: NodeCheckOptions, env: Mapping[str, str]) -> AsyncIterator[NodeCheck]:
     """A :class:`NodeCheck` whose check process starts now (it imports torch while the rendezvous runs), with
     ``env`` (the workers' base environment); it ends with the context, under a shield."""
-    check = NodeCheck(options.slowdown, env)
+    check = NodeCheck(options, env)
     check.start()
     try:
         yield check
