@@ -252,6 +252,7 @@ print("sum", int(t[0]), flush=True)
 """  # no destroy_process_group(): gloo's threads meet interpreter shutdown, as in torch's own launcher tests
 
 
+@pytest.mark.slow
 def test_run_path_gloo_job_without_destroy_succeeds_twenty_runs_of_twenty(tmp_path: Path) -> None:
     """torch's multiprocessing lets no worker exit before every local worker returned; exiting one by one made a
     peer abort in gloo's teardown ("terminate called without an active exception") in about 1 run in 5."""
@@ -264,6 +265,7 @@ def test_run_path_gloo_job_without_destroy_succeeds_twenty_runs_of_twenty(tmp_pa
         assert sorted(re.findall(r"^\[default(\d)\]:sum 3$", proc.stdout, re.M)) == ["0", "1"], proc.stdout
 
 
+@pytest.mark.slow
 def test_crash_after_init_is_restarted_ten_times_out_of_ten(tmp_path: Path) -> None:
     """torch 2.13's agent recovers here in about 3 runs of 8 (its restarted workers read the dead attempt's gloo
     addresses); each aelastic attempt gets a fresh store, so every run must succeed. Agents alternate backends."""

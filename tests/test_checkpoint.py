@@ -111,6 +111,7 @@ async def test_a_fault_restores_the_step_every_rank_holds_from_memory(job: Job) 
 # One loop each for the jobs that take a minute: what they test is the checkpoints' and the supervision's, the same
 # on either loop (this file's other jobs, and tests/test_restart.py's hundred faults on asyncio, cover the loops).
 @pytest.mark.parametrize("anyio_backend", ["trio"])
+@pytest.mark.slow
 async def test_faults_at_ten_random_steps_change_nothing_of_the_final_model(job: Job) -> None:
     faults = schedule(seed=29, count=10, world=2)
     await train(job, faults, "--prewarm")
@@ -446,6 +447,7 @@ dist.destroy_process_group()  # else gloo's threads may abort the interpreter's 
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # one loop: see the ten faults' test
+@pytest.mark.slow
 async def test_dcp_restores_the_same_state_and_reshards_a_directory_from_4_to_2(job: Job) -> None:
     script = job.script("dcp_train.py", DCP)
     directory = job.tmp_path / "checkpoints"

@@ -67,6 +67,7 @@ async def test_a_raising_worker_is_replaced_and_its_peers_keep_their_processes(j
 # On asyncio only: a hundred restarts take minutes, and what they test is the supervision's, the same on either
 # loop (the restarts above, the survivor's grace below and test_checkpoint's ten faults run on both).
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.slow
 async def test_faults_at_a_hundred_random_steps_change_nothing_of_the_final_model(job: Job) -> None:
     """99 kills, uncaught errors and exits, and one SIGSTOP inside an all-reduce (found by --hang-timeout), at random
     steps of a 4-worker job: it finishes, and its model is bitwise the fault-free run's."""

@@ -160,6 +160,7 @@ def test_signals_to_handle_still_stop_the_workers_and_then_the_agent(job: Callab
     assert not list(j.folder.glob("got.*"))  # stopped, not finished
 
 
+@pytest.mark.slow
 def test_a_handled_notice_is_no_longer_forwarded_by_default(job: Callable[..., Job]) -> None:
     """``--signals-to-handle ...,SIGUSR1`` (a torchrun command line that stops the job on USR1) keeps its meaning:
     SIGUSR1 leaves the default forwarded list, stops the workers with SIGUSR1 and the agent exits 128+10; SIGUSR2
