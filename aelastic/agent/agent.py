@@ -30,12 +30,10 @@ change for the nodes whose workers still run: its work was done, so they finish 
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 import signal
-import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -44,13 +42,13 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import anyio
 
-from .. import events
 from .._devices import visible_devices
 from ..config.logs_specs import LogsSpecs
 from ..config.options import RestartOptions, Timeouts
 from ..errors import RendezvousClosedError, StoreConnectionError
 from ..rendezvous.api import RendezvousHandler, RendezvousInfo
 from ..worker._timers import FILE_ENV, WATCHDOG_ENV
+from .barrier import members_barrier
 from .errors import ChildFailedError, FailedElsewhereError, ProcessFailure
 from .figures import AgentMetrics
 from .forward.parent import RunningWorkers
@@ -62,10 +60,10 @@ from .policy import Action, Budget, Decision, FailureMark, Outcome, decide
 from .processes import AttemptHooks, GroupOutcome, Interrupt, StopSignal, Supervisor, open_supervisor
 from .ranks import RankAssignment, RoleInfo, exchange_ranks
 from .reaper.parent import Reaper
+from .recorder import Recorder
 from .rootcause import FailureRecord, JobFailures, as_reported, error_line, first_cause, kind_of, with_cause
 from .spawn.parent import WorkerCommand, WorkerProcess
 from .stacks.parent import DEFAULT_DUMP_TIMEOUT, StackDumper
-from .status_events import AgentSnapshot, record_agent, record_started, record_workers
 from .timers.parent import ENABLE_ENV, Expiry, FileTimerServer, signal_name
 from .workers import RunResult, Worker, WorkerGroup, WorkerSpec, WorkerState
 
@@ -150,7 +148,7 @@ class ElasticAgent:
         self.group = WorkerGroup(spec)
         # Observability (aelastic.metrics): the figures behind /metrics and /health.
         self.metrics = AgentMetrics(spec.role, spec.max_restarts)
-        self.recorder = _Recorder(spec, handler, self.group, self.metrics, options.restarts.max_repeated_failures)
+        self.recorder = Recorder(spec, handler, self.group, self.metrics, options.restarts.max_repeated_failures)
         self._attempt = 0
         self._finished: RendezvousInfo | None = None  # the round in which every node's workers succeeded
         self._dumper: StackDumper | None = None  # the last attempt's: its notes go into the failure report
@@ -527,49 +525,13 @@ class ElasticAgent:
     async def _exit_barrier(self, info: RendezvousInfo) -> None:
         """Wait until every node's workers are done, so no node tears down a store others still use."""
         with anyio.move_on_after(self.options.timeouts.exit_barrier) as scope:
-            await self._members_barrier(info, _TERMINAL)
+            await members_barrier(info, _TERMINAL, self.handler, self.spec.role)
         if scope.cancelled_caught:
             logger.warning(
                 "[%s] exit barrier: not every node finished within %gs",
                 self.spec.role,
                 self.options.timeouts.exit_barrier,
             )
-
-    async def _members_barrier(self, info: RendezvousInfo, key: str) -> None:
-        """Arrive at ``key`` and wait until every rank of the round still a member has arrived (module doc).
-
-        Raises:
-            StoreConnectionError: the round store was lost (not wrapped in an exception group).
-        """
-        await info.store.set(f"{key}/{info.rank}", b"")
-        ranks = frozenset(range(info.world_size))
-        if await info.store.check([f"{key}/{rank}" for rank in sorted(ranks)]):
-            return  # the last to arrive (a single node always) waits for nothing and watches no membership
-        while True:
-            shrunk = False
-            lost: StoreConnectionError | None = None
-            async with anyio.create_task_group() as tg:
-
-                async def watch(known: frozenset[int]) -> None:
-                    nonlocal ranks, shrunk
-                    try:
-                        ranks = await self.handler.wait_for_member_ranks(known)
-                    except StoreConnectionError:
-                        return  # the barrier's own wait, on the same store, tells what that means
-                    shrunk = True
-                    tg.cancel_scope.cancel()
-
-                tg.start_soon(watch, ranks)
-                try:
-                    await info.store.wait([f"{key}/{rank}" for rank in sorted(ranks)])
-                except StoreConnectionError as exc:
-                    lost = exc
-                tg.cancel_scope.cancel()
-            if lost is not None:
-                raise lost
-            if not shrunk:
-                return
-            logger.warning("[%s] %s: waiting only for the ranks still members: %s", self.spec.role, key, sorted(ranks))
 
     async def shutdown(self) -> bool:
         """Close the rendezvous (torch's ``rdzv_handler.shutdown()``); ``False`` if that failed (it is logged).
@@ -582,7 +544,7 @@ class ElasticAgent:
             info = self._finished
             with anyio.move_on_after(self.options.timeouts.exit_barrier):
                 try:
-                    await self._members_barrier(info, "aelastic/agent/closed")
+                    await members_barrier(info, "aelastic/agent/closed", self.handler, self.spec.role)
                 except StoreConnectionError as exc:  # the job is done; a peer that left early changes nothing
                     logger.debug("[%s] closing barrier: %s", self.spec.role, exc)
         return closed
@@ -632,109 +594,3 @@ class ElasticAgent:
         """The error file of ``local_rank`` in the current (or last) attempt."""
         logs = self._dumper.logs if self._dumper is not None else replace(self.logs, attempt=self._attempt)
         return logs.error_file_path(local_rank)
-
-
-class _Recorder:
-    """The one place that records the agent's state changes: the worker group's state, the restart budget, the
-    metrics (``/metrics``, ``/health`` and torch's ``put_metric``), torch's status events, and the log line that
-    says what the agent does next. The agent calls one method per change, in the order the changes happen."""
-
-    def __init__(
-        self,
-        spec: WorkerSpec,
-        handler: RendezvousHandler,
-        group: WorkerGroup,
-        metrics: AgentMetrics,
-        max_repeated_failures: int = 0,
-    ) -> None:
-        self.spec = spec
-        self.handler = handler
-        self.group = group
-        self.metrics = metrics
-        self.budget = Budget(spec.max_restarts, max_repeated=max_repeated_failures)
-        self.attempt_started = 0.0  # the current attempt's start, on the event loop's clock
-        self.started_at = time.monotonic()  # the start of torch's total_run_time
-
-    def __repr__(self) -> str:
-        return f"<_Recorder state={self.group.state.value} {self.budget!r}>"
-
-    def snapshot(self) -> AgentSnapshot:
-        """The figures torch's status events report, as they are now."""
-        g = self.group
-        return AgentSnapshot(
-            run_id=self.handler.get_run_id(),
-            rdzv_backend=self.handler.get_backend(),
-            role=self.spec.role,
-            entry_point=self.spec.get_entrypoint_name(),
-            group_rank=g.group_rank,
-            group_world_size=g.group_world_size,
-            workers=tuple(g.workers),
-            agent_restarts=self.budget.failure_restarts,
-            total_run_time=int(time.monotonic() - self.started_at),
-        )
-
-    def init(self) -> None:
-        """An attempt begins: its rendezvous is next."""
-        self.group.state = WorkerState.INIT
-        self.metrics.set_state(WorkerState.INIT)
-
-    def rendezvous_done(self, seconds: float) -> None:
-        self.metrics.rendezvous_done(seconds)
-        if events.active() is not None:
-            record_agent(self.snapshot(), "RENDEZVOUS", duration_ms=seconds * 1000)
-
-    def running(self, workers: int, now: float) -> None:
-        """The attempt's workers are being started."""
-        self.group.state = WorkerState.HEALTHY
-        self.metrics.running(workers, now)
-
-    def spawned(self, processes: Sequence[WorkerProcess]) -> None:
-        """The workers were spawned: their pids are torch's worker ids, and its START events carry them."""
-        pids = {process.local_rank: process.pid for process in processes}
-        self.group.workers = [replace(w, id=pids.get(w.local_rank)) for w in self.group.workers]
-        if events.active() is not None:
-            record_started(self.snapshot())
-
-    def attempt_ended(self, workers: GroupOutcome | None) -> None:
-        """The attempt's workers are gone: ``workers`` is how they exited, ``None`` when the watcher stopped them."""
-        self.metrics.set_alive(0)
-        if workers is not None and events.active() is not None:
-            record_workers(self.snapshot(), workers)
-
-    def decided(
-        self, decision: Decision, workers: GroupOutcome | None, reason: str | None, report: Callable[[], str]
-    ) -> None:
-        """The policy decided what follows the attempt; ``reason`` is the watcher's, ``report()`` the failure
-        report of a restarted attempt."""
-        self.budget = decision.budget
-        action, role, now = decision.action, self.spec.role, anyio.current_time()
-        if action is Action.RESTART_MEMBERSHIP:
-            self.metrics.restarted("membership", f"membership change: {reason}", now)
-            logger.info("[%s] membership change (%s): restarting workers", role, reason)
-        elif action is Action.RESTART_FAILURE:
-            self.group.state = WorkerState.FAILED
-            failed = None if workers is None else workers.first_failure
-            rank, exitcode = failed and failed.global_rank, failed and failed.exitcode
-            self.metrics.restarted("failure", f"worker rank {rank} failed (exitcode {exitcode})", now)
-            logger.warning(
-                "[%s] worker rank %s failed (exitcode %s); restart %d of %d:%s",
-                role, rank, exitcode, self.budget.failure_restarts, self.spec.max_restarts, report(),
-            )  # fmt: skip
-        elif action in (Action.SUCCEED, Action.STOP_FAILED, Action.STOP_NO_PROGRESS):
-            if action is Action.STOP_NO_PROGRESS:
-                logger.error("[%s] no progress: the same failure %d times in a row; stopping with restarts left:%s",
-                             role, self.budget.repeated, report())  # fmt: skip
-            state = WorkerState.SUCCEEDED if action is Action.SUCCEED else WorkerState.FAILED
-            self.group.state = state
-            self.metrics.set_state(state)
-            self.metrics.run_finished(succeeded=action is Action.SUCCEED)
-        # STOP_CLOSED changes nothing here: the agent raises RendezvousClosedError.
-
-    def finished(self, state: WorkerState, cause: FailureRecord | None = None) -> None:
-        """The run is over (after the exit barrier, when it succeeded): torch's agent-level event; a failed job's
-        carries its root cause (``raw_error``: rank, node, host, exit code, message)."""
-        if events.active() is not None:
-            raw = None if cause is None else json.dumps({"root_cause": {
-                "rank": cause.failure.global_rank, "node": cause.node, "host": cause.host,
-                "exitcode": cause.failure.exitcode, "message": cause.failure.message}})  # fmt: skip
-            record_agent(self.snapshot(), state.value, raw_error=raw)

@@ -36,10 +36,8 @@ from __future__ import annotations
 import codecs
 import logging
 import os
-import re
 import shutil
 import socket
-import sys
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -52,39 +50,13 @@ import anyio.abc
 
 from ..config.streams import Std, StdSpec
 from ..errors import ConfigurationError
+from .console import LINE_GRACE, TERMINAL_PIECES, ConsoleRef, ConsoleSinks, OpenLines, TextSink, console_key
 
 __all__ = ["ConsoleSinks", "CustomLogs", "LogSink", "LogSpec", "Std", "TextSink", "WorkerLog", "pump"]
 
 logger = logging.getLogger(__name__)
 
 _MAX_LINE: Final = 1 << 16  # a console "line" longer than this is cut, so one runaway line cannot eat memory
-
-
-class TextSink(Protocol):
-    """Where console lines go: anything with ``write`` and ``flush`` (a text file, ``io.StringIO``)."""
-
-    def write(self, s: str, /) -> object: ...
-
-    def flush(self) -> object: ...
-
-
-class ConsoleSinks:
-    """The agent's console: where console lines go, and which worker's line is open on it.
-
-    ``None`` means the agent's ``sys.stdout`` / ``sys.stderr``, looked up at each write. The open lines
-    (:class:`OpenLines`) belong to the console, not to the process: a :class:`LogSpec` makes one console by default,
-    which every attempt's spec derived from it (``dataclasses.replace``) shares, so there is one per launch.
-    """
-
-    __slots__ = ("lines", "stderr", "stdout")
-
-    def __init__(self, stdout: TextSink | None = None, stderr: TextSink | None = None) -> None:
-        self.stdout = stdout
-        self.stderr = stderr
-        self.lines = OpenLines()
-
-    def __repr__(self) -> str:
-        return f"<ConsoleSinks stdout={self.stdout!r} stderr={self.stderr!r} lines={self.lines!r}>"
 
 
 def _default_hostname() -> str:
@@ -270,55 +242,6 @@ def _std_for(spec: StdSpec, local_rank: int) -> Std:
     return Std(spec.get(local_rank, Std.NONE))
 
 
-# A line ends at "\n", or at a "\r" that is not the first half of "\r\n" (a progress bar's redraw).
-_TERMINAL_PIECES: Final = re.compile(r"(?<=\n)|(?<=\r)(?!\n)")
-_LINE_GRACE: Final = 0.1  # an open line that stays open longer (a progress bar) is ended after it, as before
-
-
-class OpenLines:
-    """The stream that left an open (unterminated) line on each terminal of a console (see :func:`_console_key`),
-    and an event set when that line ends: another worker's output waits for it up to :data:`_LINE_GRACE`
-    (:meth:`WorkerLog.turn`), so that a line the agent read in two pieces (a pseudo-terminal may hand over one
-    write(2) in parts) is not cut by a line of another worker. Owned by :class:`ConsoleSinks`."""
-
-    __slots__ = ("_ended", "_open")
-
-    def __init__(self) -> None:
-        self._open: dict[object, _Stream] = {}
-        self._ended: dict[object, anyio.Event] = {}
-
-    def __repr__(self) -> str:
-        return f"<OpenLines open={len(self._open)} awaited={len(self._ended)}>"
-
-    def holder(self, key: object) -> _Stream | None:
-        """The stream whose line is open on console ``key``, if any."""
-        return self._open.get(key)
-
-    def opened(self, key: object, stream: _Stream) -> None:
-        self._open[key] = stream
-
-    def ended(self, key: object) -> None:
-        """The open line on console ``key`` has ended: wake the streams waiting for their turn on it."""
-        if self._open.pop(key, None) is None:
-            return
-        event = self._ended.pop(key, None)
-        if event is not None:
-            event.set()
-
-    async def wait_ended(self, key: object) -> None:
-        """Wait until the line open on console ``key`` ends (the caller bounds the wait)."""
-        await self._ended.setdefault(key, anyio.Event()).wait()
-
-
-def _console_key(sink: TextSink) -> object:
-    """What identifies a console: its file (the agent's stdout and stderr are often one terminal), else the sink."""
-    try:
-        stat = os.fstat(sink.fileno())  # type: ignore[attr-defined]
-    except (AttributeError, OSError, ValueError):
-        return id(sink)
-    return (stat.st_dev, stat.st_ino)
-
-
 class _Stream:
     """One of a worker's two streams: its file, its console, its partial line."""
 
@@ -413,15 +336,15 @@ class _Stream:
         """The key of the console this stream is forwarded to as it arrives, or ``None`` if it is not."""
         if not self.terminal or self.console is None:
             return None
-        return _console_key(self.console.target() if isinstance(self.console, _ConsoleRef) else self.console)
+        return console_key(self.console.target() if isinstance(self.console, ConsoleRef) else self.console)
 
     async def turn(self) -> None:
-        """Wait (up to :data:`_LINE_GRACE`) until no other stream has an open line on this stream's console."""
+        """Wait (up to :data:`LINE_GRACE`) until no other stream has an open line on this stream's console."""
         key = self.console_key()
         other = None if key is None else self.lines.holder(key)
         if other is None or other is self:
             return
-        with anyio.move_on_after(_LINE_GRACE):
+        with anyio.move_on_after(LINE_GRACE):
             await self.lines.wait_ended(key)
 
     def _forward(self, text: str) -> None:
@@ -434,7 +357,7 @@ class _Stream:
             other.at_line_start = True  # its line is ended here; its next output starts a new one
             parts.append("\n")
             self.lines.ended(key)
-        for piece in _TERMINAL_PIECES.split(text):
+        for piece in TERMINAL_PIECES.split(text):
             if not piece:
                 continue
             if self.at_line_start and piece != "\r":
@@ -486,7 +409,7 @@ class WorkerLog:
                     file = open(path, "wb", buffering=0)  # noqa: SIM115 - closed by close()
                     self._files.append(file)
                 on_console = shown and (not (redirects & std) or bool(tee & std))
-                console = _ConsoleRef(spec.console, std) if on_console else None
+                console = ConsoleRef(spec.console, std) if on_console else None
                 size = console.terminal_size() if console is not None and file is None else None
                 if size is not None:
                     rows, columns = size
@@ -551,43 +474,6 @@ class WorkerLog:
         self._closed = True
         for file in self._files:
             file.close()
-
-
-class _ConsoleRef:
-    """Resolves the agent's console at write time, so ``sys.stdout`` swapped later (pytest, a notebook) is used."""
-
-    __slots__ = ("_sinks", "_std")
-
-    def __init__(self, sinks: ConsoleSinks, std: Std) -> None:
-        self._sinks = sinks
-        self._std = std
-
-    def target(self) -> TextSink:
-        if self._std == Std.OUT:
-            return self._sinks.stdout if self._sinks.stdout is not None else sys.stdout
-        return self._sinks.stderr if self._sinks.stderr is not None else sys.stderr
-
-    def terminal_size(self) -> tuple[int, int] | None:
-        """``(rows, columns)`` of the console if it is a terminal, else ``None``."""
-        target = self.target()
-        try:
-            if not target.isatty():  # type: ignore[attr-defined]
-                return None
-        except (AttributeError, ValueError):  # a sink without isatty, or a closed file
-            return None
-        try:
-            size = os.get_terminal_size(target.fileno())  # type: ignore[attr-defined]
-        except (AttributeError, OSError, ValueError):
-            return (24, 80)  # a terminal-like sink with no size to ask: the classic default
-        if size.columns <= 0 or size.lines <= 0:
-            return (24, 80)  # a terminal whose size nobody set (a fresh pseudo-terminal)
-        return (size.lines, size.columns)
-
-    def write(self, s: str, /) -> object:
-        return self.target().write(s)
-
-    def flush(self) -> object:
-        return self.target().flush()
 
 
 class LogSink(Protocol):

@@ -211,7 +211,8 @@ class NodeCheck:
         self._left_out: Mapping[int, str] = {}
 
     def __repr__(self) -> str:
-        return f"<NodeCheck slowdown={self.options.slowdown:g} trusted={self._trusted} checks={self._checks} {self._process!r}>"
+        slowdown = self.options.slowdown
+        return f"<NodeCheck slowdown={slowdown:g} trusted={self._trusted} checks={self._checks} {self._process!r}>"
 
     def statistics(self) -> NodeCheckStatistics:
         return NodeCheckStatistics(self._trusted, self._checks, self._seconds, dict(self._left_out))
