@@ -32,7 +32,8 @@ from .config import LIST_LIMIT, parse_nnodes, parse_rdzv_conf
 from .errors import ConfigurationError, RendezvousConnectionError, StoreConnectionError
 from .rendezvous.api import RendezvousParameters
 from .rendezvous.backends.base import StateReader, Versioned
-from .rendezvous.dynamic import round_prefix, state_of
+from .rendezvous.dynamic import round_prefix
+from .rendezvous.known import state_of
 from .rendezvous.registry import check_parameters, lookup, readable_backends
 from .rendezvous.state import (
     NodeDesc,

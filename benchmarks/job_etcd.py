@@ -115,7 +115,7 @@ def start_up_once(system: str, script: Path, external: str) -> float:
 async def _etcd_system(name: str, endpoints: tuple[str, ...]) -> AsyncIterator[System]:
     from aelastic.etcd import EtcdConfig, open_etcd_client
     from aelastic.rendezvous.backends.etcd import EtcdBackend
-    from aelastic.rendezvous.dynamic import state_of
+    from aelastic.rendezvous.known import state_of
 
     async with open_etcd_client(EtcdConfig(endpoints)) as client:
 

@@ -382,7 +382,7 @@ async def torch_system() -> AsyncIterator[System]:
 @asynccontextmanager
 async def aelastic_system(max_connections: int | None = None) -> AsyncIterator[System]:
     from aelastic.rendezvous.backends.store import StoreBackend
-    from aelastic.rendezvous.dynamic import state_of
+    from aelastic.rendezvous.known import state_of
     from aelastic.store.client import open_store_client
     from aelastic.store.server import ServerSettings, open_store_server
 
@@ -407,7 +407,7 @@ async def aelastic_system(max_connections: int | None = None) -> AsyncIterator[S
 async def etcd_system() -> AsyncIterator[System]:
     from aelastic.etcd import EtcdConfig, open_etcd_client, open_local_etcd, parse_endpoints
     from aelastic.rendezvous.backends.etcd import EtcdBackend
-    from aelastic.rendezvous.dynamic import state_of
+    from aelastic.rendezvous.known import state_of
 
     async with open_local_etcd() as etcd, open_etcd_client(EtcdConfig(parse_endpoints(etcd.endpoint))) as client:
 

@@ -33,7 +33,8 @@ from aelastic.rendezvous.api import JoinObserver, RendezvousHandler, RendezvousP
 from aelastic.rendezvous.backends.base import RendezvousBackend, StateReader, Versioned
 from aelastic.rendezvous.backends.store import StoreBackend
 from aelastic.rendezvous.codec import encode_state
-from aelastic.rendezvous.dynamic import DynamicRendezvousHandler, state_of
+from aelastic.rendezvous.dynamic import DynamicRendezvousHandler
+from aelastic.rendezvous.known import state_of
 from aelastic.rendezvous.registry import open_rendezvous, register_backend
 from aelastic.rendezvous.state import NodeDesc, NodeTimers, RendezvousSettings, RendezvousState
 from aelastic.status import LIST_LIMIT, Watch, check_readable, command, describe, waiting_reason

@@ -31,7 +31,8 @@ from aelastic.rendezvous.api import RendezvousInfo, RendezvousParameters
 from aelastic.rendezvous.backends.base import Versioned
 from aelastic.rendezvous.backends.etcd import EtcdBackend, _Token
 from aelastic.rendezvous.codec import make_digest
-from aelastic.rendezvous.dynamic import DynamicRendezvousHandler, state_of
+from aelastic.rendezvous.dynamic import DynamicRendezvousHandler
+from aelastic.rendezvous.known import state_of
 from aelastic.rendezvous.registry import open_rendezvous
 from aelastic.rendezvous.state import RendezvousState
 from aelastic.rendezvous.testing import open_cluster

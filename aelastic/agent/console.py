@@ -8,16 +8,22 @@ from __future__ import annotations
 import os
 import re
 import sys
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import Final, Protocol
 
 import anyio
 
 from ..config.streams import Std
 
-if TYPE_CHECKING:
-    from .logs import _Stream
-
-__all__ = ["LINE_GRACE", "TERMINAL_PIECES", "ConsoleRef", "ConsoleSinks", "OpenLines", "TextSink", "console_key"]
+__all__ = [
+    "LINE_GRACE",
+    "TERMINAL_PIECES",
+    "ConsoleRef",
+    "ConsoleSinks",
+    "LineHolder",
+    "OpenLines",
+    "TextSink",
+    "console_key",
+]
 
 
 class TextSink(Protocol):
@@ -54,6 +60,12 @@ TERMINAL_PIECES: Final = re.compile(r"(?<=\n)|(?<=\r)(?!\n)")
 LINE_GRACE: Final = 0.1  # an open line that stays open longer (a progress bar) is ended after it, as before
 
 
+class LineHolder(Protocol):
+    """A worker's stream as the console sees it: whether its next output starts a new line."""
+
+    at_line_start: bool
+
+
 class OpenLines:
     """The stream that left an open (unterminated) line on each terminal of a console (see :func:`console_key`),
     and an event set when that line ends: another worker's output waits for it up to :data:`LINE_GRACE`
@@ -63,17 +75,17 @@ class OpenLines:
     __slots__ = ("_ended", "_open")
 
     def __init__(self) -> None:
-        self._open: dict[object, _Stream] = {}
+        self._open: dict[object, LineHolder] = {}
         self._ended: dict[object, anyio.Event] = {}
 
     def __repr__(self) -> str:
         return f"<OpenLines open={len(self._open)} awaited={len(self._ended)}>"
 
-    def holder(self, key: object) -> _Stream | None:
+    def holder(self, key: object) -> LineHolder | None:
         """The stream whose line is open on console ``key``, if any."""
         return self._open.get(key)
 
-    def opened(self, key: object, stream: _Stream) -> None:
+    def opened(self, key: object, stream: LineHolder) -> None:
         self._open[key] = stream
 
     def ended(self, key: object) -> None:

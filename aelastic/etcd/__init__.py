@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from .client import EtcdClient, EtcdClientStatistics, EtcdConfig, Watch, open_etcd_client, parse_endpoints
+    from .client import EtcdClient, EtcdClientStatistics, Watch, open_etcd_client
+    from .config import EtcdConfig, parse_endpoints
     from .messages import (
         Compare,
         DeleteOp,
@@ -47,10 +48,10 @@ if TYPE_CHECKING:
 _LAZY = {
     "EtcdClient": ".client",
     "EtcdClientStatistics": ".client",
-    "EtcdConfig": ".client",
+    "EtcdConfig": ".config",
     "Watch": ".client",
     "open_etcd_client": ".client",
-    "parse_endpoints": ".client",
+    "parse_endpoints": ".config",
     "Compare": ".messages",
     "DeleteOp": ".messages",
     "EventType": ".messages",

@@ -46,22 +46,31 @@ import logging
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager, suppress
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any, Final, TypeVar
-from urllib.parse import urlsplit
 
 import anyio
 import httpx
 
 from ..errors import (
-    ConfigurationError,
     EtcdCompactedError,
     EtcdConnectionError,
     EtcdLeaseExpiredError,
     EtcdRequestError,
 )
+from ._edge import (
+    UNAVAILABLE,
+    EndpointFailed,
+    Stream,
+    all_failed,
+    close_stack,
+    describe,
+    http_error,
+    was_sent,
+)
+from .config import EtcdConfig, parse_endpoints
 from .messages import (
     Compare,
     DeleteOp,
@@ -96,179 +105,15 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-DEFAULT_PORT: Final = 2379
 _UNAUTHENTICATED: Final = 16  # gRPC status of an expired or foreign auth token
 _NOT_FOUND: Final = 5
-_UNAVAILABLE: Final = 14  # "no leader", "leader changed": another member may answer
 _UNHEALTHY: Final = "etcdserver: unhealthy cluster (code 14)"  # a member add refused before it was proposed
 _OUT_OF_RANGE: Final = 11  # a read at a revision that was compacted away
 _RETRY_INITIAL: Final = 0.05  # pauses between rounds over the members while none has a leader
 _RETRY_MAX: Final = 1.0
 
 
-def parse_endpoints(text: str, *, protocol: str = "http", default_port: int = DEFAULT_PORT) -> tuple[str, ...]:
-    """``"h1:2379,https://h2"`` → ``("http://h1:2379", "https://h2:2379")``; ``protocol`` where none is given."""
-    if protocol not in ("http", "https"):
-        raise ConfigurationError(f"etcd protocol {protocol!r}: must be 'http' or 'https'")
-    endpoints = []
-    for raw in text.split(","):
-        item = raw.strip().rstrip("/")
-        if not item:
-            continue
-        url = item if "://" in item else f"{protocol}://{item}"
-        try:
-            parts = urlsplit(url)
-            port = parts.port
-        except ValueError as exc:
-            raise ConfigurationError(f"etcd endpoint {item!r}: {exc}") from None
-        if parts.scheme not in ("http", "https"):
-            raise ConfigurationError(f"etcd endpoint {item!r}: scheme must be http:// or https://")
-        if not parts.hostname or parts.path or parts.query:
-            raise ConfigurationError(f"etcd endpoint {item!r}: must be [http[s]://]HOST[:PORT]")
-        endpoints.append(url if port is not None else f"{url}:{default_port}")
-    if not endpoints:
-        raise ConfigurationError(f"etcd endpoints {text!r}: need at least one HOST[:PORT]")
-    return tuple(endpoints)
-
-
-@dataclass(frozen=True, slots=True)
-class EtcdConfig:
-    """How to reach one etcd cluster: its members' client URLs, TLS files and credentials."""
-
-    endpoints: tuple[str, ...]
-    ca_cert: str | None = None
-    cert: str | None = None
-    key: str | None = None
-    username: str | None = None
-    password: str | None = None
-    # Per member, so that a member that swallows packets fails over: a connect on a LAN takes well under a
-    # millisecond, and 2 s still survives one lost SYN (Linux resends it after 1 s).
-    connect_timeout: float = 2.0
-    # Per member and unary call: etcd answers in milliseconds, or within about 5 s with an error of its own (no
-    # leader, request timed out); a member silent for longer is failed over (a write: its outcome is unknown).
-    request_timeout: float = 5.0
-    # Per watch stream: None, or how long a stream may stay silent before its member counts as failed (watches then
-    # ask for progress notifications, which the server must send more often: the job's own etcd does, each second).
-    stream_timeout: float | None = None
-
-    def __post_init__(self) -> None:
-        if not self.endpoints:
-            raise ConfigurationError("etcd endpoints: need at least one")
-        for endpoint in self.endpoints:
-            if not endpoint.startswith(("http://", "https://")):
-                raise ConfigurationError(f"etcd endpoint {endpoint!r}: must start with http:// or https://")
-        if (self.cert is None) != (self.key is None):
-            raise ConfigurationError("etcd TLS client certificate: give both cert and key, or neither")
-        if (self.username is None) != (self.password is None):
-            raise ConfigurationError("etcd authentication: give both username and password, or neither")
-        for name in ("connect_timeout", "request_timeout", "stream_timeout"):
-            if getattr(self, name) is not None and not getattr(self, name) > 0:
-                raise ConfigurationError(f"etcd {name}={getattr(self, name)!r}: must be > 0")
-
-    def __repr__(self) -> str:  # never print the password
-        return f"EtcdConfig({','.join(self.endpoints)!r}, tls={self.ca_cert is not None}, user={self.username!r})"
-
-    def ssl_context(self) -> ssl.SSLContext:
-        try:
-            context = ssl.create_default_context(cafile=self.ca_cert)
-            if self.cert is not None:
-                context.load_cert_chain(self.cert, self.key)
-        except (OSError, ssl.SSLError) as exc:
-            raise ConfigurationError(
-                f"etcd TLS files (cacert={self.ca_cert!r}, cert={self.cert!r}, key={self.key!r}): {exc}"
-            ) from exc
-        return context
-
-
 # --- errors at the edge -------------------------------------------------------------------------------------------
-
-
-def _chain(exc: BaseException) -> list[BaseException]:
-    """``exc``, its causes and contexts, and the members of exception groups among them (trio's connect)."""
-    seen: list[BaseException] = []
-    todo: list[BaseException] = [exc]
-    while todo:
-        current = todo.pop(0)
-        if current in seen:
-            continue
-        seen.append(current)
-        todo.extend(getattr(current, "exceptions", ()))
-        cause = current.__cause__ or current.__context__
-        if cause is not None:
-            todo.append(cause)
-    return seen
-
-
-def _describe(exc: httpx.TransportError, config: EtcdConfig, endpoint: str) -> str:
-    """One short reason for a transport failure, for a message that already names the endpoint."""
-    if isinstance(exc, httpx.ConnectTimeout):
-        return f"no connection within connect_timeout={config.connect_timeout:g}s"
-    if isinstance(exc, httpx.ReadTimeout):
-        return f"no answer within request_timeout={config.request_timeout:g}s"
-    links = _chain(exc)
-    if (
-        endpoint.startswith("https://")
-        and isinstance(exc, httpx.ConnectError)
-        and any(isinstance(link, ConnectionResetError) for link in links)
-    ):
-        # etcd's port multiplexer may answer a TLS hello on a plain-HTTP port by resetting the connection.
-        return "connection reset during the TLS handshake: the server may not speak TLS (use http://)"
-    for link in links:
-        if isinstance(link, ssl.SSLCertVerificationError):
-            return f"TLS certificate not trusted ({link.verify_message}): check cacert"
-        if isinstance(link, ssl.SSLError):
-            reason = str(link.reason or link)
-            if reason in ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG", "HTTP_REQUEST"):
-                return "does not speak TLS: use http://"
-            return f"TLS handshake failed: {reason}"
-        if isinstance(link, ConnectionRefusedError):
-            return "nothing listening (connection refused)"
-        if isinstance(link, OSError) and link.strerror:
-            return link.strerror
-    text = str(exc)
-    if "All connection attempts failed" in text or "Connection refused" in text:
-        return "nothing listening (connection refused)"
-    if isinstance(exc, httpx.ConnectError):
-        return text or type(exc).__name__
-    return f"connection lost ({text or type(exc).__name__})"
-
-
-def _was_sent(exc: httpx.TransportError) -> bool:
-    """Whether the request may have reached the server (so repeating it may apply it twice)."""
-    return not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
-
-
-class _EndpointFailed(Exception):
-    """This endpoint is unusable for this call; try the next (internal)."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-def _http_error(endpoint: str, path: str, response: httpx.Response, body: bytes) -> Exception:
-    try:
-        obj = json.loads(body)
-    except ValueError:
-        obj = None
-    if isinstance(obj, dict) and "error" in obj and not isinstance(obj["error"], dict):
-        code = int(obj.get("code") or 0)
-        message = obj.get("message") or obj["error"]
-        return EtcdRequestError(f"etcd at {endpoint}: {path}: {message} (code {code})", code=code)
-    text = body.decode(errors="replace").strip().splitlines()[0] if body.strip() else ""
-    if response.status_code == 400 and "HTTPS server" in text:
-        return _EndpointFailed("the server speaks TLS: use https://")
-    if response.status_code == 404:
-        return _EndpointFailed(f"not an etcd v3 gateway (HTTP 404 for {path})")
-    return EtcdRequestError(f"etcd at {endpoint}: {path}: HTTP {response.status_code} {text[:200]}")
-
-
-def _all_failed(failures: Sequence[tuple[str, str]], what: str) -> EtcdConnectionError:
-    if len(failures) == 1:
-        endpoint, reason = failures[0]
-        return EtcdConnectionError(f"etcd at {endpoint}: {reason} ({what})")
-    listed = "; ".join(f"{endpoint}: {reason}" for endpoint, reason in failures)
-    return EtcdConnectionError(f"no etcd endpoint answered {what}: {listed}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -382,18 +227,18 @@ class EtcdClient:
             for endpoint in self._order():
                 try:
                     result = await self._on_member(endpoint, attempt)
-                except _EndpointFailed as exc:
+                except EndpointFailed as exc:
                     failures.append((endpoint, exc.reason))
                     continue
                 except EtcdRequestError as exc:
-                    if exc.code != _UNAVAILABLE or not idempotent:
+                    if exc.code != UNAVAILABLE or not idempotent:
                         raise
                     unavailable = True
                     failures.append((endpoint, str(exc).rpartition(": ")[2]))  # e.g. a member cut off its quorum
                     continue
                 except httpx.TransportError as exc:
-                    reason = _describe(exc, self.config, endpoint)
-                    if _was_sent(exc) and not idempotent:
+                    reason = describe(exc, self.config, endpoint)
+                    if was_sent(exc) and not idempotent:
                         raise EtcdConnectionError(
                             f"etcd at {endpoint}: {reason} during {what}; its outcome is unknown"
                         ) from exc
@@ -402,7 +247,7 @@ class EtcdClient:
                     continue
                 self._adopt(endpoint)
                 return result
-            error = _all_failed(failures, what)
+            error = all_failed(failures, what)
             if not unavailable:
                 raise error
             logger.debug("etcd: %s; retrying in %.2f s", error, pause)
@@ -412,7 +257,7 @@ class EtcdClient:
     async def _on_member(self, endpoint: str, attempt: Callable[[str], Awaitable[T]]) -> T:
         try:
             return await attempt(endpoint)
-        except (_EndpointFailed, EtcdRequestError, httpx.TransportError):
+        except (EndpointFailed, EtcdRequestError, httpx.TransportError):
             raise  # the member answered, or failed in a way _over_members handles
         except BaseException:
             # Cancelled (the caller's deadline) while the member held the request. Caught this wide because
@@ -429,7 +274,7 @@ class EtcdClient:
         response = await self._http.post(f"{endpoint}/v3/auth/authenticate", json=body, timeout=self._unary_timeout)
         content = await response.aread()
         if response.status_code != 200:
-            raise _http_error(endpoint, "/v3/auth/authenticate", response, content)
+            raise http_error(endpoint, "/v3/auth/authenticate", response, content)
         self._token = str(json.loads(content)["token"])
 
     async def _send(
@@ -451,7 +296,7 @@ class EtcdClient:
             self._note_local_address(response)
             if response.status_code == 200:
                 return response
-            error = _http_error(endpoint, path, response, await response.aread())
+            error = http_error(endpoint, path, response, await response.aread())
             if isinstance(error, EtcdRequestError) and error.code == _UNAUTHENTICATED and attempt == 0:
                 self._token = None  # expired, or issued by another member (simple tokens are per member)
                 continue
@@ -490,7 +335,7 @@ class EtcdClient:
                 stream = Stream(endpoint, response.aiter_lines(), stack, self.config)
                 return stream, await stream._next()
             except BaseException:
-                await _close(stack)
+                await close_stack(stack)
                 raise
 
         return await self._over_members(path, attempt, idempotent=True)
@@ -601,7 +446,7 @@ class EtcdClient:
             try:
                 obj = await self._call("/v3/cluster/member/add", {"peerURLs": list(peer_urls)}, idempotent=False)
             except EtcdRequestError as exc:
-                if exc.code != _UNAVAILABLE or not str(exc).endswith(_UNHEALTHY):
+                if exc.code != UNAVAILABLE or not str(exc).endswith(_UNHEALTHY):
                     raise
                 logger.debug("etcd: %s; adding again in %.2f s", exc, pause)
                 await anyio.sleep(pause)
@@ -628,68 +473,6 @@ class EtcdClient:
         ``start_revision`` was compacted away.
         """
         return Watch(self, key, range_end, start_revision)
-
-
-async def _close(stack: AsyncExitStack) -> None:
-    with anyio.CancelScope(shield=True):
-        with suppress(httpx.TransportError):  # closing a stream whose peer is already gone
-            await stack.aclose()
-
-
-class Stream:
-    """One streaming call open on one member (:meth:`EtcdClient.open_stream`): its messages, one JSON object per
-    line of the chunked answer."""
-
-    def __init__(self, endpoint: str, lines: AsyncIterator[str], stack: AsyncExitStack, config: EtcdConfig) -> None:
-        self.endpoint = endpoint
-        self._lines = lines
-        self._stack = stack
-        self._config = config
-        stack.push_async_callback(lines.aclose)  # type: ignore[attr-defined]
-
-    def __repr__(self) -> str:
-        return f"<Stream at {self.endpoint}>"
-
-    async def receive(self) -> dict[str, Any]:
-        """The next message's result.
-
-        Raises:
-            EtcdConnectionError: the member went away (the stream broke or ended, or the member is unavailable).
-            EtcdRequestError: the member answered with an error.
-        """
-        try:
-            return await self._next()
-        except _EndpointFailed as exc:
-            raise EtcdConnectionError(f"etcd at {self.endpoint}: {exc.reason}") from None
-        except httpx.ReadTimeout as exc:
-            timeout = self._config.stream_timeout
-            raise EtcdConnectionError(f"etcd at {self.endpoint}: no message within stream_timeout={timeout}s") from exc
-        except httpx.TransportError as exc:
-            reason = _describe(exc, self._config, self.endpoint)
-            raise EtcdConnectionError(f"etcd at {self.endpoint}: {reason}") from exc
-
-    async def _next(self) -> dict[str, Any]:
-        while True:
-            try:
-                line = await self._lines.__anext__()
-            except StopAsyncIteration:
-                raise _EndpointFailed("the stream ended") from None
-            if not line.strip():
-                continue
-            obj = json.loads(line)
-            if "error" in obj:
-                error = obj["error"]
-                message = error.get("message") if isinstance(error, dict) else error
-                code = int(error.get("grpc_code") or error.get("code") or 0) if isinstance(error, dict) else 0
-                if code == _UNAVAILABLE:  # the member is going away (its gateway lost its own gRPC server)
-                    raise _EndpointFailed(str(message))
-                raise EtcdRequestError(f"etcd at {self.endpoint}: stream: {message}", code=code)
-            result: dict[str, Any] = obj.get("result", {})
-            return result
-
-    async def aclose(self) -> None:
-        """Close the stream; shielded from cancellation."""
-        await _close(self._stack)
 
 
 class Watch:

@@ -48,7 +48,8 @@ import anyio
 import anyio.abc
 
 from ..errors import EtcdConnectionError, EtcdError, EtcdLeaseExpiredError
-from .client import EtcdClient, EtcdConfig, open_etcd_client
+from .client import EtcdClient, open_etcd_client
+from .config import EtcdConfig
 from .layout import Layout, is_address
 from .messages import Compare, DeleteOp, EventType, Member, PutOp, RangeOp, prefix_range_end
 from .server import LocalEtcdMember, MemberConfig, RaftTiming, find_etcd_binary, start_member

@@ -46,28 +46,23 @@ round. A fresh server per round means a restarted attempt never reads the dead a
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Final, cast
+from typing import Final
 
 import anyio
 import anyio.abc
 
 from ..errors import (
     RendezvousClosedError,
-    RendezvousConnectionError,
     RendezvousGracefulExitError,
     RendezvousTimeoutError,
-    StoreConnectionError,
 )
 from ..events import record_rendezvous
-from ..store.server import StoreServer
 from .api import (
     Finished,
-    JoinObserver,
     MembershipChange,
     RendezvousHandler,
     RendezvousInfo,
@@ -78,15 +73,15 @@ from .backends.base import RendezvousBackend, Versioned
 from .bootstrap import BootstrapStores
 from .codec import (
     Digest,
-    decode_join_request,
-    decode_state,
     decode_view,
     encode_join_request,
     encode_state,
     make_digest,
 )
-from .joins import JOIN_REQUESTS, JoinRequest, fold_joins
-from .settings import HEARTBEAT_TIMEOUT, READ_TIMEOUT
+from .joins import JOIN_REQUESTS, JoinRequest
+from .known import Known, OwnRequest, changes_what_others_wait_for, departed
+from .liveness import Liveness
+from .settings import HandlerOptions
 from .state import (
     Action,
     NodeDesc,
@@ -98,61 +93,14 @@ from .state import (
     decide_close,
     decide_exit,
     decide_join,
-    regrouped,
     update_timers,
 )
 
-__all__ = [
-    "DynamicRendezvousHandler",
-    "FoldCache",
-    "HandlerOptions",
-    "committed_state",
-    "open_dynamic_rendezvous",
-    "round_prefix",
-    "state_of",
-]
+__all__ = ["DynamicRendezvousHandler", "HandlerOptions", "open_dynamic_rendezvous", "round_prefix"]
 
 logger = logging.getLogger(__name__)
 
 Decide = Callable[[View, NodeTimers, float], Action]
-
-# Nodes simulated as tasks of one process read the same bytes many times: decode each value once. (Pure functions
-# of bytes: sharing their results between handlers shares no state.)
-_decode_state = functools.lru_cache(maxsize=8)(decode_state)
-_decode_join_request = functools.lru_cache(maxsize=1 << 16)(decode_join_request)
-
-
-def committed_state(seen: Versioned) -> RendezvousState:
-    """The state as last written, without the join requests pending on it."""
-    return _decode_state(seen.data) if seen.data is not None else RendezvousState()
-
-
-class FoldCache:
-    """A handler's last fold. It reads the same written state again and again with a few more join requests
-    pending each time: fold only those, onto the last result (``fold_joins`` is a left fold, so the result is the
-    same). Counts its folds for the handler's statistics."""
-
-    def __init__(self) -> None:
-        self._last: tuple[bytes | None, tuple[bytes, ...], RendezvousState] = (None, (), RendezvousState())
-        self.folds = 0
-        self.requests_folded = 0
-
-    def __repr__(self) -> str:
-        return f"<FoldCache folds={self.folds} requests_folded={self.requests_folded}>"
-
-    def state_of(self, seen: Versioned) -> RendezvousState:
-        data, pending, folded = self._last
-        done = len(pending)
-        if seen.data == data and seen.pending[:done] == pending:
-            todo = seen.pending[done:]
-            state = fold_joins(folded, map(_decode_join_request, todo))
-        else:
-            todo = seen.pending
-            state = fold_joins(committed_state(seen), map(_decode_join_request, todo))
-        self.folds += bool(todo)
-        self.requests_folded += len(todo)
-        self._last = (seen.data, seen.pending, state)
-        return state
 
 
 _NO_DIGEST = Digest(b"", ())  # what a backend without digests is handed
@@ -163,67 +111,7 @@ def round_prefix(run_id: str, round: int) -> str:
     return f"torch.rendezvous.{run_id}.{round}"
 
 
-def state_of(seen: Versioned) -> RendezvousState:
-    """The rendezvous state that a backend read (``get_state``) holds: the written state with its pending join
-    requests applied (``fold_joins``); what every node decides on."""
-    return fold_joins(committed_state(seen), map(_decode_join_request, seen.pending))
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class HandlerOptions:
-    """What a backend's opener tells its dynamic handler besides the node, the settings and the driver.
-
-    Attributes:
-        backend_name: the name events and ``get_backend()`` report.
-        bootstrap_host: the address this node serves the workers' store of a round on (when rank 0).
-        heartbeat_timeout: the deadline of one keep-alive write.
-        read_timeout: how long the backend may stay unreachable before the handler fails.
-        observer: called at every step of the node's exit and join (:data:`~aelastic.rendezvous.api.JoinObserver`).
-        servers: the store servers the opener runs for this handler (they show in its ``statistics()``).
-        share_store: whether rank 0's agent serves the round's workers' store
-            (:attr:`~aelastic.rendezvous.api.RendezvousParameters.share_store`; ``use_agent_store``).
-    """
-
-    backend_name: str
-    bootstrap_host: str
-    heartbeat_timeout: float = cast(float, HEARTBEAT_TIMEOUT.default)
-    read_timeout: float = cast(float, READ_TIMEOUT.default)
-    observer: JoinObserver | None = None
-    servers: tuple[StoreServer, ...] = ()
-    share_store: bool = True
-
-
-@dataclasses.dataclass(slots=True)
-class _Known:
-    """What this node knows of the shared state, from its reads (see the module docstring's "Reads")."""
-
-    seen: Versioned = dataclasses.field(default_factory=lambda: Versioned(0, None))  # the last whole read: what a
-    # write compare-and-sets against
-    committed: RendezvousState = dataclasses.field(default_factory=RendezvousState)  # the state as last written
-    state: View = dataclasses.field(default_factory=RendezvousState)  # what this node decides on: the whole state
-    # (written, with the pending join requests folded in), or its digest's view
-    version: int = -1  # the newest version this node read, whole or as a digest (-1: none yet)
-    joined: int = 0  # the join requests consumed up to that version (digests)
-    folds: FoldCache = dataclasses.field(default_factory=lambda: FoldCache())
-
-    def adopt(self, seen: Versioned) -> None:
-        """Take a whole read, unless a newer version was read already."""
-        if seen.version >= self.version:
-            self.seen, self.version, self.joined = seen, seen.version, seen.joined
-            self.committed = committed_state(seen)
-            self.state = self.folds.state_of(seen)
-
-
-@dataclasses.dataclass(slots=True)
-class _OwnRequest:
-    """This node's latest join request, and whether publishing its fold is this node's job."""
-
-    request: bytes | None = None
-    ticket: int | None = None  # its ticket (digests): folded once a version's ``joined`` reaches it
-    publish: bool = False  # digests: this node's request changes what others wait for, so it writes the fold
-
-
-class DynamicRendezvousHandler(RendezvousHandler):
+class DynamicRendezvousHandler(Liveness, RendezvousHandler):
     """torch's ``DynamicRendezvousHandler`` semantics, event driven. Open it with :func:`open_dynamic_rendezvous`.
 
     The pure core (:mod:`.state`) decides each step; what the handler does for each of its actions is the table
@@ -243,8 +131,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self.backend = backend
         self._task_group = task_group
         self._options = options
-        self._known = _Known()
-        self._own = _OwnRequest()
+        self._known = Known()
+        self._own = OwnRequest()
         self._liveness_started = False
         self._joining: anyio.Event | None = None  # set when this node's wait for its round to complete ends
         self._bootstrap = BootstrapStores(task_group, options.bootstrap_host)
@@ -359,7 +247,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         """The folded state this node is to write, if its view folds join requests in and publishing it is this
         node's job: on a backend with digests, the node whose request triggers it (``_own.publish``); on others,
         the node whose own request is the newest in its read (the last node to append always is). Whether the fold
-        changes what others wait for is :func:`_changes_what_others_wait_for`'s answer. A query: it writes nothing.
+        changes what others wait for is :func:`changes_what_others_wait_for`'s answer. A query: it writes nothing.
 
         One node does it, not every node that sees it (a thousand nodes reading one burst of requests would
         otherwise each encode and compare-and-set the whole state). Publishing only wakes the others sooner: the
@@ -426,7 +314,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             fold = self._fold_to_publish()
             if fold is not None:
                 # The job stays this node's only while its folds change what others wait for.
-                self._own.publish = _changes_what_others_wait_for(self._known.committed, fold, self.settings)
+                self._own.publish = changes_what_others_wait_for(self._known.committed, fold, self.settings)
                 if self._own.publish:
                     await self._write(fold)
                     continue
@@ -480,124 +368,6 @@ class DynamicRendezvousHandler(RendezvousHandler):
             await self._refresh()  # a write is decided again on the whole state it replaces
         else:
             await self._write(apply(self._known.state, action, self.node, self.settings))
-
-    # --- liveness ---------------------------------------------------------------------------------------------
-
-    async def _start_liveness(self) -> None:
-        if not self._liveness_started:
-            await self._task_group.start(self._liveness)
-            if self.backend.departures:
-                self._task_group.start_soon(self._departures)
-            self._liveness_started = True
-
-    async def _departures(self) -> None:
-        """Evict the nodes whose connections the network reported closed (the c10d host's store server): a dead
-        agent is found within the backend's short grace instead of the keep-alive's. Nodes at this node's own
-        address are left to the keep-alive (this node is alive, and it cannot tell which of them died)."""
-        while True:
-            hosts = await self.backend.wait_for_departures()
-            if self.node.addr in hosts:
-                hosts = hosts - {self.node.addr}
-            if not hosts:
-                continue
-            state = await self._whole()
-            gone = frozenset(n for n in state.all_nodes() if n.addr in hosts)
-            if not gone:
-                continue
-            logger.warning(
-                "rendezvous %s: every connection from %s closed: %s died",
-                self.settings.run_id, ", ".join(sorted(hosts)), ", ".join(sorted(n.id for n in gone)),
-            )  # fmt: skip
-            try:
-                with anyio.fail_after(self._options.read_timeout):
-                    await self._evict(gone)
-            except TimeoutError as exc:
-                raise RendezvousConnectionError(
-                    f"rendezvous {self.settings.run_id!r}: lost {self.backend.location}: evicting the dead "
-                    f"node(s) {sorted(n.id for n in gone)} got no answer within "
-                    f"read_timeout={self._options.read_timeout:g}s"
-                ) from exc
-
-    async def _liveness(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        await self.backend.keep_alive(self.node.key)
-        task_status.started()
-        interval = self.settings.keep_alive_interval
-        grace = interval * self.settings.keep_alive_max_attempt
-        # A checker sees a beat up to one interval after it happened (it checks once per interval), and judges a
-        # neighbour by when it saw its counter move. Counting from half an interval earlier makes the verdict fall
-        # on the check that finds keep_alive_max_attempt beats missed (15-20 s after the last beat with torch's
-        # defaults, as torch's wall-clock expiry), not one check later (20-25 s); never before the grace has
-        # passed since the last beat, and a live node's beats (at most 1.5 intervals apart) stay well inside it.
-        still = grace - interval / 2 if self.settings.keep_alive_max_attempt >= 3 else grace
-        # A beat due while the node waits for its round to complete would preempt the wait (on a c10d store:
-        # CANCEL_WAIT, the beat, WAIT again). Those waits end together when the round completes, and at 10,000
-        # nodes the beats that preempt them at that moment starve the one write that completes it (RESULTS.md).
-        # So such a beat first lets the wait end, for at most a quarter of the grace's slack over one interval
-        # (half an interval at most): the beats stay that far inside the grace.
-        defer = min(interval / 2, (grace - interval) / 4)
-        reached = anyio.current_time()  # when a beat last reached the backend
-        while True:
-            await anyio.sleep(interval)
-            if self._joining is not None and defer > 0:
-                with anyio.move_on_after(defer):
-                    await self._joining.wait()
-            dead: NodeDesc | None = None
-            try:
-                # The neighbour's check is bounded with the beat: a store that goes silent while it is in flight
-                # must not hang the liveness, which is what notices a lost store.
-                with anyio.fail_after(self._options.heartbeat_timeout):
-                    await self.backend.keep_alive(self.node.key)
-                    reached = anyio.current_time()
-                    neighbour = self._neighbour()
-                    if neighbour is not None and await self.backend.find_dead([neighbour.key], still):
-                        dead = neighbour
-            except (TimeoutError, StoreConnectionError) as exc:
-                # A missed beat is what liveness is for: the others judge this node. Only a backend that no beat
-                # has reached for read_timeout is given up on: other operations may hang on it meanwhile.
-                lost = anyio.current_time() - reached
-                error = str(exc) or f"no answer within heartbeat_timeout={self._options.heartbeat_timeout:g}s"
-                if lost >= self._options.read_timeout:
-                    raise RendezvousConnectionError(
-                        f"rendezvous {self.settings.run_id!r}: lost {self.backend.location}: no heartbeat of "
-                        f"{self.node.id} reached it for {lost:.0f}s (read_timeout={self._options.read_timeout:g}s); "
-                        f"last error: {error}"
-                    ) from exc
-                logger.warning("rendezvous %s: heartbeat of %s failed: %s", self.settings.run_id, self.node.id, error)
-                continue
-            if dead is not None:
-                try:
-                    with anyio.fail_after(self._options.read_timeout):  # nor may the eviction hang the liveness
-                        await self._evict(frozenset({dead}))
-                except TimeoutError as exc:
-                    raise RendezvousConnectionError(
-                        f"rendezvous {self.settings.run_id!r}: lost {self.backend.location}: evicting the dead "
-                        f"node {dead.id} got no answer within read_timeout={self._options.read_timeout:g}s"
-                    ) from exc
-
-    def _neighbour(self) -> NodeDesc | None:
-        if isinstance(self._known.state, StateView):
-            return self._known.state.neighbour
-        nodes = sorted(self._known.state.all_nodes())
-        if self.node not in nodes or len(nodes) < 2:
-            return None
-        return nodes[nodes.index(self.node) - 1]
-
-    async def _evict(self, dead: frozenset[NodeDesc], *, left: bool = False) -> None:
-        """Take ``dead`` off the state, recorded as lost; ``left``: this node itself, leaving for good."""
-        while True:
-            state = await self._whole()
-            present = dead & set(state.all_nodes())
-            if not present:
-                return
-            names = sorted(n.id for n in present)
-            if not left:
-                logger.warning("rendezvous %s: removing dead node(s) %s", self.settings.run_id, names)
-            if await self._write(apply(state, Action.REMOVE_DEAD, self.node, self.settings, present)):
-                record_rendezvous(
-                    "member_left" if left else "member_dead", self.settings.run_id, self.node.id,
-                    backend=self._options.backend_name, round=self._round, dead=names,
-                )  # fmt: skip
-                return
 
     # --- the handler API --------------------------------------------------------------------------------------
 
@@ -654,7 +424,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         s = await self._whole()
         if s.round != self._round or not s.complete:
             return frozenset()
-        return frozenset(range(len(s.rank_order))) - _departed(s)
+        return frozenset(range(len(s.rank_order))) - departed(s)
 
     async def _restart_reason(self, finished: Finished | None, excused: set[int]) -> str | None:
         """Why the round must be redone, if it must. Ranks in ``excused`` left after ``finished`` said they had."""
@@ -669,7 +439,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             whole = await self._whole()
             if whole.round != self._round or not whole.complete:
                 return await self._restart_reason(finished, excused)
-            gone = _departed(whole) - excused
+            gone = departed(whole) - excused
             if gone and finished is not None and await finished(frozenset(gone)):
                 excused |= gone
                 return await self._restart_reason(finished, excused)  # the state may have moved meanwhile
@@ -734,28 +504,6 @@ _FAILURES: Final[Mapping[Action, Callable[[DynamicRendezvousHandler], Exception]
     Action.ERROR_TIMEOUT: _timed_out,
 }
 """The error each failing action of the core raises from the operation."""
-
-
-def _changes_what_others_wait_for(
-    written: RendezvousState, view: RendezvousState, settings: RendezvousSettings
-) -> bool:
-    """Whether the join requests folded into ``view`` change what other nodes wait for, so that it must be written
-    (which wakes them): the round completed, a node joined the wait list of a complete round, the round reached
-    ``min_nodes`` (the others start their last call when they see it), or the round regrouped after a loss (fast
-    quorum: the participants complete it when they see it)."""
-    quorum = settings.min_nodes
-    return (
-        view.complete != written.complete
-        or len(view.wait_list) > len(written.wait_list)
-        or len(written.participants) < quorum <= len(view.participants)
-        or (settings.fast_quorum and regrouped(view) and not regrouped(written))
-    )
-
-
-def _departed(state: RendezvousState) -> frozenset[int]:
-    """The ranks of a complete round whose nodes are no longer participants (members only ever leave it)."""
-    members = set(state.participants)
-    return frozenset(rank for rank, node in enumerate(state.rank_order) if node not in members)
 
 
 @asynccontextmanager

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, cast
 
 from ..errors import ConfigurationError
-from .api import RendezvousParameters
+from ..store.server import StoreServer
+from .api import JoinObserver, RendezvousParameters
 from .state import RendezvousSettings
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "TIMING_KEYS",
     "TORCHRUN_TIMEOUT",
     "ConfKey",
+    "HandlerOptions",
     "TimingSettings",
     "conf_bool",
     "conf_float",
@@ -219,3 +221,27 @@ class TimingSettings:
             run_id=params.run_id, min_nodes=params.min_nodes, max_nodes=params.max_nodes, **values
         )
         return cls(rendezvous, heartbeat_timeout)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HandlerOptions:
+    """What a backend's opener tells its dynamic handler besides the node, the settings and the driver.
+
+    Attributes:
+        backend_name: the name events and ``get_backend()`` report.
+        bootstrap_host: the address this node serves the workers' store of a round on (when rank 0).
+        heartbeat_timeout: the deadline of one keep-alive write.
+        read_timeout: how long the backend may stay unreachable before the handler fails.
+        observer: called at every step of the node's exit and join (:data:`~aelastic.rendezvous.api.JoinObserver`).
+        servers: the store servers the opener runs for this handler (they show in its ``statistics()``).
+        share_store: whether rank 0's agent serves the round's workers' store
+            (:attr:`~aelastic.rendezvous.api.RendezvousParameters.share_store`; ``use_agent_store``).
+    """
+
+    backend_name: str
+    bootstrap_host: str
+    heartbeat_timeout: float = cast(float, HEARTBEAT_TIMEOUT.default)
+    read_timeout: float = cast(float, READ_TIMEOUT.default)
+    observer: JoinObserver | None = None
+    servers: tuple[StoreServer, ...] = ()
+    share_store: bool = True

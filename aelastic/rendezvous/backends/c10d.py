@@ -26,8 +26,8 @@ from ...errors import ConfigurationError, RendezvousConnectionError, StoreConnec
 from ...store.auth import resolve_auth_token
 from ...store.client import open_store_client
 from ..api import JoinObserver, RendezvousHandler, RendezvousParameters
-from ..dynamic import HandlerOptions, open_dynamic_rendezvous
-from ..settings import DYNAMIC_KEYS, READ_TIMEOUT, ConfKey, TimingSettings, key_names
+from ..dynamic import open_dynamic_rendezvous
+from ..settings import DYNAMIC_KEYS, READ_TIMEOUT, ConfKey, HandlerOptions, TimingSettings, key_names
 from ..state import NodeDesc, RendezvousSettings
 from .base import StateReader
 from .disconnects import DisconnectWatch

@@ -50,7 +50,8 @@ from ...errors import (
     RendezvousConnectionError,
     RendezvousStateError,
 )
-from ...etcd.client import EtcdClient, EtcdConfig, open_etcd_client, parse_endpoints
+from ...etcd.client import EtcdClient, open_etcd_client
+from ...etcd.config import EtcdConfig, parse_endpoints
 from ...etcd.embedded import JobEtcdSettings, client_config, open_job_etcd
 from ...etcd.layout import DEFAULT_CLIENT_PORT, DEFAULT_SIZE, Layout, parse_embedded
 from ...etcd.messages import (
@@ -72,8 +73,8 @@ from ...etcd.server import find_etcd_binary
 from ...etcd.store import EtcdStore
 from ..api import JoinObserver, RendezvousHandler, RendezvousParameters
 from ..codec import Digest
-from ..dynamic import HandlerOptions, open_dynamic_rendezvous
-from ..settings import DYNAMIC_KEYS, READ_TIMEOUT, ConfKey, TimingSettings, key_names
+from ..dynamic import open_dynamic_rendezvous
+from ..settings import DYNAMIC_KEYS, READ_TIMEOUT, ConfKey, HandlerOptions, TimingSettings, key_names
 from ..state import NodeDesc, RendezvousSettings
 from .base import RendezvousBackend, StateReader, Versioned
 

@@ -17,8 +17,8 @@ import anyio
 from ...store.api import Store
 from ..api import JoinObserver, RendezvousHandler, RendezvousParameters
 from ..codec import Digest
-from ..dynamic import HandlerOptions, open_dynamic_rendezvous
-from ..settings import DYNAMIC_KEYS, READ_TIMEOUT, TimingSettings, key_names
+from ..dynamic import open_dynamic_rendezvous
+from ..settings import DYNAMIC_KEYS, READ_TIMEOUT, HandlerOptions, TimingSettings, key_names
 from ..state import NodeDesc
 from .base import RendezvousBackend, Versioned
 
