@@ -36,7 +36,8 @@ from .config.values import (
 )
 from .errors import AelasticError, ConfigurationError
 from .launcher import LaunchControl, launch
-from .rendezvous.state import Action, NodeDesc, NodeTimers, RendezvousSettings, RendezvousState, StateView
+from .rendezvous.state import Action
+from .rendezvous.values import NodeDesc, NodeTimers, RendezvousSettings, RendezvousState, StateView
 from .store.server import serve_store
 
 __all__ = ["main"]

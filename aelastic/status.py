@@ -35,14 +35,8 @@ from .rendezvous.backends.base import StateReader, Versioned
 from .rendezvous.dynamic import round_prefix
 from .rendezvous.known import state_of
 from .rendezvous.registry import check_parameters, lookup, readable_backends
-from .rendezvous.state import (
-    NodeDesc,
-    NodeTimers,
-    RendezvousSettings,
-    RendezvousState,
-    StateView,
-    update_timers,
-)
+from .rendezvous.state import update_timers
+from .rendezvous.values import NodeDesc, NodeTimers, RendezvousSettings, RendezvousState, StateView
 
 __all__ = [
     "NodeView",

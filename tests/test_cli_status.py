@@ -36,7 +36,7 @@ from aelastic.rendezvous.codec import encode_state
 from aelastic.rendezvous.dynamic import DynamicRendezvousHandler
 from aelastic.rendezvous.known import state_of
 from aelastic.rendezvous.registry import open_rendezvous, register_backend
-from aelastic.rendezvous.state import NodeDesc, NodeTimers, RendezvousSettings, RendezvousState
+from aelastic.rendezvous.values import NodeDesc, NodeTimers, RendezvousSettings, RendezvousState
 from aelastic.status import LIST_LIMIT, Watch, check_readable, command, describe, waiting_reason
 from aelastic.store.client import open_store_client
 from aelastic.store.server import open_store_server

@@ -34,8 +34,8 @@ from aelastic.rendezvous.codec import make_digest
 from aelastic.rendezvous.dynamic import DynamicRendezvousHandler
 from aelastic.rendezvous.known import state_of
 from aelastic.rendezvous.registry import open_rendezvous
-from aelastic.rendezvous.state import RendezvousState
 from aelastic.rendezvous.testing import open_cluster
+from aelastic.rendezvous.values import RendezvousState
 
 pytestmark = pytest.mark.anyio
 

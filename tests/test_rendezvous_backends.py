@@ -19,7 +19,7 @@ from aelastic.rendezvous.backends.etcd import EtcdBackend
 from aelastic.rendezvous.backends.memory import MemoryBackend, MemoryRendezvous
 from aelastic.rendezvous.backends.store import StoreBackend
 from aelastic.rendezvous.codec import decode_view, make_digest
-from aelastic.rendezvous.state import NodeDesc, RendezvousState
+from aelastic.rendezvous.values import NodeDesc, RendezvousState
 from aelastic.store.client import open_store_client
 from aelastic.store.server import open_store_server
 

@@ -24,8 +24,9 @@ from aelastic.rendezvous.codec import encode_join_request
 from aelastic.rendezvous.dynamic import DynamicRendezvousHandler
 from aelastic.rendezvous.joins import JoinRequest
 from aelastic.rendezvous.registry import open_rendezvous
-from aelastic.rendezvous.state import Action, NodeDesc, RendezvousState
+from aelastic.rendezvous.state import Action
 from aelastic.rendezvous.testing import BackendUnderTest, Cluster, open_cluster, wait_done
+from aelastic.rendezvous.values import NodeDesc, RendezvousState
 from aelastic.store.client import open_store_client
 from aelastic.store.server import open_store_server
 

@@ -36,16 +36,13 @@ from aelastic.rendezvous.joins import JOIN_REQUESTS, JoinRequest, fold_joins
 from aelastic.rendezvous.state import (
     WRITE_ACTIONS,
     Action,
-    NodeDesc,
-    NodeTimers,
-    RendezvousSettings,
-    RendezvousState,
     apply,
     decide_close,
     decide_exit,
     decide_join,
     update_timers,
 )
+from aelastic.rendezvous.values import NodeDesc, NodeTimers, RendezvousSettings, RendezvousState
 
 A, B, C, D, E = (NodeDesc("10.0.0.1", pid, 0) for pid in (100, 200, 300, 400, 500))
 ME = NodeDesc("10.0.0.9", 900, 0)

@@ -24,7 +24,8 @@ import anyio.lowlevel
 from ..errors import ConfigurationError
 from ..store import ServerStatistics
 from ..store.api import Store
-from .state import Action, NodeDesc, NodeTimers, RendezvousSettings, RendezvousState, StateView
+from .state import Action
+from .values import NodeDesc, NodeTimers, RendezvousSettings, RendezvousState, StateView
 
 __all__ = [
     "Finished",

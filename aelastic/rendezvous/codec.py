@@ -13,7 +13,8 @@ from typing import Any, Final, NamedTuple
 
 from ..errors import ConfigurationError, RendezvousStateError
 from .joins import JoinRequest
-from .state import NodeDesc, RendezvousState, StateView, check_endpoint, is_int, regrouped, survivors
+from .state import regrouped, survivors
+from .values import NodeDesc, RendezvousState, StateView, check_endpoint, is_int
 
 __all__ = [
     "FORMAT_VERSION",

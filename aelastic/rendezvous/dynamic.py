@@ -82,19 +82,8 @@ from .joins import JOIN_REQUESTS, JoinRequest
 from .known import Known, OwnRequest, changes_what_others_wait_for, departed
 from .liveness import Liveness
 from .settings import HandlerOptions
-from .state import (
-    Action,
-    NodeDesc,
-    NodeTimers,
-    RendezvousSettings,
-    RendezvousState,
-    StateView,
-    apply,
-    decide_close,
-    decide_exit,
-    decide_join,
-    update_timers,
-)
+from .state import Action, apply, decide_close, decide_exit, decide_join, update_timers
+from .values import NodeDesc, NodeTimers, RendezvousSettings, RendezvousState, StateView
 
 __all__ = ["DynamicRendezvousHandler", "HandlerOptions", "open_dynamic_rendezvous", "round_prefix"]
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Final
 
 from ..errors import ConfigurationError
-from .state import Action, NodeDesc, RendezvousState, check_endpoint, completed, is_int
+from .state import Action, completed
+from .values import NodeDesc, RendezvousState, check_endpoint, is_int
 
 __all__ = ["JOIN_REQUESTS", "JoinRequest", "fold_joins"]
 

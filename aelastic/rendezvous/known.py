@@ -11,7 +11,8 @@ from .api import View
 from .backends.base import Versioned
 from .codec import decode_join_request, decode_state
 from .joins import fold_joins
-from .state import RendezvousSettings, RendezvousState, regrouped
+from .state import regrouped
+from .values import RendezvousSettings, RendezvousState
 
 __all__ = [
     "FoldCache",

@@ -19,7 +19,8 @@ from ..events import record_rendezvous
 from .backends.base import RendezvousBackend
 from .known import Known
 from .settings import HandlerOptions
-from .state import Action, NodeDesc, RendezvousSettings, RendezvousState, StateView, apply
+from .state import Action, apply
+from .values import NodeDesc, RendezvousSettings, RendezvousState, StateView
 
 __all__ = ["Liveness"]
 

@@ -23,7 +23,7 @@ from ..errors import ConfigurationError
 from .api import JoinObserver, RendezvousHandler, RendezvousParameters
 from .backends.base import StateReader
 from .settings import ConfKey
-from .state import RendezvousSettings
+from .values import RendezvousSettings
 
 __all__ = [
     "BackendEntry",

@@ -20,7 +20,7 @@ from typing import Any, Final, Literal, cast
 from ..errors import ConfigurationError
 from ..store.server import StoreServer
 from .api import JoinObserver, RendezvousParameters
-from .state import RendezvousSettings
+from .values import RendezvousSettings
 
 __all__ = [
     "DYNAMIC_KEYS",

@@ -28,7 +28,7 @@ from ...store.client import open_store_client
 from ..api import JoinObserver, RendezvousHandler, RendezvousParameters
 from ..dynamic import open_dynamic_rendezvous
 from ..settings import DYNAMIC_KEYS, READ_TIMEOUT, ConfKey, HandlerOptions, TimingSettings, key_names
-from ..state import NodeDesc, RendezvousSettings
+from ..values import NodeDesc, RendezvousSettings
 from .base import StateReader
 from .disconnects import DisconnectWatch
 from .hosting import local_address, serve_or_connect

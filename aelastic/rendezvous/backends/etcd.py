@@ -75,7 +75,7 @@ from ..api import JoinObserver, RendezvousHandler, RendezvousParameters
 from ..codec import Digest
 from ..dynamic import open_dynamic_rendezvous
 from ..settings import DYNAMIC_KEYS, READ_TIMEOUT, ConfKey, HandlerOptions, TimingSettings, key_names
-from ..state import NodeDesc, RendezvousSettings
+from ..values import NodeDesc, RendezvousSettings
 from .base import RendezvousBackend, StateReader, Versioned
 
 __all__ = [

@@ -19,7 +19,7 @@ from ..api import JoinObserver, RendezvousHandler, RendezvousParameters
 from ..codec import Digest
 from ..dynamic import open_dynamic_rendezvous
 from ..settings import DYNAMIC_KEYS, READ_TIMEOUT, HandlerOptions, TimingSettings, key_names
-from ..state import NodeDesc
+from ..values import NodeDesc
 from .base import RendezvousBackend, Versioned
 
 __all__ = ["MemoryBackend", "MemoryRendezvous", "open_memory_rendezvous"]
