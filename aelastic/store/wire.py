@@ -6,10 +6,10 @@ The protocol has no framing: a request is a one-byte query type followed by fiel
 while parsing (``u64`` length-prefixed strings, ``i64``/``u32`` integers, all little-endian). Replies carry no
 type at all: a client knows the shape of the next reply from the request it sent. So there are two parsers:
 
-* :class:`RequestParser` (server side, in ``_request_parser.py``) turns bytes into typed requests. A request is consumed only once all of
-  its bytes are buffered; until then :data:`NEED_DATA` is returned and nothing is consumed. Limits (key and value
-  lengths, keys per request) are checked as soon as a length prefix is read, so an absurd prefix is refused
-  before any memory is reserved for it.
+* :class:`RequestParser` (server side, in ``_request_parser.py``) turns bytes into typed requests. A request is
+  consumed only once all of its bytes are buffered; until then :data:`NEED_DATA` is returned and nothing is
+  consumed. Limits (key and value lengths, keys per request) are checked as soon as a length prefix is read, so an
+  absurd prefix is refused before any memory is reserved for it.
 * :class:`ClientProtocol` (client side) encodes requests, remembers which reply shape each one expects, and
   turns reply bytes into typed replies in order.
 
