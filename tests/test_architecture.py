@@ -506,3 +506,46 @@ def test_config_imports_nothing_of_the_agent() -> None:
     """config/ checks values and hands them down; the agent imports its records, never the reverse."""
     found = {m: sorted(t for t in EDGES[m] if _unit(t) == "agent") for m in MODULES if _unit(m) == "config"}
     assert {m: ts for m, ts in found.items() if ts} == {}
+
+
+# --- a worker's state -----------------------------------------------------------------------------------------------
+
+LIFECYCLE = "aelastic.agent.lifecycle"
+# The attributes a worker's state lived in before its lifecycle table, and the table's own.
+WORKER_STATE = frozenset({"_phase", "phase", "stopping", "failing", "exitcode"})
+
+
+def _state_assignments(module: str) -> Iterator[str]:
+    """``line: target`` of each assignment of a worker's state in ``module``: to an attribute named in
+    :data:`WORKER_STATE`, or of a ``Phase`` member."""
+    for node in ast.walk(TREES[module]):
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets, value = [node.target], node.value
+        else:
+            continue
+        for target in targets:
+            if isinstance(target, ast.Attribute) and target.attr in WORKER_STATE:
+                yield f"{node.lineno}: {ast.unparse(target)}"
+        if value is not None and "Phase." in ast.unparse(value):
+            yield f"{node.lineno}: {ast.unparse(value)}"
+
+
+def test_a_workers_state_changes_only_in_its_lifecycle_table() -> None:
+    found = {m: list(_state_assignments(m)) for m in MODULES if m != LIFECYCLE and list(_state_assignments(m))}
+    assert found == {}
+    from aelastic.agent.started import Tracked
+
+    assert set(Tracked.__slots__) & {"stopping", "failing", "reported", "exitcode", "timestamp"} == set()
+
+
+def test_state_assignments_are_found() -> None:
+    """The scan above can fail: a flag set on a worker, and a phase assigned, are found."""
+    TREES["aelastic.__probe__"] = ast.parse("worker.stopping = True\nphase = Phase.REAPED\nw.exitcode += 1\n")
+    try:
+        assert list(_state_assignments("aelastic.__probe__")) == [
+            "1: worker.stopping", "2: Phase.REAPED", "3: w.exitcode"
+        ]  # fmt: skip
+    finally:
+        del TREES["aelastic.__probe__"]

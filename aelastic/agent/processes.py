@@ -73,6 +73,7 @@ from ..config.values import UNKILLABLE_TIMEOUT
 from ..errors import ConfigurationError, ReaperError, UnkillableWorkerError
 from .finish.parent import FinishLineServer
 from .forward.parent import RunningWorkers
+from .lifecycle import Event, Phase
 from .link.parent import LinkRefusal, LinkService
 from .logs import LogSpec, Std, WorkerLog, pump
 from .procfs import dies_of, process_state, wait_channel
@@ -262,17 +263,14 @@ class Supervisor:
         every worker the supervisor started is reaped before it closes (or given up: :meth:`_abandon`)."""
         with worker.life:
             code, reported = await worker.process.wait_end()
-            worker.observe(code, reported=reported)
+            phase = worker.on(Event.REPORT if reported else Event.EXIT, code, reported=reported)
             if not reported:
-                worker.reaped.set()
                 return
-            if worker.stopping:  # reported while a stop ends it: the stop kills, unregisters and closes it
-                await worker.process.wait()
-                worker.reaped.set()
+            if phase is not Phase.LINGERING:  # reported while a stop ends it: the stop kills, unregisters, closes it
+                worker.on(Event.EXIT, await worker.process.wait())
                 return
             if self.running is not None:
                 self.running.discard(worker.pid)  # ended, as far as signals forwarded to workers go
-            worker.stopping = True
             with anyio.move_on_after(self.grace) as waited:
                 await _quietly(worker, worker.process.wait)
                 await worker.process.wait()
@@ -283,11 +281,11 @@ class Supervisor:
                 )  # fmt: skip
             signal_group(worker.pid, signal.SIGKILL)  # its group's leftovers too, as a stop does
             with anyio.move_on_after(self.unkillable) as killed:
-                await worker.process.wait()
+                reaped = await worker.process.wait()
             if killed.cancelled_caught:
                 self._abandon(worker)
                 raise UnkillableWorkerError(_unkillable(worker, self.unkillable))
-            worker.reaped.set()
+            worker.on(Event.EXIT, reaped)
             await self._unregister([worker])
             worker.expire_drains()
             await worker.drained.wait()
@@ -299,20 +297,20 @@ class Supervisor:
         """``signum`` to every group of ``workers`` (but lingering ones), wait up to ``grace`` for the leaders,
         ``before_kill`` the survivors, KILL every group, reap, wait for their output, close them; those whose
         leader dies of ``signum`` on delivery, in the background. Shielded."""
-        targets = [w for w in workers if not w.stopping]
+        targets = [w for w in workers if w.lifecycle.free]
         for worker in targets:
-            worker.stopping = True
+            worker.on(Event.STOP)
         if not targets:
             return
         with anyio.CancelScope(shield=True):
             # One that dies of the signal on delivery (it has no handler of its own: none of its code runs any more)
             # has ended: the kernel's teardown of its memory, tens of milliseconds for a training process, is
             # nobody's wait. The rest of its stop goes on in the background, as a lingering worker's does.
-            doomed = [w for w in targets if dies_of(w.pid, signum)]
+            doomed = [w for w in targets if w.running() and dies_of(w.pid, signum)]
             for worker in targets:
                 signal_group(worker.pid, signum)
             for worker in doomed:
-                worker.observe(-signum, reported=False)
+                worker.on(Event.DOOMED, -signum)
                 self._tg.start_soon(self._end, [worker], signum, None, True)
             await self._end([w for w in targets if w not in doomed], signum, before_kill)
 
@@ -378,10 +376,8 @@ class Supervisor:
     def _abandon(self, worker: Tracked) -> None:
         """Give up on a worker the kernel does not end (uninterruptible sleep): nothing waits for it any more, and
         it leaves the supervisor's books (the reaper still kills its group when the agent exits)."""
-        worker.stopping = True
+        worker.on(Event.ABANDON, -signal.SIGKILL)
         worker.life.cancel()
-        worker.observe(-signal.SIGKILL, reported=False)
-        worker.reaped.set()
         worker.expire_drains()
         if self.running is not None:
             self.running.discard(worker.pid)
@@ -395,7 +391,7 @@ class Supervisor:
         for fd in fds:
             os.close(fd)
         worker = next((w for w in self._workers if w.pid == identity.pid), None)
-        if worker is None or worker.stopping:
+        if worker is None or not worker.lifecycle.free:
             raise LinkRefusal("this worker is being stopped")
         if op == "register":
             if worker.restart is None:
@@ -439,6 +435,7 @@ class Supervisor:
             old.finish(std)
         old.close()
         worker.command = command
+        worker.on(Event.REASSIGN)
         env = {k: v for k, v in command.env.items() if k in ATTEMPT_VARIABLES}
         channel.decide({"verdict": "restart", "env": env})
         logger.debug("local_rank %d (pid %d) goes on in its process as rank %d", command.local_rank, worker.pid,
@@ -459,7 +456,7 @@ class Supervisor:
                 await ending.wait()
             if ending.is_set():
                 return
-        worker.failing = True
+        worker.on(Event.FAIL)
         channel.decide({"verdict": "fail"})
 
     async def _wait_devices_released(self) -> None:
@@ -561,7 +558,8 @@ class Supervisor:
             keep = keep_on_failure and finish is None
             first_failure = await self._until_end(workers, finish, hooks, refill_after, keep, interrupt)
             for worker in workers:
-                if worker.reported:  # its traceback, written before its report, belongs in its stderr tail
+                # A reported worker's traceback, written before its report, belongs in its stderr tail.
+                if worker.ended.is_set() and worker.exit.reported:
                     with anyio.move_on_after(DRAIN_LIMIT):
                         await worker.process.wait_output_handled()
             ended = [w for w in workers if w.ended.is_set()]  # the others are kept for the next attempt
@@ -607,13 +605,13 @@ class Supervisor:
             await worker.ended.wait()
             if finish is not None:
                 finish.finished(worker.command.local_rank)
-            if worker.exitcode != 0 and not first_failure:
+            if worker.exit.code != 0 and not first_failure:
                 first_failure.append(worker)
                 ending.set()
                 logger.info(
                     "worker local_rank %d (pid %d) %s %d: ending the attempt",
                     worker.command.local_rank, worker.pid,
-                    "reported exit" if worker.reported else "exited with", worker.exitcode,
+                    "reported exit" if worker.exit.reported else "exited with", worker.exit.code,
                 )  # fmt: skip
                 waiters.cancel()
 
@@ -654,6 +652,7 @@ class Supervisor:
         for worker in survivors:
             assert worker.restart is not None
             worker.restart.abort(reason, grace)
+            worker.on(Event.KEEP)
             self._kept[worker.local_rank] = worker
         if survivors:
             logger.info("keeping local ranks %s in their processes for the next round (%s)",

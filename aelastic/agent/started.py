@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Final, NamedTuple
 import anyio
 
 from .finish.parent import FinishLineServer
+from .lifecycle import Event, Exit, Lifecycle, Phase
 from .link.parent import WorkerLink
 from .logs import Std, WorkerLog
 from .restart.parent import RestartChannel
@@ -163,24 +164,21 @@ class Child:
 
 
 class Tracked:
-    """One started worker as the supervisor tracks it."""
+    """One started worker as the supervisor tracks it: its process and files, and its life (:mod:`.lifecycle`), with
+    the events the supervisor's tasks await, set as the life moves."""
 
-    __slots__ = ("command", "drained", "drains", "ended", "exitcode", "failing", "life", "log", "process", "pumping",
-                 "reaped", "registered", "reported", "restart", "serving", "stopping", "timestamp")  # fmt: skip
+    __slots__ = ("command", "drained", "drains", "ended", "life", "lifecycle", "log", "process", "pumping", "reaped",
+                 "registered", "restart", "serving")  # fmt: skip
 
     def __init__(self, command: WorkerCommand, process: Child, log: WorkerLog) -> None:
         self.command = command  # this attempt's (a survivor of an in-process restart gets the next one's)
         self.process = process
         self.log = log  # this attempt's files (a survivor moves to the next attempt's)
+        self.lifecycle = Lifecycle()
         self.restart: RestartChannel | None = None  # registered for in-process restarts
         self.registered = anyio.Event()
-        self.failing = False  # told that its exception is its own failure: it ends by itself
-        self.exitcode: int | None = None
-        self.timestamp = 0.0
-        self.reported = False  # its exit status came over its link; the process may still be tearing down
-        self.stopping = False  # a stop (or its lingering's end) has taken it over
         self.ended = anyio.Event()  # the exit status is known
-        self.reaped = anyio.Event()  # the leader is reaped: its group id is no longer its own
+        self.reaped = anyio.Event()  # the leader is reaped (or given up): its group id is no longer its own
         self.drained = anyio.Event()  # both pumps are done
         self.drains = (anyio.CancelScope(shield=True), anyio.CancelScope(shield=True))
         self.pumping = len(self.drains)
@@ -189,10 +187,7 @@ class Tracked:
         self.life = anyio.CancelScope(shield=True)
 
     def __repr__(self) -> str:
-        return (
-            f"<worker local_rank={self.command.local_rank} pid={self.pid} exitcode={self.exitcode} "
-            f"reported={self.reported} reaped={self.reaped.is_set()}>"
-        )
+        return f"<worker local_rank={self.command.local_rank} pid={self.pid} {self.lifecycle!r}>"
 
     @property
     def pid(self) -> int:
@@ -202,29 +197,42 @@ class Tracked:
     def local_rank(self) -> int:
         return self.command.local_rank
 
+    @property
+    def phase(self) -> Phase:
+        return self.lifecycle.phase
+
+    def on(self, event: Event, code: int | None = None, *, reported: bool = False) -> Phase:
+        """Move its life by ``event`` (``code``: the exit an ending event says), and set the events that follow."""
+        exit = None if code is None else Exit(code, reported, time.time())
+        phase = self.lifecycle.on(event, exit)
+        if self.lifecycle.ended:
+            self.ended.set()
+        if not self.lifecycle.alive:
+            self.reaped.set()
+        return phase
+
+    @property
+    def exit(self) -> Exit:
+        exit = self.lifecycle.exit
+        if exit is None:  # pragma: no cover - every worker has ended before outcomes are built
+            raise RuntimeError(f"worker pid {self.pid} has not ended")
+        return exit
+
     def running(self) -> bool:
         """Whether the leader is not reaped yet (its group id is still this worker's)."""
-        return not self.reaped.is_set()
+        return self.lifecycle.alive
 
     def handle(self) -> WorkerProcess:
         return WorkerProcess(self.command.local_rank, self.command.global_rank, self.pid)
 
-    def observe(self, exitcode: int, *, reported: bool) -> None:
-        if self.exitcode is None:
-            self.exitcode = exitcode
-            self.timestamp = time.time()
-            self.reported = reported
-            self.ended.set()
-
     def to_exit(self) -> WorkerExit:
-        if self.exitcode is None:  # pragma: no cover - every worker has ended before outcomes are built
-            raise RuntimeError(f"worker pid {self.pid} has not ended")
+        exit = self.exit
         return WorkerExit(
             local_rank=self.command.local_rank,
             global_rank=self.command.global_rank,
             pid=self.pid,
-            exitcode=self.exitcode,
-            timestamp=self.timestamp,
+            exitcode=exit.code,
+            timestamp=exit.timestamp,
             stderr_tail=self.log.stderr_tail(),
         )
 
@@ -235,6 +243,7 @@ class Tracked:
             scope.deadline = min(scope.deadline, deadline)
 
     def close(self) -> None:
+        self.on(Event.CLOSE)
         self.serving.cancel()  # the link's service closes the link as it ends
         self.log.close()
         self.process.close()
@@ -243,8 +252,8 @@ class Tracked:
 
     @property
     def survives(self) -> bool:
-        """Whether it can go on into the next round in its process: registered, alive, and not failing."""
-        return self.restart is not None and not self.ended.is_set() and not self.failing and not self.stopping
+        """Whether it can go on into the next round in its process: registered, alive, free and not failing."""
+        return self.restart is not None and self.lifecycle.survivable
 
 
 class LogOf:
