@@ -25,34 +25,19 @@ stops every worker still running, under a shield, and waits for the lingering on
 cancellation; stop the rest; return the outcome (or re-raise the cancellation). :func:`run_workers` is the same on
 a supervisor of its own.
 
-No orphans, even when the agent is SIGKILLed:
-
-* *Parent-death signal* (:mod:`aelastic.agent.spawn`). Every worker is exec'd through util-linux
-  ``setpriv --pdeathsig KILL --`` when it exists, else through :mod:`aelastic.agent.spawn.child`
-  (``prctl(PR_SET_PDEATHSIG, SIGKILL)`` via ctypes, then ``execvp``). Either way the worker keeps the pid the agent
-  sees, and the kernel kills it when the agent dies. The kernel ties that signal to the *thread* that forked.
-  trio's ``open_process`` forks from a cached worker thread that exits after 10 idle seconds, which would kill
-  every worker; so workers are not started with ``anyio.open_process`` but with ``subprocess.Popen`` called from
-  the event-loop thread (a fork/exec of a few milliseconds, as torch does), their exit awaited through a pidfd
-  (``anyio.wait_readable``, then ``Popen.poll`` reaps) and their pipes read with ``anyio.wait_readable`` +
-  ``os.read``: the same code on asyncio and trio, no threads, no polling. Run the event loop on a thread that
-  lives as long as the workers (the main thread, or the blocking portal's thread for the whole launch).
-* *Reaper sidecar* (:mod:`aelastic.agent.reaper`). The parent-death signal reaches the worker only, not its
-  children. :func:`~aelastic.agent.reaper.parent.open_reaper` starts :mod:`aelastic.agent.reaper.child`, which
-  reads a pipe whose only write end the agent holds; every worker group is registered with it right after spawning
-  and unregistered once stopped and reaped. When the pipe reaches end of file (the agent exited or died by any
-  signal), the reaper SIGKILLs every group still registered. Between a spawn and its registration (a pipe write)
-  there is a window of microseconds in which only the parent-death signal covers the worker.
-* *Finishing together* (:mod:`aelastic.agent.finish`), for callable workers: none exits before every local
-  worker's function has returned.
+No orphans, even when the agent is SIGKILLed: every worker is exec'd with the parent-death signal, from the event
+loop's thread, which the kernel ties it to (:mod:`aelastic.agent.spawn`: so workers are started with
+``subprocess.Popen`` from that thread, their exits awaited through pidfds, no threads, no polling); every worker group
+is registered with the reaper sidecar, which kills the groups still registered when the agent dies
+(:mod:`aelastic.agent.reaper`); callable workers finish together (:mod:`aelastic.agent.finish`).
 
 With ``--prewarm`` a worker may start as a standby interpreter (:mod:`aelastic.agent.prewarm`) instead: spawned
 the same way (:func:`~aelastic.agent.spawn.parent.spawn_process`) and registered with the reaper before the
 attempt, then handed the attempt's environment, fresh output streams and its link. From then on it is a worker like
 the others.
 
-This module is the supervision only; each of those features is a package of its own, its agent side and its child
-side together (see :mod:`aelastic.agent`).
+This module is the supervision only: each of those features is a package of its own, a worker's phases are its
+lifecycle's (:mod:`.lifecycle`), and the survivors of in-process restarts are :mod:`.survivors`'.
 """
 
 from __future__ import annotations
@@ -63,7 +48,7 @@ import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 import anyio
 import anyio.abc
@@ -74,14 +59,13 @@ from ..errors import ConfigurationError, ReaperError, UnkillableWorkerError
 from .finish.parent import FinishLineServer
 from .forward.parent import RunningWorkers
 from .lifecycle import Event, Phase
-from .link.parent import LinkRefusal, LinkService
+from .link.parent import LinkService
 from .logs import LogSpec, Std, WorkerLog, pump
-from .procfs import dies_of, process_state, wait_channel
+from .procfs import dies_of, holds_device, process_state, wait_channel
 from .reaper.parent import Reaper
-from .restart.parent import ABORT_GRACE, LOST_ABORT_GRACE, VICTIM_GRACE, RestartChannel
+from .restart.parent import ABORT_GRACE, LOST_ABORT_GRACE
 from .shares import set_session_nice, shares_at_once
 from .spawn.parent import (
-    ATTEMPT_VARIABLES,
     PipeReader,
     WorkerCommand,
     WorkerHook,
@@ -89,6 +73,7 @@ from .spawn.parent import (
     signal_group,
 )
 from .started import DRAIN_LIMIT, Child, GroupOutcome, LogOf, Tracked, WorkerExit
+from .survivors import Survivors
 
 if TYPE_CHECKING:
     from .prewarm.parent import Standbys  # imported by the launcher only with --prewarm
@@ -202,9 +187,9 @@ class Supervisor:
         self.standbys = standbys
         self.stop_signal = stop_signal
         self.running = running
-        self.services = {**services, "restart": self}  # in-process restarts are the supervisor's own service
         self._workers: list[Tracked] = []  # every worker not closed yet
-        self._kept: dict[int, Tracked] = {}  # survivors awaiting the next attempt, by local rank
+        self.survivors = Survivors(self._find, self.stop)  # in-process restarts: the supervisor's own link service
+        self.services = {**services, self.survivors.name: self.survivors}
 
     def __repr__(self) -> str:
         return f"<Supervisor workers={self._workers} grace={self.grace:g}>"
@@ -383,88 +368,19 @@ class Supervisor:
             self.running.discard(worker.pid)
         self._close(worker)
 
-    # --- in-process restarts (the "restart" link service; aelastic.agent.restart) ---------------------------------
-
-    async def handle(
-        self, identity: WorkerProcess, op: str, message: Mapping[str, Any], fds: list[int]
-    ) -> tuple[dict[str, Any], Sequence[int]]:
-        for fd in fds:
-            os.close(fd)
-        worker = next((w for w in self._workers if w.pid == identity.pid), None)
-        if worker is None or not worker.lifecycle.free:
-            raise LinkRefusal("this worker is being stopped")
-        if op == "register":
-            if worker.restart is None:
-                worker.restart = RestartChannel()
-                worker.registered.set()
-            return {}, [worker.restart.worker_fd]
-        if op == "raised" and worker.restart is not None:
-            logger.info("worker local_rank %d (pid %d) raised %s", worker.command.local_rank, worker.pid,
-                        message.get("error", "?"))  # fmt: skip
-            worker.restart.take(message)
-            return await worker.restart.wait_verdict(), ()
-        raise LinkRefusal(f"no restart operation {op!r} for this worker")
-
-    @property
-    def kept(self) -> Mapping[int, WorkerProcess]:
-        """The survivors that wait for the next attempt, by local rank."""
-        return {rank: w.handle() for rank, w in self._kept.items()}
+    def _find(self, pid: int) -> Tracked | None:
+        return next((w for w in self._workers if w.pid == pid), None)
 
     async def release(self) -> None:
         """Stop the survivors kept for an attempt that will not come (the job ends)."""
-        kept, self._kept = list(self._kept.values()), {}
-        await self.stop(kept, signal.SIGTERM)
-
-    async def _reassign(self, worker: Tracked, command: WorkerCommand, logs: LogSpec) -> bool:
-        """Give survivor ``worker`` this attempt (``command``'s environment, new log files) as the verdict on its
-        report; ``False`` (it was stopped) if it did not report within the abort's grace."""
-        channel = worker.restart
-        assert channel is not None
-        if channel.report is None:
-            with anyio.move_on_after(channel.grace):
-                await channel.reported.wait()
-        if channel.report is None or not worker.survives:
-            if worker.running():
-                logger.warning("worker local_rank %d (pid %d) did not let go of its round within %g s of the "
-                               "abort: killing it and starting another", worker.command.local_rank, worker.pid,
-                               channel.grace)  # fmt: skip
-            await self.stop([worker], signal.SIGKILL)
-            return False
-        old, worker.log = worker.log, WorkerLog(logs, command.local_rank, command.global_rank)
-        for std in (Std.OUT, Std.ERR):
-            old.finish(std)
-        old.close()
-        worker.command = command
-        worker.on(Event.REASSIGN)
-        env = {k: v for k, v in command.env.items() if k in ATTEMPT_VARIABLES}
-        channel.decide({"verdict": "restart", "env": env})
-        logger.debug("local_rank %d (pid %d) goes on in its process as rank %d", command.local_rank, worker.pid,
-                     command.global_rank)  # fmt: skip
-        return True
-
-    async def _judge(self, worker: Tracked, ending: anyio.Event) -> None:
-        """The verdict on a restartable worker's report while its attempt runs (see :mod:`aelastic.agent.restart`);
-        a survivor's comes with the next attempt."""
-        await worker.registered.wait()
-        channel = worker.restart
-        assert channel is not None
-        await channel.reported.wait()
-        if channel.aborted or ending.is_set():
-            return
-        if channel.victim:
-            with anyio.move_on_after(VICTIM_GRACE):
-                await ending.wait()
-            if ending.is_set():
-                return
-        worker.on(Event.FAIL)
-        channel.decide({"verdict": "fail"})
+        await self.survivors.release()
 
     async def _wait_devices_released(self) -> None:
         """Wait for the lingering workers (reported, or dying of a stop's signal) that hold a GPU (their teardown
         frees its memory, which the next attempt's workers will want) to end; the others tear down beside the next
         attempt."""
         for worker in list(self._workers):
-            if worker.ended.is_set() and worker.running() and _holds_device(worker.pid):
+            if worker.ended.is_set() and worker.running() and holds_device(worker.pid):
                 await worker.reaped.wait()  # at most the grace: then it is killed
         await anyio.lowlevel.checkpoint()
 
@@ -527,7 +443,7 @@ class Supervisor:
         logs.prepare_attempt_dir(local_ranks)
         workers: list[Tracked] = []
         finish = FinishLineServer(local_ranks) if finish_together else None
-        kept, self._kept = self._kept, {}
+        kept = self.survivors.take()
         try:
             try:
                 # New workers first: a survivor lets go of its round when its thread next runs Python (a gloo
@@ -542,7 +458,7 @@ class Supervisor:
                     workers.append(await self.start(command, logs, finish))
                 for command in reassigned:
                     survivor = kept.pop(command.local_rank)
-                    if await self._reassign(survivor, command, logs):
+                    if await self.survivors.reassign(survivor, command, logs):
                         workers.append(survivor)
                     else:
                         workers.append(await self.start(command, logs, finish))
@@ -631,7 +547,7 @@ class Supervisor:
                 if interrupt is not None:
                     waiters.start_soon(wait_interrupt, interrupt.event, waiters.cancel_scope)
                 for worker in workers:
-                    waiters.start_soon(self._judge, worker, ending)
+                    waiters.start_soon(self.survivors.judge, worker, ending)
                 async with anyio.create_task_group() as exits:
                     for worker in workers:
                         exits.start_soon(wait_worker, worker, waiters.cancel_scope)
@@ -641,22 +557,12 @@ class Supervisor:
             if (first_failure and keep_on_failure) or interrupted:
                 reason = "a membership change" if interrupted else f"local rank {first_failure[0].local_rank} failed"
                 lost = interrupted and interrupt is not None and interrupt.peers_lost
-                self._keep([w for w in workers if w.survives], reason, LOST_ABORT_GRACE if lost else ABORT_GRACE)
+                grace = LOST_ABORT_GRACE if lost else ABORT_GRACE
+                self.survivors.keep([w for w in workers if w.survives], reason, grace)
             # A peer's failure stops the others with SIGTERM (torch does); a cancellation with what was asked.
             signum = signal.SIGTERM if first_failure or interrupted else self.requested
-            await self.stop([w for w in workers if w not in self._kept.values()], signum, hooks.before_kill)
+            await self.stop([w for w in workers if not self.survivors.holds(w)], signum, hooks.before_kill)
         return first_failure[0] if first_failure else None
-
-    def _keep(self, survivors: Sequence[Tracked], reason: str, grace: float) -> None:
-        """Abort ``survivors`` for the next attempt (they report, within ``grace``, then wait for it)."""
-        for worker in survivors:
-            assert worker.restart is not None
-            worker.restart.abort(reason, grace)
-            worker.on(Event.KEEP)
-            self._kept[worker.local_rank] = worker
-        if survivors:
-            logger.info("keeping local ranks %s in their processes for the next round (%s)",
-                        sorted(w.local_rank for w in survivors), reason)  # fmt: skip
 
 
 async def _quietly(worker: Tracked, ended: Callable[[], Awaitable[object]]) -> None:
@@ -669,19 +575,6 @@ async def _quietly(worker: Tracked, ended: Callable[[], Awaitable[object]]) -> N
         with anyio.move_on_after(QUIET_TEARDOWN):
             await ended()
         set_session_nice(0, worker.pid)
-
-
-def _holds_device(pid: int) -> bool:
-    """Whether process ``pid`` has an NVIDIA device open (a CUDA context: GPU memory to free at its exit)."""
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return False
-    for fd in fds:
-        with suppress(OSError):  # closed meanwhile
-            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/dev/nvidia"):
-                return True
-    return False
 
 
 @asynccontextmanager

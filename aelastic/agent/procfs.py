@@ -1,5 +1,5 @@
-"""What ``/proc`` says of a worker the agent supervises: its scheduler state, the CPU time of its process tree, and
-whether a signal kills it outright.
+"""What ``/proc`` says of a worker the agent supervises: its scheduler state, the CPU time of its process tree,
+whether a signal kills it outright, and whether it holds a GPU.
 
 Linux only, as the rest of supervision; a process that is gone reads as ``""`` and no time.
 """
@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import os
 import signal
+from contextlib import suppress
 from pathlib import Path
 from typing import Final, NamedTuple
 
-__all__ = ["ProcessTimes", "dies_of", "process_state", "tree_times", "wait_channel"]
+__all__ = ["ProcessTimes", "dies_of", "holds_device", "process_state", "tree_times", "wait_channel"]
 
 _TICK: Final = 1.0 / os.sysconf("SC_CLK_TCK")
 # The signals a stop sends whose default action ends the process (without a core dump).
@@ -94,3 +95,16 @@ def dies_of(pid: int, signum: signal.Signals) -> bool:
         return True
     bit = 1 << (signum - 1)
     return not any(int(fields.get(mask, "0"), 16) & bit for mask in ("SigBlk", "SigIgn", "SigCgt"))
+
+
+def holds_device(pid: int) -> bool:
+    """Whether process ``pid`` has an NVIDIA device open (a CUDA context: GPU memory to free at its exit)."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        with suppress(OSError):  # closed meanwhile
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/dev/nvidia"):
+                return True
+    return False

@@ -7,6 +7,11 @@
 * :mod:`.child` (run by path in the worker's place before it execs): ``prctl(PR_SET_PDEATHSIG, SIGKILL)``, then
   ``execvp`` of the worker's command, so the worker keeps the pid the agent sees.
 
-Why the event-loop thread: the kernel ties the parent-death signal to the *thread* that forked (see
-:mod:`aelastic.agent.processes`).
+Why the event-loop thread: the kernel ties the parent-death signal to the *thread* that forked. trio's
+``open_process`` forks from a cached worker thread that exits after 10 idle seconds, which would kill every worker;
+so workers are started with ``subprocess.Popen`` called from the event-loop thread (a fork/exec of a few
+milliseconds, as torch does), their exit awaited through a pidfd (``anyio.wait_readable``, then ``Popen.poll``
+reaps) and their pipes read with ``anyio.wait_readable`` + ``os.read``: the same code on asyncio and trio, no
+threads, no polling. Run the event loop on a thread that lives as long as the workers (the main thread, or the
+blocking portal's thread for the whole launch).
 """
