@@ -37,10 +37,10 @@ from . import events
 from ._eventloop import run_options
 from ._groups import single_error
 from .agent.agent import AgentOptions, ElasticAgent, Features
+from .agent.attempt import StopSignal
 from .agent.errors import ChildFailedError, NoProgressError
 from .agent.forward.parent import RunningWorkers, Witness, open_witness, sender_name
 from .agent.logs import LogSpec
-from .agent.processes import StopSignal
 from .agent.reaper.parent import Reaper, open_reaper
 from .agent.workers import RunResult, WorkerSpec
 from .config import LaunchConfig, new_run_id

@@ -30,10 +30,11 @@ import pytest
 from helpers.console import Sink
 from helpers.procs import alive, wait_gone
 
+from aelastic.agent.attempt import StopSignal
 from aelastic.agent.callables.parent import bootstrap_args, read_result, write_payload
 from aelastic.agent.errors import ProcessFailure
 from aelastic.agent.logs import ConsoleSinks, LogSpec
-from aelastic.agent.processes import GroupOutcome, StopSignal, run_workers
+from aelastic.agent.processes import GroupOutcome, run_workers
 from aelastic.agent.procfs import dies_of, process_state
 from aelastic.agent.reaper.parent import open_reaper
 from aelastic.agent.restart.parent import RestartChannel

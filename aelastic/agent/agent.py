@@ -48,6 +48,7 @@ from ..config.options import RestartOptions, Timeouts
 from ..errors import RendezvousClosedError, StoreConnectionError
 from ..rendezvous.api import RendezvousHandler, RendezvousInfo
 from ..worker._timers import FILE_ENV, WATCHDOG_ENV
+from .attempt import AttemptHooks, Interrupt, StopSignal
 from .barrier import members_barrier
 from .errors import ChildFailedError, FailedElsewhereError, ProcessFailure
 from .figures import AgentMetrics
@@ -57,7 +58,7 @@ from .link.parent import LinkService
 from .logs import LogSpec
 from .logs_specs import reify
 from .policy import Action, Budget, Decision, FailureMark, Outcome, decide
-from .processes import AttemptHooks, GroupOutcome, Interrupt, StopSignal, Supervisor, open_supervisor
+from .processes import GroupOutcome, Supervisor, open_supervisor
 from .ranks import RankAssignment, RoleInfo, exchange_ranks
 from .reaper.parent import Reaper
 from .recorder import Recorder
