@@ -43,11 +43,10 @@ lifecycle's (:mod:`.lifecycle`), and the survivors of in-process restarts are :m
 from __future__ import annotations
 
 import logging
-import os
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager, suppress
-from typing import TYPE_CHECKING, Final
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.abc
@@ -64,7 +63,7 @@ from .logs import LogSpec, Std, WorkerLog, pump
 from .procfs import dies_of, holds_device, process_state, wait_channel
 from .reaper.parent import Reaper
 from .restart.parent import ABORT_GRACE, LOST_ABORT_GRACE
-from .shares import set_session_nice, shares_at_once
+from .shares import quietly
 from .spawn.parent import (
     PipeReader,
     WorkerCommand,
@@ -86,12 +85,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-_LINGERING_NICE: Final = 19  # a lingering worker (reported, or dying of a stop's signal) at the lowest priority
-# ... and its session at the lowest CPU share (:mod:`.shares`) for this long: the next attempt's workers start and
-# restore their state meanwhile (here, at 1 GiB a rank: within about 0.5 s of the report). Then it is back: until
-# the process is gone its sockets stay open, and survivors blocked in a collective with it wait for them to close.
-QUIET_TEARDOWN: Final = 1.0
 
 
 def _unkillable(worker: Tracked, bound: float) -> str:
@@ -198,7 +191,7 @@ class Supervisor:
             if self.running is not None:
                 self.running.discard(worker.pid)  # ended, as far as signals forwarded to workers go
             with anyio.move_on_after(self.grace) as waited:
-                await _quietly(worker, worker.process.wait)
+                await quietly(worker.pid, worker.process.wait)
                 await worker.process.wait()
             if waited.cancelled_caught:
                 logger.warning(
@@ -250,7 +243,7 @@ class Supervisor:
             with anyio.move_on_after(self.grace) as waited:
                 for worker in targets:
                     if quiet:
-                        await _quietly(worker, worker.reaped.wait)
+                        await quietly(worker.pid, worker.reaped.wait)
                     await worker.reaped.wait()
             if waited.cancelled_caught:
                 survivors = [w for w in targets if w.running()]
@@ -387,23 +380,7 @@ class Supervisor:
         kept = self.survivors.take()
         try:
             try:
-                # New workers first: a survivor lets go of its round when its thread next runs Python (a gloo
-                # collective holds it until it returns), and a replacement's start-up (the script's
-                # imports, its state's memory) needs no survivor.
-                survive = set(kept) if finish is None else set()
-                reassigned = [c for c in commands if c.local_rank in survive]
-                for command in [c for c in commands if c.local_rank not in survive]:
-                    survivor = kept.pop(command.local_rank, None)
-                    if survivor is not None:  # finishing together: no survivor runs on
-                        await self.stop([survivor], signal.SIGTERM)
-                    workers.append(await self.start(command, logs, finish))
-                for command in reassigned:
-                    survivor = kept.pop(command.local_rank)
-                    if await self.survivors.reassign(survivor, command, logs):
-                        workers.append(survivor)
-                    else:
-                        workers.append(await self.start(command, logs, finish))
-                workers.sort(key=lambda w: local_ranks.index(w.command.local_rank))
+                await self._start_attempt(commands, logs, finish, kept, workers)
                 if finish is not None:
                     finish.spawned()
                 if hooks.started is not None:
@@ -414,18 +391,51 @@ class Supervisor:
             await self.stop(list(kept.values()), signal.SIGTERM)  # survivors of local ranks this attempt lacks
             keep = keep_on_failure and finish is None
             first_failure = await self._until_end(workers, finish, hooks, refill_after, keep, interrupt)
-            for worker in workers:
-                # A reported worker's traceback, written before its report, belongs in its stderr tail.
-                if worker.ended.is_set() and worker.exit.reported:
-                    with anyio.move_on_after(DRAIN_LIMIT):
-                        await worker.process.wait_output_handled()
-            ended = [w for w in workers if w.ended.is_set()]  # the others are kept for the next attempt
-            exits = tuple(w.to_exit() for w in ended)
-            first = None if first_failure is None else exits[ended.index(first_failure)]
-            return GroupOutcome(exits=exits, first_failure=first)
+            return await self._outcome(workers, first_failure)
         finally:
             if finish is not None:
                 finish.close()
+
+    async def _start_attempt(
+        self,
+        commands: Sequence[WorkerCommand],
+        logs: LogSpec,
+        finish: FinishLineServer | None,
+        kept: dict[int, Tracked],
+        workers: list[Tracked],
+    ) -> None:
+        """Start the attempt's workers into ``workers`` (the caller's, which stops them if this raises), in command
+        order: a survivor in ``kept`` is given its local rank's command (taken out of ``kept``), else a worker
+        starts."""
+        # New workers first: a survivor lets go of its round when its thread next runs Python (a gloo collective
+        # holds it until it returns), and a replacement's start-up (the script's imports, its state's memory) needs
+        # no survivor.
+        survive = set(kept) if finish is None else set()
+        for command in [c for c in commands if c.local_rank not in survive]:
+            survivor = kept.pop(command.local_rank, None)
+            if survivor is not None:  # finishing together: no survivor runs on
+                await self.stop([survivor], signal.SIGTERM)
+            workers.append(await self.start(command, logs, finish))
+        for command in [c for c in commands if c.local_rank in survive]:
+            survivor = kept.pop(command.local_rank)
+            if await self.survivors.reassign(survivor, command, logs):
+                workers.append(survivor)
+            else:
+                workers.append(await self.start(command, logs, finish))
+        order = [c.local_rank for c in commands]
+        workers.sort(key=lambda w: order.index(w.command.local_rank))
+
+    async def _outcome(self, workers: Sequence[Tracked], first_failure: Tracked | None) -> GroupOutcome:
+        """The exits of the workers that ended (the others are kept for the next attempt), their output handled."""
+        for worker in workers:
+            # A reported worker's traceback, written before its report, belongs in its stderr tail.
+            if worker.ended.is_set() and worker.exit.reported:
+                with anyio.move_on_after(DRAIN_LIMIT):
+                    await worker.process.wait_output_handled()
+        ended = [w for w in workers if w.ended.is_set()]
+        exits = tuple(w.to_exit() for w in ended)
+        first = None if first_failure is None else exits[ended.index(first_failure)]
+        return GroupOutcome(exits=exits, first_failure=first)
 
     async def _refill(
         self, commands: Sequence[WorkerCommand], delay: float, restored: Callable[[], Awaitable[None]] | None
@@ -504,18 +514,6 @@ class Supervisor:
             signum = signal.SIGTERM if first_failure or interrupted else self.requested
             await self.stop([w for w in workers if not self.survivors.holds(w)], signum, hooks.before_kill)
         return first_failure[0] if first_failure else None
-
-
-async def _quietly(worker: Tracked, ended: Callable[[], Awaitable[object]]) -> None:
-    """A lingering worker's teardown is nobody's wait any more: the next attempt's workers, starting now, go first.
-    Its session's share is lowered for :data:`QUIET_TEARDOWN` at most (``ended`` returns when it has ended), since
-    survivors blocked in a collective with it are released only when its sockets close."""
-    with suppress(OSError):
-        os.setpriority(os.PRIO_PGRP, worker.pid, _LINGERING_NICE)
-    if shares_at_once() and set_session_nice(_LINGERING_NICE, worker.pid):
-        with anyio.move_on_after(QUIET_TEARDOWN):
-            await ended()
-        set_session_nice(0, worker.pid)
 
 
 @asynccontextmanager
