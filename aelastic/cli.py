@@ -274,6 +274,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
+    for add in (_add_run_command, _add_store_command, _add_etcd_command, _add_status_command):
+        add(commands)
+    return parser
+
+
+def _add_run_command(commands: Any) -> None:
+    """``aelastic run``: torchrun's drop-in."""
     run = commands.add_parser(
         "run",
         help="launch a distributed job: a drop-in for torchrun (same flags and PET_* variables)",
@@ -284,6 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_arguments(run)
     run.set_defaults(entry=_entry_run)
 
+
+def _add_store_command(commands: Any) -> None:
+    """``aelastic store``: a standalone TCPStore-compatible server."""
     store = commands.add_parser(
         "store",
         help="run a standalone TCPStore-compatible key-value server",
@@ -298,6 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
     store.add_argument("--port", type=_port, default=29400, help="port; 0 picks a free one (default: %(default)s)")
     store.set_defaults(entry=lambda args: partial(_run_store, args.host, args.port))
 
+
+def _add_etcd_command(commands: Any) -> None:
+    """``aelastic etcd``: a local etcd."""
     etcd = commands.add_parser(
         "etcd",
         help="run a local etcd for a single-host etcd rendezvous",
@@ -308,6 +321,9 @@ def build_parser() -> argparse.ArgumentParser:
     etcd.add_argument("--members", type=_positive, default=1, help="cluster members (default: %(default)s)")
     etcd.set_defaults(entry=lambda args: partial(_run_etcd, args.members))
 
+
+def _add_status_command(commands: Any) -> None:
+    """``aelastic status``: a rendezvous read without joining it."""
     status = commands.add_parser(
         "status",
         help="show a rendezvous: round, members, who waits, and why it has not completed",
@@ -338,7 +354,6 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--timeout", type=float, default=10.0,
                         help="seconds to connect and for each read (default: %(default)s)")  # fmt: skip
     status.set_defaults(entry=_entry_status)
-    return parser
 
 
 async def _nothing() -> int:

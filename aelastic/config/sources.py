@@ -63,63 +63,83 @@ def apply_slurm(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[a
             )
             return args, {}, note
         return args, {}, ""
-    args = argparse.Namespace(**vars(args))
-    derived: dict[str, str] = {}
-    host_from = ""
-    said: list[str] = []
-    overruled: list[str] = []
-
-    def take(dest: str, value: slurm.Derived, what: str) -> None:
-        setattr(args, dest, value.value)
-        derived[dest] = value.source
-        said.append(f"{what} {value.value} ({value.source})")
-
+    d = _Derivation(argparse.Namespace(**vars(args)), environ)
+    args = d.args
     step = slurm.step_nodes(environ)
     nnodes_flag = given(args, "nnodes", environ)
     if nnodes_flag is None:
         slurm.check_one_task_per_node(environ)
-        take("nnodes", step, "--nnodes")
+        d.take("nnodes", step, "--nnodes")
     else:
         low, high = parse_nnodes(args.nnodes)
         if not low <= int(step.value) <= high:
-            overruled.append(f"{nnodes_flag} {args.nnodes} wins over {step.source}")
+            d.overruled.append(f"{nnodes_flag} {args.nnodes} wins over {step.source}")
     max_nodes = parse_nnodes(args.nnodes)[1]
-    rdzv_given = [d for d in _RDZV_DESTS if given(args, d, environ) is not None and getattr(args, d) is not False]
+    host_from = ""
     if max_nodes > 1:
-        if not rdzv_given:
-            args.rdzv_backend = "c10d"
-            derived["rdzv_backend"] = f"Slurm step (SLURM_STEP_ID={environ['SLURM_STEP_ID']})"
-            said.append("--rdzv-backend c10d")
-        if args.rdzv_backend == "c10d" and given(args, "rdzv_endpoint", environ) is None:
-            store = slurm.endpoint(environ, max_nodes)
-            take("rdzv_endpoint", store, "--rdzv-endpoint")
-            host_from = store.variable
-        if args.rdzv_backend in ("etcd", "etcd-v2") and _embedded(args.rdzv_endpoint):
-            if ":" not in args.rdzv_endpoint:
-                take("rdzv_endpoint", slurm.embedded(environ, max_nodes), "--rdzv-endpoint")
-            if "etcd_port" not in parse_rdzv_conf(args.rdzv_conf):
-                port = slurm.etcd_port(environ)
-                args.rdzv_conf = ",".join(filter(None, (args.rdzv_conf, f"etcd_port={port.value}")))
-                derived["rdzv_conf"] = f"etcd_port from {port.source}"
-                said.append(f"--rdzv-conf etcd_port={port.value} ({port.source})")
-        if given(args, "rdzv_id", environ) is None:
-            take("rdzv_id", slurm.run_id(environ), "--rdzv-id")
+        host_from = _slurm_rendezvous(d, max_nodes)
     elif nnodes_flag is None:
-        said.append("one node: standalone")
+        d.said.append("one node: standalone")
     gpus = slurm.gpus_on_node(environ)
     nproc_flag = given(args, "nproc_per_node", environ)
     if gpus is not None and nproc_flag is None:
-        take("nproc_per_node", gpus, "--nproc-per-node")
+        d.take("nproc_per_node", gpus, "--nproc-per-node")
     elif gpus is not None and str(args.nproc_per_node) not in (gpus.value, "gpu", "auto"):
-        overruled.append(f"{nproc_flag} {args.nproc_per_node} wins over {gpus.source}")
+        d.overruled.append(f"{nproc_flag} {args.nproc_per_node} wins over {gpus.source}")
     _check_endpoint(args, environ, host_from, max_nodes, int(step.value))
-    if not said and not overruled:
-        return args, derived, ""
-    where = f"Slurm step {environ['SLURM_JOB_ID']}.{environ['SLURM_STEP_ID']}"
-    line = f"{where}: " + "; ".join(said) if said else f"{where}: nothing derived"
-    if overruled:
-        line += "; flags win: " + "; ".join(overruled)
-    return args, derived, line
+    return args, d.derived, d.line()
+
+
+class _Derivation:
+    """What the Slurm source derives: the arguments it changes, each value's source, and what it says."""
+
+    def __init__(self, args: argparse.Namespace, environ: Mapping[str, str]) -> None:
+        self.args = args
+        self.environ = environ
+        self.derived: dict[str, str] = {}
+        self.said: list[str] = []
+        self.overruled: list[str] = []
+
+    def take(self, dest: str, value: slurm.Derived, what: str) -> None:
+        setattr(self.args, dest, value.value)
+        self.derived[dest] = value.source
+        self.said.append(f"{what} {value.value} ({value.source})")
+
+    def line(self) -> str:
+        if not self.said and not self.overruled:
+            return ""
+        where = f"Slurm step {self.environ['SLURM_JOB_ID']}.{self.environ['SLURM_STEP_ID']}"
+        line = f"{where}: " + "; ".join(self.said) if self.said else f"{where}: nothing derived"
+        if self.overruled:
+            line += "; flags win: " + "; ".join(self.overruled)
+        return line
+
+
+def _slurm_rendezvous(d: _Derivation, max_nodes: int) -> str:
+    """The rendezvous of a job of several nodes, where no flag names it; the variable the endpoint's host came from
+    ('' where none did)."""
+    args, environ = d.args, d.environ
+    host_from = ""
+    rdzv_given = [k for k in _RDZV_DESTS if given(args, k, environ) is not None and getattr(args, k) is not False]
+    if not rdzv_given:
+        args.rdzv_backend = "c10d"
+        d.derived["rdzv_backend"] = f"Slurm step (SLURM_STEP_ID={environ['SLURM_STEP_ID']})"
+        d.said.append("--rdzv-backend c10d")
+    if args.rdzv_backend == "c10d" and given(args, "rdzv_endpoint", environ) is None:
+        store = slurm.endpoint(environ, max_nodes)
+        d.take("rdzv_endpoint", store, "--rdzv-endpoint")
+        host_from = store.variable
+    if args.rdzv_backend in ("etcd", "etcd-v2") and _embedded(args.rdzv_endpoint):
+        if ":" not in args.rdzv_endpoint:
+            d.take("rdzv_endpoint", slurm.embedded(environ, max_nodes), "--rdzv-endpoint")
+        if "etcd_port" not in parse_rdzv_conf(args.rdzv_conf):
+            port = slurm.etcd_port(environ)
+            args.rdzv_conf = ",".join(filter(None, (args.rdzv_conf, f"etcd_port={port.value}")))
+            d.derived["rdzv_conf"] = f"etcd_port from {port.source}"
+            d.said.append(f"--rdzv-conf etcd_port={port.value} ({port.source})")
+    if given(args, "rdzv_id", environ) is None:
+        d.take("rdzv_id", slurm.run_id(environ), "--rdzv-id")
+    return host_from
 
 
 def _embedded(endpoint: str) -> bool:
