@@ -36,11 +36,12 @@ import anyio
 from . import events
 from ._eventloop import run_options
 from ._groups import single_error
-from .agent.agent import AgentOptions, ElasticAgent, Features
+from .agent.agent import ElasticAgent
 from .agent.attempt import StopSignal
 from .agent.errors import ChildFailedError, NoProgressError
 from .agent.forward.parent import RunningWorkers, Witness, open_witness, sender_name
 from .agent.logs import LogSpec
+from .agent.options import AgentOptions, Features
 from .agent.reaper.parent import Reaper, open_reaper
 from .agent.workers import RunResult, WorkerSpec
 from .config import LaunchConfig, new_run_id
@@ -164,18 +165,7 @@ async def launch(
         local_addr=config.local_addr,
         virtual_local_rank=config.virtual_local_rank,
     )
-    log_root = Path(config.logs.dir) if config.logs.dir is not None else Path(tempfile.mkdtemp(prefix="torchelastic_"))
-    log_root.mkdir(parents=True, exist_ok=True)
-    logs = LogSpec(
-        role=config.role,
-        log_dir=(log_dir := Path(tempfile.mkdtemp(prefix=f"{run_id}_", dir=log_root))),
-        redirects=config.logs.redirects,
-        tee=config.logs.tee,
-        local_ranks_filter=config.logs.local_ranks_filter,
-        duplicate_stdout_filters=config.duplicate_filters[0],
-        duplicate_stderr_filters=config.duplicate_filters[1],
-        line_prefix_template=config.log_line_prefix_template,
-    )
+    logs, log_dir = _log_spec(config, run_id)
     run_dir = Path(tempfile.mkdtemp(prefix="aelastic_run_"))
     ports = endpoint_ports(config)
     if config.numa_options is not None:
@@ -195,6 +185,25 @@ async def launch(
     if result.is_failed():
         raise ChildFailedError(spec.get_entrypoint_name(), result.failures, root_rank=result.first_failure_rank)
     return dict(result.return_values)
+
+
+def _log_spec(config: LaunchConfig, run_id: str) -> tuple[LogSpec, Path]:
+    """Where the workers' output goes: ``<logs.dir>/<run id>_<random>/`` (``logs.dir``: a new temporary directory
+    where the config names none), as torch's default layout."""
+    log_root = Path(config.logs.dir) if config.logs.dir is not None else Path(tempfile.mkdtemp(prefix="torchelastic_"))
+    log_root.mkdir(parents=True, exist_ok=True)
+    log_dir = Path(tempfile.mkdtemp(prefix=f"{run_id}_", dir=log_root))
+    logs = LogSpec(
+        role=config.role,
+        log_dir=log_dir,
+        redirects=config.logs.redirects,
+        tee=config.logs.tee,
+        local_ranks_filter=config.logs.local_ranks_filter,
+        duplicate_stdout_filters=config.duplicate_filters[0],
+        duplicate_stderr_filters=config.duplicate_filters[1],
+        line_prefix_template=config.log_line_prefix_template,
+    )
+    return logs, log_dir
 
 
 async def _run_agent(

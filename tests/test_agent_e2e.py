@@ -521,9 +521,10 @@ while True:
 
 
 async def test_an_agent_restarts_a_failure_and_stops_its_workers_with_its_stop_signal(job: Job) -> None:
-    from aelastic.agent.agent import ElasticAgent, Features
+    from aelastic.agent.agent import ElasticAgent
     from aelastic.agent.attempt import StopSignal
     from aelastic.agent.logs import LogSpec
+    from aelastic.agent.options import Features
     from aelastic.agent.workers import WorkerSpec, WorkerState
     from aelastic.rendezvous import open_rendezvous
 

@@ -35,7 +35,7 @@ import os
 import signal
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from string import Template
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -43,34 +43,29 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import anyio
 
 from .._devices import visible_devices
-from ..config.logs_specs import LogsSpecs
-from ..config.options import RestartOptions, Timeouts
 from ..errors import RendezvousClosedError, StoreConnectionError
 from ..rendezvous.api import RendezvousHandler, RendezvousInfo
 from ..worker._timers import FILE_ENV, WATCHDOG_ENV
-from .attempt import AttemptHooks, Interrupt, StopSignal
+from .attempt import AttemptHooks, Interrupt
 from .barrier import members_barrier
 from .errors import ChildFailedError, FailedElsewhereError, ProcessFailure
 from .figures import AgentMetrics
-from .forward.parent import RunningWorkers
 from .hang.parent import HangWatch, flight_recorder_env
 from .link.parent import LinkService
 from .logs import LogSpec
 from .logs_specs import reify
+from .options import AgentOptions, Features
 from .policy import Action, Budget, Decision, FailureMark, Outcome, decide
 from .processes import GroupOutcome, Supervisor, open_supervisor
 from .ranks import RankAssignment, RoleInfo, exchange_ranks
-from .reaper.parent import Reaper
 from .recorder import Recorder
 from .rootcause import FailureRecord, JobFailures, as_reported, error_line, first_cause, kind_of, with_cause
 from .spawn.parent import WorkerCommand, WorkerProcess
-from .stacks.parent import DEFAULT_DUMP_TIMEOUT, StackDumper
+from .stacks.parent import StackDumper
 from .timers.parent import ENABLE_ENV, Expiry, FileTimerServer, signal_name
 from .workers import RunResult, Worker, WorkerGroup, WorkerSpec, WorkerState
 
 if TYPE_CHECKING:
-    from .checkpoint.parent import Keeper
-    from .nodecheck.parent import NodeCheck  # imported by the launcher only with --node-check
     from .prewarm.parent import Standbys  # imported by the launcher only with --prewarm
 
 __all__ = ["ElasticAgent"]
@@ -86,33 +81,6 @@ _RESTART_SETTLE = 3.0
 _CAUSE_WAIT = 5.0  # seconds a node ending the job waits for the others' failures, to name the same root cause
 _STOPPED = (signal.SIGTERM, signal.SIGKILL)  # the signals that stop a worker that did not fail itself
 _FINAL = (Action.STOP_FAILED, Action.STOP_CLOSED, Action.STOP_NO_PROGRESS)  # the decisions that end the run
-
-
-@dataclass(frozen=True)
-class AgentOptions:
-    """How the agent runs: the config's deadlines and restart rules, with the launch's own values."""
-
-    timeouts: Timeouts = field(default_factory=Timeouts)
-    restarts: RestartOptions = field(default_factory=RestartOptions)
-    shutdown: float = 30.0  # from SIGTERM to SIGKILL when the workers are stopped (LaunchConfig.shutdown_grace)
-    stack_dump: float = DEFAULT_DUMP_TIMEOUT  # the most a stack dump of the workers may take
-    identical_workers: bool = False  # torch's TORCH_ELASTIC_WORKER_IDENTICAL: ranks need no exchange
-    logs_specs: LogsSpecs | None = None  # a custom torch LogsSpecs (--logs-specs): reify() routes each attempt's logs
-
-
-@dataclass(frozen=True)
-class Features:
-    """What the launch opened for the agent, each ``None`` where it is off: the reaper sidecar, the standbys
-    (``--prewarm``), the workers' in-memory checkpoints, the node check; and the launch control's stop signal (what
-    a cancelled run stops the workers with; None: SIGTERM) and registry of running workers (for forwarded
-    signals)."""
-
-    reaper: Reaper | None = None
-    standbys: Standbys | None = None
-    checkpoints: Keeper | None = None
-    node_check: NodeCheck | None = None
-    stop_signal: StopSignal | None = None
-    running: RunningWorkers | None = None
 
 
 class ElasticAgent:
@@ -385,18 +353,7 @@ class ElasticAgent:
     ) -> tuple[GroupOutcome | None, str | None]:
         reason: str | None = None
         keeper, ranks = self.features.checkpoints, [command.global_rank for command in commands]
-
-        async def before_kill(survivors: Sequence[WorkerProcess]) -> None:
-            for worker in survivors:
-                dumper.note(worker.pid, f"did not exit within {self.options.shutdown:g} s of the stop: SIGKILLed")
-            await dumper.dump(survivors, f"still running {self.options.shutdown:g} s after the stop; SIGKILL next")
-
-        hang = None
-        if self.options.timeouts.hang is not None:
-            pipe = commands[0].env.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE")  # ours, or the user's own
-            world = self.group.workers[0].world_size
-            hang = HangWatch(self.options.timeouts.hang, info.store, info.rank, info.world_size, world, dumper, pipe,
-                             supervisor.kill)  # fmt: skip
+        hang = self._hang_watch(supervisor, info, commands, dumper)
         async with self._timer_server() as timers, anyio.create_task_group() as tg:
 
             async def finished(ranks: frozenset[int]) -> bool:
@@ -424,7 +381,7 @@ class ElasticAgent:
             hooks = AttemptHooks(
                 started=self.recorder.spawned,
                 watch=None if timers is None and hang is None else watch_workers,
-                before_kill=before_kill,
+                before_kill=functools.partial(self._before_kill, dumper),
                 restored=None if keeper is None else functools.partial(keeper.restored, ranks),
             )
             outcome = await supervisor.run(
@@ -443,6 +400,23 @@ class ElasticAgent:
             return outcome, None
         self._stopped = outcome
         return None, reason
+
+    def _hang_watch(
+        self, supervisor: Supervisor, info: RendezvousInfo, commands: Sequence[WorkerCommand], dumper: StackDumper
+    ) -> HangWatch | None:
+        """The attempt's hang watch (``--hang-timeout``), or ``None`` when it is off."""
+        if self.options.timeouts.hang is None:
+            return None
+        pipe = commands[0].env.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE")  # ours, or the user's own
+        world = self.group.workers[0].world_size
+        return HangWatch(self.options.timeouts.hang, info.store, info.rank, info.world_size, world, dumper, pipe,
+                         supervisor.kill)  # fmt: skip
+
+    async def _before_kill(self, dumper: StackDumper, survivors: Sequence[WorkerProcess]) -> None:
+        """The workers still alive when a stop's grace ran out: their stacks, before SIGKILL."""
+        for worker in survivors:
+            dumper.note(worker.pid, f"did not exit within {self.options.shutdown:g} s of the stop: SIGKILLed")
+        await dumper.dump(survivors, f"still running {self.options.shutdown:g} s after the stop; SIGKILL next")
 
     @asynccontextmanager
     async def _timer_server(self) -> AsyncIterator[FileTimerServer | None]:

@@ -228,16 +228,7 @@ class Standbys:
         target = python_target(command.args)
         standby = None if target is None else self._take(command.local_rank, _identity(target, env))
         if standby is None or target is None:
-            self.cold += 1
-            own = self._idle.pop(command.local_rank, None)
-            if own is not None and own.popen.poll() is not None:
-                logger.warning("standby of local_rank %d (pid %d) exited with %d: starting the worker cold",
-                               command.local_rank, own.popen.pid, own.popen.returncode)  # fmt: skip
-            elif own is not None:
-                logger.info("standby of local_rank %d: environment or command changed, starting cold",
-                            command.local_rank)  # fmt: skip
-            if own is not None:
-                await self._retire(own)
+            await self._cold(command.local_rank)
             return None
         assignment = {
             "version": standby_child.VERSION,
@@ -269,6 +260,19 @@ class Standbys:
         self.handed_off += 1
         logger.debug("local_rank %d started in its standby (pid %d)", command.local_rank, standby.popen.pid)
         return standby.popen
+
+    async def _cold(self, local_rank: int) -> None:
+        """No standby fits ``local_rank``'s worker, which starts cold: its own standby, if any, is retired."""
+        self.cold += 1
+        own = self._idle.pop(local_rank, None)
+        if own is None:
+            return
+        if own.popen.poll() is not None:
+            logger.warning("standby of local_rank %d (pid %d) exited with %d: starting the worker cold",
+                           local_rank, own.popen.pid, own.popen.returncode)  # fmt: skip
+        else:
+            logger.info("standby of local_rank %d: environment or command changed, starting cold", local_rank)
+        await self._retire(own)
 
     def warm(self, size: int) -> None:
         """The largest training state in host memory a worker of this node saved is ``size`` bytes (its CPU

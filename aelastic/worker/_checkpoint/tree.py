@@ -71,10 +71,19 @@ def flatten(state: Any) -> tuple[Any, list[Blob]]:
         StateError: a value of a type a checkpoint may not hold, or a tensor it cannot copy (sparse, quantized,
             meta, nested, a tensor subclass that holds no plain data), named by its key path.
     """
-    blobs: list[Blob] = []
-    seen: dict[tuple[Any, ...], int] = {}
+    flattener = _Flattener()
+    return flattener.walk(state, ""), flattener.blobs
 
-    def tensor_ref(tensor: torch.Tensor, path: str) -> dict[str, int]:
+
+class _Flattener:
+    """One :func:`flatten`: the blobs found so far, and the tensors already seen (a tensor shared by two keys, or a
+    parameter and its optimizer's reference to it, is one blob)."""
+
+    def __init__(self) -> None:
+        self.blobs: list[Blob] = []
+        self.seen: dict[tuple[Any, ...], int] = {}
+
+    def tensor_ref(self, tensor: torch.Tensor, path: str) -> dict[str, int]:
         if type(tensor) not in (torch.Tensor, torch.nn.Parameter):
             raise StateError(
                 f"{_path(path)}: a {type(tensor).__name__} (a tensor subclass: DTensor, ShardedTensor, ...) cannot be "
@@ -88,9 +97,9 @@ def flatten(state: Any) -> tuple[Any, list[Blob]]:
                 "tensors (use .to_dense() or .dequantize())"
             )
         key = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride(), str(tensor.device))
-        index = seen.get(key) if tensor.numel() else None
+        index = self.seen.get(key) if tensor.numel() else None
         if index is None:
-            index = len(blobs)
+            index = len(self.blobs)
             info: dict[str, Any] = {
                 "dtype": dtype_name(tensor.dtype),
                 "shape": list(tensor.shape),
@@ -98,12 +107,12 @@ def flatten(state: Any) -> tuple[Any, list[Blob]]:
             }
             if tensor.requires_grad:
                 info["grad"] = True
-            blobs.append(Blob(tensor.detach(), info))
+            self.blobs.append(Blob(tensor.detach(), info))
             if tensor.numel():
-                seen[key] = index
+                self.seen[key] = index
         return {"T": index}
 
-    def array_ref(array: Any, path: str, *, scalar: bool = False) -> dict[str, int]:
+    def array_ref(self, array: Any, path: str, *, scalar: bool = False) -> dict[str, int]:
         import numpy
 
         if array.dtype.hasobject:
@@ -113,22 +122,22 @@ def flatten(state: Any) -> tuple[Any, list[Blob]]:
         info: dict[str, Any] = {"numpy": contiguous.dtype.str, "shape": list(contiguous.shape)}
         if scalar:
             info["scalar"] = True
-        blobs.append(Blob(data, info))
-        return {"N": len(blobs) - 1}
+        self.blobs.append(Blob(data, info))
+        return {"N": len(self.blobs) - 1}
 
-    def walk(value: Any, path: str) -> Any:
+    def walk(self, value: Any, path: str) -> Any:
         kind = type(value)
         if kind in _PLAIN:
             return value
         if isinstance(value, torch.Tensor):
-            return tensor_ref(value, path)
+            return self.tensor_ref(value, path)
         if kind is dict or kind is collections.OrderedDict:
-            items = [[walk_key(k, path), walk(v, f"{path}[{k!r}]")] for k, v in value.items()]
+            items = [[self.walk_key(k, path), self.walk(v, f"{path}[{k!r}]")] for k, v in value.items()]
             return {"O" if kind is collections.OrderedDict else "D": items}
         if kind is list:
-            return {"L": [walk(v, f"{path}[{i}]") for i, v in enumerate(value)]}
+            return {"L": [self.walk(v, f"{path}[{i}]") for i, v in enumerate(value)]}
         if kind is tuple:
-            return {"U": [walk(v, f"{path}[{i}]") for i, v in enumerate(value)]}
+            return {"U": [self.walk(v, f"{path}[{i}]") for i, v in enumerate(value)]}
         if kind is bytes:
             return {"B": base64.b64encode(value).decode()}
         if kind is torch.dtype:
@@ -138,24 +147,22 @@ def flatten(state: Any) -> tuple[Any, list[Blob]]:
         if kind is torch.Size:
             return {"size": list(value)}
         if kind.__module__ == "numpy" and kind.__name__ == "ndarray":
-            return array_ref(value, path)
+            return self.array_ref(value, path)
         if kind.__module__ == "numpy" and hasattr(value, "dtype"):  # a numpy scalar: a 0-d array's element
             import numpy
 
-            return array_ref(numpy.asarray(value), path, scalar=True)
+            return self.array_ref(numpy.asarray(value), path, scalar=True)
         raise StateError(
             f"{_path(path)}: a {kind.__module__}.{kind.__qualname__} is not a value a checkpoint holds (tensors, "
             "numpy arrays, None, bools, numbers, strings, bytes, dtypes, devices, and dicts, lists and tuples of "
             "them; nothing is pickled)"
         )
 
-    def walk_key(key: Any, path: str) -> Any:
+    def walk_key(self, key: Any, path: str) -> Any:
         if type(key) in _PLAIN or type(key) is tuple:
-            return walk(key, f"{path} (a key)")
+            return self.walk(key, f"{path} (a key)")
         raise StateError(f"{_path(path)}: the key {key!r} is a {type(key).__name__}: keys are None, bools, "
                          "numbers, strings or tuples of them")  # fmt: skip
-
-    return walk(state, ""), blobs
 
 
 def unflatten(
@@ -173,19 +180,31 @@ def unflatten(
         StateError: a tensor of ``into`` whose shape or dtype differs from the checkpoint's (by key path); a saved
             device that is not there (CUDA on a machine without it) and no ``map_location``.
     """
-    built: dict[int, Any] = {}
+    return _Unflattener(infos, view, map_location).walk(tree, into, "")
 
-    def blob(index: int, target: Any, path: str) -> Any:
-        if index in built:
-            return built[index]
-        info, data = infos[index], view(index)
+
+class _Unflattener:
+    """One :func:`unflatten`: the blobs built so far (a blob two keys share is built once)."""
+
+    def __init__(
+        self, infos: list[dict[str, Any]], view: Callable[[int], torch.Tensor], map_location: str | torch.device | None
+    ) -> None:
+        self.infos = infos
+        self.view = view
+        self.map_location = map_location
+        self.built: dict[int, Any] = {}
+
+    def blob(self, index: int, target: Any, path: str) -> Any:
+        if index in self.built:
+            return self.built[index]
+        info, data = self.infos[index], self.view(index)
         if "numpy" in info:
             import numpy
 
             array = numpy.empty(info["shape"], dtype=numpy.dtype(info["numpy"]))
             torch.from_numpy(array.reshape(-1).view(numpy.uint8)).copy_(data)
-            built[index] = array[()] if info.get("scalar") else array
-            return built[index]
+            self.built[index] = array[()] if info.get("scalar") else array
+            return self.built[index]
         dtype, shape = dtype_from_name(info["dtype"]), info["shape"]
         source = data.view(dtype).view(shape) if data.numel() else torch.empty(shape, dtype=dtype)
         if isinstance(target, torch.Tensor):
@@ -196,9 +215,9 @@ def unflatten(
                 )
             with torch.no_grad():
                 target.copy_(source)
-            built[index] = target
+            self.built[index] = target
             return target
-        device = torch.device(map_location if map_location is not None else info["device"])
+        device = torch.device(self.map_location if self.map_location is not None else info["device"])
         if device.type == "cuda" and not torch.cuda.is_available():
             raise StateError(
                 f"{_path(path)}: saved from {info['device']}, and this process has no CUDA device: load with "
@@ -208,23 +227,23 @@ def unflatten(
         tensor.copy_(source)
         if info.get("grad"):
             tensor.requires_grad_(True)
-        built[index] = tensor
+        self.built[index] = tensor
         return tensor
 
-    def walk(node: Any, target: Any, path: str) -> Any:
+    def walk(self, node: Any, target: Any, path: str) -> Any:
         if not isinstance(node, dict):
             return node
         ((tag, value),) = node.items()
         if tag == "T" or tag == "N":
-            return blob(value, target, path)
+            return self.blob(value, target, path)
         if tag in ("D", "O"):
-            keys = [walk(k, None, path) for k, _ in value]
+            keys = [self.walk(k, None, path) for k, _ in value]
             mapping = target if isinstance(target, Mapping) else {}
-            pairs = ((k, walk(v, mapping.get(k), f"{path}[{k!r}]")) for k, (_, v) in zip(keys, value, strict=True))
+            pairs = ((k, self.walk(v, mapping.get(k), f"{path}[{k!r}]")) for k, (_, v) in zip(keys, value, strict=True))
             return dict(pairs) if tag == "D" else collections.OrderedDict(pairs)
         if tag in ("L", "U"):
             targets = target if isinstance(target, (list, tuple)) and len(target) == len(value) else [None] * len(value)
-            items = [walk(v, t, f"{path}[{i}]") for i, (v, t) in enumerate(zip(value, targets, strict=True))]
+            items = [self.walk(v, t, f"{path}[{i}]") for i, (v, t) in enumerate(zip(value, targets, strict=True))]
             return items if tag == "L" else tuple(items)
         if tag == "B":
             return base64.b64decode(value)
@@ -235,5 +254,3 @@ def unflatten(
         if tag == "size":
             return torch.Size(value)
         raise StateError(f"{_path(path)}: unknown tag {tag!r} in the checkpoint's metadata")
-
-    return walk(tree, into, "")
