@@ -24,7 +24,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "aelastic"
 ARCHITECTURE = (ROOT / "ARCHITECTURE.md").read_text()
-MAX_LINES = 800
+MAX_LINES = 600  # a module of more holds more than one idea
 
 
 def _name(path: Path) -> str:
@@ -118,7 +118,92 @@ def test_circles_are_found() -> None:
 
 def test_no_module_over_the_size_limit() -> None:
     sizes = {m: len(p.read_text().splitlines()) for m, p in MODULES.items()}
-    assert {m: n for m, n in sizes.items() if n >= MAX_LINES} == {}
+    assert {m: n for m, n in sizes.items() if n > MAX_LINES} == {}
+
+
+# --- sizes of functions and classes ---------------------------------------------------------------------------------
+
+MAX_FUNCTION_LINES = 60
+MAX_ATTRIBUTES = 15
+# The classes still over the attribute bound, each with its count: an entry may only go down, and goes when its class
+# fits (the test fails on a stale one). Issue 44 asks for none.
+OVER_ATTRIBUTES = {
+    "aelastic.agent.checkpoint.parent.Keeper": 26,
+    "aelastic.etcd.embedded.JobEtcd": 20,
+    "aelastic.store.table.StoreTable": 18,
+    "aelastic.status.RendezvousView": 18,
+}
+# The configuration's one wide record: torch's LaunchConfig fields, and aelastic's own grouped into at most this many.
+AELASTIC_FIELDS = 8
+# The constructors and calls a feature's options pass through: records, not keywords.
+MAX_PARAMETERS = {"aelastic.agent.agent.ElasticAgent.__init__": 8, "aelastic.agent.processes.Supervisor.run": 8}
+
+
+def _functions() -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
+    for module in MODULES:
+        for node in ast.walk(TREES[module]):
+            if isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        yield f"{module}.{node.name}.{item.name}", item
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node in TREES[module].body:
+                yield f"{module}.{node.name}", node
+
+
+def _attributes(node: ast.ClassDef) -> set[str]:
+    """The instance attributes a class holds: assigned on ``self``, annotated in its body, or in its slots."""
+    names = {
+        sub.attr
+        for sub in ast.walk(node)
+        if isinstance(sub, ast.Attribute)
+        and isinstance(sub.value, ast.Name)
+        and sub.value.id == "self"
+        and isinstance(sub.ctx, ast.Store)
+    }
+    for stmt in node.body:
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+            names.add(stmt.target.id)
+        if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__slots__" for t in stmt.targets):
+            names |= {e.value for e in getattr(stmt.value, "elts", ()) if isinstance(e, ast.Constant)}
+    return names
+
+
+def test_no_function_over_the_size_limit() -> None:
+    long = {name: f.end_lineno - f.lineno + 1 for name, f in _functions() if (f.end_lineno or 0) - f.lineno >= 60}
+    assert long == {}
+
+
+def test_no_class_over_the_attribute_limit_but_the_declared() -> None:
+    counts = {
+        f"{module}.{node.name}": len(_attributes(node))
+        for module in MODULES
+        for node in ast.walk(TREES[module])
+        if isinstance(node, ast.ClassDef)
+    }
+    wide = {name: n for name, n in counts.items() if n > MAX_ATTRIBUTES and not name.endswith(".LaunchConfig")}
+    assert wide == {name: n for name, n in OVER_ATTRIBUTES.items() if name in wide}, "a class over the bound"
+    assert {name: counts.get(name) for name in OVER_ATTRIBUTES if name not in wide} == {}, "a stale entry: remove it"
+    assert all(wide[name] <= bound for name, bound in OVER_ATTRIBUTES.items()), "a declared class grew"
+
+
+def test_launch_config_is_torchs_and_one_record_per_feature() -> None:
+    import dataclasses
+
+    from aelastic.config import LaunchConfig
+
+    ours = [f.name for f in dataclasses.fields(LaunchConfig)]
+    torch = pytest.importorskip("torch.distributed.launcher.api")
+    theirs = [f.name for f in dataclasses.fields(torch.LaunchConfig)]
+    assert set(theirs) <= set(ours)
+    assert len(set(ours) - set(theirs)) <= AELASTIC_FIELDS, sorted(set(ours) - set(theirs))
+
+
+@pytest.mark.parametrize(("name", "bound"), sorted(MAX_PARAMETERS.items()))
+def test_the_agents_wiring_takes_records(name: str, bound: int) -> None:
+    function = dict(_functions())[name]
+    arguments = function.args
+    count = len(arguments.posonlyargs) + len(arguments.args) + len(arguments.kwonlyargs) - 1  # less self
+    assert count <= bound
 
 
 # --- the import map ---------------------------------------------------------------------------------------------

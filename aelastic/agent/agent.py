@@ -115,9 +115,8 @@ class ElasticAgent:
         if self.base_env.get(ENABLE_ENV) == "1" or options.timeouts.watchdog is not None:
             self.timer_file = Path(self.base_env.get(FILE_ENV) or run_dir / "watchdog_timer")
         self.group = WorkerGroup(spec)
-        # Observability (aelastic.metrics): the figures behind /metrics and /health.
-        self.metrics = AgentMetrics(spec.role, spec.max_restarts)
-        self.recorder = Recorder(spec, handler, self.group, self.metrics, options.restarts.max_repeated_failures)
+        metrics = AgentMetrics(spec.role, spec.max_restarts)
+        self.recorder = Recorder(spec, handler, self.group, metrics, options.restarts.max_repeated_failures)
         self._attempt = 0
         self._finished: RendezvousInfo | None = None  # the round in which every node's workers succeeded
         self._dumper: StackDumper | None = None  # the last attempt's: its notes go into the failure report
@@ -130,6 +129,11 @@ class ElasticAgent:
             f"group_rank={g.group_rank}/{g.group_world_size} failure_restarts={budget.failure_restarts} "
             f"membership_restarts={budget.membership_restarts}>"
         )
+
+    @property
+    def metrics(self) -> AgentMetrics:
+        """The figures behind ``/metrics`` and ``/health`` (:mod:`aelastic.metrics`)."""
+        return self.recorder.metrics
 
     @property
     def budget(self) -> Budget:
