@@ -308,17 +308,6 @@ class NoProgressError(ChildFailedError):
         self.reason = reason
         super().__init__(name, failures, **kwargs)
 
-    def error_file_data(self) -> dict[str, Any] | None:
-        """What :func:`record` writes for this report: the root cause's error file, with its exit code (``None``
-        where the root cause wrote none)."""
-        _, root = self.get_first_failure()
-        if root.error_file == NOT_AVAILABLE:
-            return None
-        data: dict[str, Any] = json.loads(json.dumps(root.error_data))
-        if isinstance(data.get("message"), dict) and root.exitcode:
-            data["message"]["errorCode"] = root.exitcode
-        return data
-
     def format_report(self, boarder_delim: str = "=", section_delim: str = "-") -> str:
         return f"no progress: {self.reason}\n" + super().format_report(boarder_delim, section_delim)
 
