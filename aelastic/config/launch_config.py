@@ -41,6 +41,8 @@ class LaunchConfig:
 
     ``event_log_handler`` names where events go (``aelastic.events``: null, console, file or a registered one);
     ``metrics_port`` opens the agent's ``/metrics`` and ``/health`` endpoint (``aelastic.agent.control``).
+    aelastic's own options are one record per feature (:mod:`aelastic.config.options`): ``logs``, ``timeouts``,
+    ``restarts``, ``prewarm``, ``checkpoint``, ``node_check``.
 
     ``monitor_interval`` is accepted for compatibility and has no effect: aelastic does not poll its workers, it
     awaits their exits. ``start_method`` likewise: callables always run in a fresh interpreter (spawn); and
