@@ -42,6 +42,7 @@ __all__ = [
     "NodeView",
     "RendezvousReader",
     "RendezvousView",
+    "TimeLeft",
     "Watch",
     "check_readable",
     "command",
@@ -135,6 +136,16 @@ class NodeView:
 
 
 @dataclass(frozen=True, slots=True)
+class TimeLeft:
+    """What a round has left before its last call and a node's join end, and whose clock says it."""
+
+    last_call_seconds_left: float | None
+    join_seconds_left: float | None  # inside a node: its own join; --watch gives each node's in its NodeView
+    clock: str | None  # whose clock timed the seconds left: "node" (its own), "viewer" (--watch), None
+    timing: str
+
+
+@dataclass(frozen=True, slots=True)
 class RendezvousView:
     """What ``aelastic status`` prints; :meth:`render` for people, :meth:`to_json` for machines."""
 
@@ -150,15 +161,16 @@ class RendezvousView:
     participants: tuple[NodeView, ...]
     waiting: tuple[NodeView, ...]
     reserve: tuple[NodeView, ...]
-    last_call_seconds_left: float | None
-    join_seconds_left: float | None  # inside a node: its own join; --watch gives each node's in its NodeView
-    clock: str | None  # whose clock timed the seconds left: "node" (its own), "viewer" (--watch), None
-    timing: str
+    time: TimeLeft
     reason: str
     last_failure: dict[str, Any] | None = None  # the root cause of the run's last failed round, as its agents named it
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """The view as JSON's objects, the time left's fields among the view's own."""
+        out: dict[str, Any] = {}
+        for key, value in asdict(self).items():
+            out.update(value if key == "time" else {key: value})
+        return out
 
     def render(self, limit: int | None = LIST_LIMIT) -> str:
         """The view for people; each list shows at most ``limit`` nodes (``None``: all) and then how many more on
@@ -193,12 +205,13 @@ class RendezvousView:
             *listing("waiting for the next round", self.waiting),
             *listing("reserve (beyond max_nodes)", self.reserve),
         ]
-        if self.last_call_seconds_left is not None:
-            at_most = "at most " if self.clock == "viewer" else ""
-            lines.append(f"  last call: {at_most}{self.last_call_seconds_left:.1f}s left")
-        if self.join_seconds_left is not None:
-            lines.append(f"  join timeout: {self.join_seconds_left:.1f}s left")
-        lines.append(f"  time: {self.timing}")
+        time = self.time
+        if time.last_call_seconds_left is not None:
+            at_most = "at most " if time.clock == "viewer" else ""
+            lines.append(f"  last call: {at_most}{time.last_call_seconds_left:.1f}s left")
+        if time.join_seconds_left is not None:
+            lines.append(f"  join timeout: {time.join_seconds_left:.1f}s left")
+        lines.append(f"  time: {time.timing}")
         if self.last_failure is not None:
             f = self.last_failure
             lines.append(f"  last failure (round {f['round']}): rank {f['rank']} on node {f['node']} ({f['host']}): "
@@ -312,10 +325,12 @@ def describe(
         participants=tuple(view(n) for n in state.participants),
         waiting=tuple(view(n) for n in state.wait_list),
         reserve=tuple(view(n) for n in state.redundancy_list),
-        last_call_seconds_left=_last_call_left(state, timers, now),
-        join_seconds_left=None if own is None or now is None else _left(own.join_deadline, now),
-        clock=clock,
-        timing=timing + _windows(settings),
+        time=TimeLeft(
+            last_call_seconds_left=_last_call_left(state, timers, now),
+            join_seconds_left=None if own is None or now is None else _left(own.join_deadline, now),
+            clock=clock,
+            timing=timing + _windows(settings),
+        ),
         reason=waiting_reason(state if exists else None, settings, timers, now),
         last_failure=last_failure,
     )

@@ -131,7 +131,6 @@ OVER_ATTRIBUTES = {
     "aelastic.agent.checkpoint.parent.Keeper": 26,
     "aelastic.etcd.embedded.JobEtcd": 20,
     "aelastic.store.table.StoreTable": 18,
-    "aelastic.status.RendezvousView": 18,
 }
 # The configuration's one wide record: torch's LaunchConfig fields, and aelastic's own grouped into at most this many.
 AELASTIC_FIELDS = 8

@@ -102,9 +102,9 @@ def test_view_of_a_complete_round_has_ranks_addresses_and_lists() -> None:
     assert [n.id for n in view.waiting] == [C.id]
     assert [n.id for n in view.reserve] == [D.id]
     assert (view.round, view.complete, view.closed, view.exists) == (1, True, False, True)
-    assert view.last_call_seconds_left is None
-    assert view.join_seconds_left is None
-    assert "shared state holds no clock" in view.timing
+    assert view.time.last_call_seconds_left is None
+    assert view.time.join_seconds_left is None
+    assert "shared state holds no clock" in view.time.timing
     decoded = json.loads(json.dumps(view.to_json()))
     assert decoded["participants"][1] == {
         "id": "[fe80::7]_7_1",
@@ -132,9 +132,9 @@ def test_view_inside_a_node_shows_its_own_countdowns() -> None:
         timers=NodeTimers(130.0, 110.0, 0),
         now=100.0,
     )
-    assert (view.last_call_seconds_left, view.join_seconds_left) == (10.0, 30.0)
+    assert (view.time.last_call_seconds_left, view.time.join_seconds_left) == (10.0, 30.0)
     assert view.participants[0].rank is None  # not complete: no rank yet
-    assert "own deadlines" in view.timing
+    assert "own deadlines" in view.time.timing
     assert "last call: 10.0s left" in view.render()
 
 
@@ -148,7 +148,7 @@ def test_watch_times_only_what_it_saw_begin() -> None:
     assert (watch.join_seconds_left(A, 100.0), watch.join_seconds_left(B, 100.0)) == (None, None)
     view = describe(RendezvousState(participants=(A, B)), rdzv, run_id="job", backend="c10d", endpoint="h:1",
                     watch=watch, now=100.0)  # fmt: skip
-    assert view.last_call_seconds_left is None
+    assert view.time.last_call_seconds_left is None
     assert view.reason.startswith("last call: completes up to last_call_timeout=30s")
 
     watch.observe(RendezvousState(participants=(A, B, C)), now=101.0)  # C's join began before it showed
@@ -166,8 +166,8 @@ def test_watch_times_only_what_it_saw_begin() -> None:
     state = RendezvousState(round=1, participants=(A, B), rank_order=(A, B, C))
     watch.observe(state, now=205.0)
     view = describe(state, rdzv, run_id="job", backend="c10d", endpoint="h:1", watch=watch, now=215.0)
-    assert view.last_call_seconds_left == 20.0
-    assert view.clock == "viewer"
+    assert view.time.last_call_seconds_left == 20.0
+    assert view.time.clock == "viewer"
     assert view.reason == "last call: completes in 20s unless 1 more node joins first (have 2, min 2, max 3)"
     assert [p.join_seconds_left for p in view.participants] == [585.0, 590.0]
     assert "last call: at most 20.0s left" in view.render()
@@ -185,8 +185,8 @@ def test_watch_times_only_what_it_saw_begin() -> None:
     unknown = Watch(None)  # no --nnodes: nothing can be timed
     unknown.observe(state, now=1.0)
     view = describe(state, None, run_id="job", backend="c10d", endpoint="h:1", watch=unknown, now=2.0)
-    assert (view.last_call_seconds_left, view.clock) == (None, None)
-    assert "give --nnodes" in view.timing
+    assert (view.time.last_call_seconds_left, view.time.clock) == (None, None)
+    assert "give --nnodes" in view.time.timing
 
 
 def test_view_of_a_run_no_node_opened() -> None:
