@@ -130,7 +130,6 @@ MAX_ATTRIBUTES = 15
 OVER_ATTRIBUTES = {
     "aelastic.agent.checkpoint.parent.Keeper": 26,
     "aelastic.etcd.embedded.JobEtcd": 20,
-    "aelastic.store.table.StoreTable": 18,
 }
 # The configuration's one wide record: torch's LaunchConfig fields, and aelastic's own grouped into at most this many.
 AELASTIC_FIELDS = 8

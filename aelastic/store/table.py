@@ -158,6 +158,38 @@ def log_handshake_timeout(conn: Connection, timeout: float) -> None:
     )
 
 
+class _Admission:
+    """Who a store lets in: at most ``limit`` open connections, refusals logged once per episode (a flood must not
+    flood the log too), and who is told of each connection that opens or closes (``ServerSettings.on_connection``)."""
+
+    __slots__ = ("_at_capacity", "limit", "on_connection", "port")
+
+    def __init__(self, limit: int, port: int, on_connection: Callable[[str, bool], None] | None) -> None:
+        self.limit = limit
+        self.port = port
+        self.on_connection = on_connection
+        self._at_capacity = False
+
+    def admits(self, open_now: int, peer: str) -> bool:
+        if open_now >= self.limit:
+            if not self._at_capacity:
+                logger.warning(
+                    "store server on port %d refuses connections (%s the first): %d are open, the limit "
+                    "(ServerSettings.max_connections; by default the open-file limit less 1,024, ulimit -n)",
+                    self.port,
+                    peer,
+                    self.limit,
+                )
+            self._at_capacity = True
+            return False
+        self._at_capacity = False
+        return True
+
+    def told(self, peer: str, opened: bool) -> None:
+        if self.on_connection is not None:
+            self.on_connection(peer, opened)
+
+
 class StoreTable:
     """The state of one store server and its request handlers (see the module docstring).
 
@@ -179,16 +211,13 @@ class StoreTable:
         on_connection: Callable[[str, bool], None] | None = None,
     ) -> None:
         self.limits = limits
-        self.port = port  # for log messages only
-        self._on_connection = on_connection  # ServerSettings.on_connection
+        self._admission = _Admission(max_connections, port, on_connection)
         self._max_buffered = max_buffered_bytes
-        self._max_connections = max_connections
         self._auth_token = None if auth_token is None else auth_token.encode()
         self._table: dict[bytes, bytes] = {}
         self._queues: dict[bytes, deque[bytes]] = {}
         self._waiters: dict[bytes, dict[Connection, int]] = {}
         self.connections: set[Connection] = set()
-        self._at_capacity = False
         self.bytes_received = 0
         handlers: dict[type[Any], Callable[[Connection, Any], None]] = {
             wire.Validate: self._validate,
@@ -259,24 +288,17 @@ class StoreTable:
 
     # --- connections ----------------------------------------------------------------------------------------
 
+    @property
+    def port(self) -> int:
+        """The server's port (for log messages)."""
+        return self._admission.port
+
     def admit(self, conn: Connection) -> bool:
         """Count ``conn`` in, or refuse it (False) when ``max_connections`` are open."""
-        limit = self._max_connections
-        if len(self.connections) >= limit:
-            if not self._at_capacity:  # once per episode: a flood must not flood the log too
-                logger.warning(
-                    "store server on port %d refuses connections (%s the first): %d are open, the limit "
-                    "(ServerSettings.max_connections; by default the open-file limit less 1,024, ulimit -n)",
-                    self.port,
-                    conn.peer,
-                    limit,
-                )
-            self._at_capacity = True
+        if not self._admission.admits(len(self.connections), conn.peer):
             return False
-        self._at_capacity = False
         self.connections.add(conn)
-        if self._on_connection is not None:
-            self._on_connection(conn.peer, True)
+        self._admission.told(conn.peer, True)
         return True
 
     def drop(self, conn: Connection) -> None:
@@ -284,8 +306,7 @@ class StoreTable:
         self._unregister(conn)
         if conn in self.connections:
             self.connections.discard(conn)
-            if self._on_connection is not None:
-                self._on_connection(conn.peer, False)
+            self._admission.told(conn.peer, False)
 
     def receive(self, conn: Connection, data: bytes) -> None:
         self.bytes_received += len(data)
