@@ -103,8 +103,13 @@ class Agent:
         return self.log.read_text(errors="replace")
 
     async def wait(self, deadline: float = DEADLINE) -> int:
-        with anyio.fail_after(deadline):
+        """The agent's exit status; a TimeoutError after ``deadline`` seconds carries the end of its output (the
+        test's temporary directory, with the log, does not outlive a few later runs)."""
+        with anyio.move_on_after(deadline):
             return await self.process.wait()
+        raise TimeoutError(
+            f"the agent did not exit within {deadline:g} s; the end of its output:\n{self.output[-8000:]}"
+        )
 
 
 class Job:
