@@ -10,6 +10,7 @@ backend judges a neighbour by when the observer saw its counter move (:meth:`Ren
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 
 import anyio
 import anyio.abc
@@ -29,7 +30,7 @@ logger = logging.getLogger("aelastic.rendezvous.dynamic")  # the handler's log l
 
 class Liveness:
     """The liveness part of the dynamic handler: it reads and writes the state through the handler's own
-    :meth:`_whole` and :meth:`_write`."""
+    ``_whole`` (the whole state) and ``_write`` (a compare-and-set), declared here as what it needs of its host."""
 
     node: NodeDesc
     settings: RendezvousSettings
@@ -40,12 +41,8 @@ class Liveness:
     _joining: anyio.Event | None
     _round: int | None
     _liveness_started: bool
-
-    async def _whole(self) -> RendezvousState:
-        raise NotImplementedError
-
-    async def _write(self, state: RendezvousState) -> bool:
-        raise NotImplementedError
+    _whole: Callable[[], Awaitable[RendezvousState]]
+    _write: Callable[[RendezvousState], Awaitable[bool]]
 
     async def _start_liveness(self) -> None:
         if not self._liveness_started:
