@@ -16,7 +16,8 @@ restart, which never spends the failure budget; the rendezvous closed by another
 workers stop and :class:`~aelastic.errors.RendezvousClosedError` says so. Either restart re-rendezvouses, and the
 new round gets a fresh workers' store. ``TORCHELASTIC_RESTART_COUNT`` counts failure restarts, as torch defines
 it; ``AELASTIC_MEMBERSHIP_RESTARTS`` counts the others. Every state change (the group's state, the metrics,
-torch's status events, the log line that says what the agent does) is recorded in one place, :class:`_Recorder`.
+torch's status events, the log line that says what the agent does) is recorded in one place,
+:class:`~aelastic.agent.recorder.Recorder`.
 
 :meth:`ElasticAgent.shutdown` closes the rendezvous when the run is over; after a success the nodes then meet at
 one more barrier, so the node serving the rendezvous store does not exit while another still needs it to close.
