@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -85,6 +86,30 @@ def processes_mentioning(marker: str) -> list[int]:
     return pids
 
 
+def process_tree(root: int) -> str:
+    """``root`` and its descendants, one line each (pid, state, where it waits in the kernel, command line), and
+    where py-spy is installed their Python stacks: what a test that timed out was waiting for."""
+    lines, pending = [], [root]
+    while pending:
+        pid = pending.pop(0)
+        proc = Path(f"/proc/{pid}")
+        try:
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            wchan = (proc / "wchan").read_text()
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            pending += [int(c) for t in (proc / "task").iterdir() for c in (t / "children").read_text().split()]
+        except OSError:
+            continue
+        lines.append(f"pid {pid} {state} {wchan or '-'}: {cmdline[:200]}")
+    spy = shutil.which("py-spy")
+    if spy is not None:
+        for line in [line for line in lines if "python" in line]:
+            pid = line.split()[1]
+            dump = subprocess.run([spy, "dump", "--pid", pid], capture_output=True, text=True, timeout=30)
+            lines.append(f"py-spy dump --pid {pid}:\n{dump.stdout[-3000:]}{dump.stderr[:200]}")
+    return "\n".join(lines)
+
+
 def kill_all_mentioning(marker: str) -> None:
     for pid in processes_mentioning(marker):
         with suppress(ProcessLookupError):
@@ -108,7 +133,8 @@ class Agent:
         with anyio.move_on_after(deadline):
             return await self.process.wait()
         raise TimeoutError(
-            f"the agent did not exit within {deadline:g} s; the end of its output:\n{self.output[-8000:]}"
+            f"the agent did not exit within {deadline:g} s; its processes:\n{process_tree(self.process.pid)}\n"
+            f"the end of its output:\n{self.output[-8000:]}"
         )
 
 

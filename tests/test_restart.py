@@ -122,6 +122,57 @@ def test_outside_an_agent_the_function_runs_once(tmp_path: Path) -> None:
     assert "raised once [21, 1]" in torchrun.stdout
 
 
+CUT_SHORT = textwrap.dedent("""
+    import sys, torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+    from aelastic.worker._restart import RestartRequested, _teardown
+
+    def init(n):
+        dist.init_process_group("gloo", init_method=f"file://{sys.argv[1]}/store-{n}", rank=0, world_size=1)
+
+    def cut_short(where):
+        helper, make_default = c10d._new_process_group_helper, c10d._update_default_pg
+        def named(*args, **kwargs):
+            if where == "named":
+                raise RestartRequested
+            made = helper(*args, **kwargs)
+            if where == "built":
+                raise RestartRequested
+            return made
+        def made_default(pg):
+            make_default(pg)
+            raise RestartRequested
+        c10d._new_process_group_helper = named
+        if where == "default":
+            c10d._update_default_pg = made_default
+        try:
+            init(where)
+        except RestartRequested:
+            pass
+        finally:
+            c10d._new_process_group_helper, c10d._update_default_pg = helper, make_default
+
+    for where in ("named", "built", "default"):
+        cut_short(where)
+        _teardown()
+        init(where + "-again")
+        print(where, dist.group.WORLD.group_name, len(c10d._world.pg_map), flush=True)
+        dist.destroy_process_group()
+""")
+
+
+def test_an_abort_that_cuts_init_process_group_short_leaves_no_half_made_group(tmp_path: Path) -> None:
+    """The abort surfaces at any bytecode of the worker's main thread, also inside ``init_process_group``: after it
+    named the default group, after it built it, after it made it the default. The teardown leaves torch as a fresh
+    process has it, so that the next round's group has the name its fresh peers give theirs ("0"), under which they
+    find each other's keys."""
+    script = tmp_path / "cut_short.py"
+    script.write_text(CUT_SHORT)
+    out = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:3] == ["named 0 1", "built 0 1", "default 0 1"], out.stdout + out.stderr
+
+
 async def test_a_survivor_asleep_is_woken_by_the_abort_and_keeps_its_process(job: Job) -> None:
     """Rank 0 is in an hour's ``time.sleep`` (a step waiting on its data, on a device) when rank 1 fails at the same
     step: the abort's signal ends the sleep, and rank 0 goes on in its process from the step before, as ranks 2 and 3

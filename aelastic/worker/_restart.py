@@ -120,14 +120,30 @@ def _abort_groups(dist: Any) -> None:
 def _teardown() -> None:
     """Abort (NCCL) and destroy every process group of torch.distributed, if it is in use."""
     dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_available() or not dist.is_initialized():
+    if dist is None or not dist.is_available():
         return
-    _abort_groups(dist)
+    c10d = dist.distributed_c10d
+    if not dist.is_initialized():
+        _adopt_half_made(c10d)
+    if dist.is_initialized():
+        _abort_groups(dist)
     if dist.is_initialized():  # an abort may have destroyed them already
         try:
             dist.destroy_process_group()
         except Exception as exc:
             logger.warning("aelastic: destroying the process groups failed (%r); going on", exc)
+    if not dist.is_initialized():
+        c10d._world.group_count = 0
+
+
+def _adopt_half_made(c10d: Any) -> None:
+    """An abort can cut ``init_process_group`` short after it named the default group (torch numbers the names) and
+    built it, before it made it the default: the group, half made, becomes the default here so that it is destroyed
+    as a whole. Then (as after any teardown) the numbering starts over: a survivor that named the next round's group
+    "1" would wait forever for keys its fresh peers write under "0", and they for its."""
+    world = c10d._world
+    if world.pg_map:
+        c10d._update_default_pg(next(iter(world.pg_map)))
 
 
 class _Session:
