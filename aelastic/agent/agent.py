@@ -107,8 +107,7 @@ class ElasticAgent:
         self.base_env = dict(os.environ if base_env is None else base_env)
         checkpoints, standbys = features.checkpoints, features.standbys
         if checkpoints is not None and standbys is not None:  # a replacement's state lands in warm memory
-            checkpoints.on_state_size = standbys.warm
-            checkpoints.on_slots = standbys.map_slots
+            checkpoints.tell(standbys.warm, standbys.map_slots)
         # What the workers may ask over their links (aelastic.agent.link).
         self.services: dict[str, LinkService] = {} if checkpoints is None else {checkpoints.name: checkpoints}
         # torch's rule: the timer server runs when its variable is exactly "1"; aelastic's watchdog needs it too.

@@ -4,12 +4,13 @@ view, :mod:`aelastic.worker._checkpoint.api` for the worker's).
 Theory of operation
 -------------------
 The :class:`Keeper` (:func:`open_keeper`) lives as long as the agent and answers the workers' ``checkpoint.*``
-requests over their links (:mod:`aelastic.agent.link`). For each rank that saves it keeps slots (:mod:`.slots`):
-memory files the agent creates and passes to the rank's worker, which outlive every worker and are released when
-the agent ends, however it ends. ``reserve`` gives the worker the slot that is not the rank's latest complete
-checkpoint (a third one only while the other is being read and ``--checkpoint-memory`` has room; else that read is
-stopped); ``commit`` reads the header the worker wrote last (:mod:`aelastic.worker._checkpoint.layout`) and makes the
-slot the latest. A worker that dies midway never commits, so the latest stays whole.
+requests over their links (:mod:`aelastic.agent.link`). For each rank that saves it keeps slots (:mod:`.slots`,
+held within ``--checkpoint-memory`` by :mod:`.holdings`): memory files the agent creates and passes to the rank's
+worker, which outlive every worker and are released when the agent ends, however it ends. ``reserve`` gives the
+worker the slot that is not the rank's latest complete checkpoint (a third one only while the other is being read
+and ``--checkpoint-memory`` has room; else that read is stopped); ``commit`` reads the header the worker wrote last
+(:mod:`aelastic.worker._checkpoint.layout`) and makes the slot the latest. A worker that dies midway never commits,
+so the latest stays whole.
 
 Each rendezvous round the agents agree on the step the job restores from (:mod:`.plan`, in the rank exchange);
 :meth:`Keeper.adopt` takes this node's part: checkpoints of newer steps are dropped (a rank that completed a step
@@ -45,6 +46,7 @@ from ...store.api import Store
 from ...worker._checkpoint.layout import Header, LayoutError
 from ..link.parent import LinkRefusal
 from ..spawn.parent import WorkerProcess
+from .holdings import Holdings, TooLarge
 from .persist import CopyStopped, file_name, newest_complete, remove_older, write_checkpoint
 from .plan import HOLDERS_KEY, Held, Inventory, NodePlan, saved_rank
 from .replicas import ReplicaError, fetch, open_listener, push, serve
@@ -110,6 +112,45 @@ class _Queue:
             await self._settled.wait()
 
 
+class _Round:
+    """What one rendezvous round holds of the checkpoints: its plan, world size and store, the fetches of other
+    agents' ranks (saved rank: done, errors), every saved rank's holder (read from the store when first needed), and
+    the ranks that committed a checkpoint in it."""
+
+    __slots__ = ("committed", "fetches", "holders", "plan", "store", "world")
+
+    def __init__(self, plan: NodePlan, world: int = 0, store: Store | None = None) -> None:
+        self.plan, self.world, self.store = plan, world, store
+        self.fetches: dict[int, tuple[anyio.Event, list[str]]] = {}
+        self.holders: dict[str, str] | None = None
+        self.committed: set[int] = set()
+
+
+class _Standbys:
+    """What the node's standbys (``--prewarm``) are told of the saves: each new largest state in host memory a
+    worker saved (``on_state_size``: they warm that much heap), and a rank's slots at its first commit into each new
+    memory file (``on_slots``: local rank, rank, (slot, generation, capacity, memory file) each: they map them ahead
+    of a replacement's restore)."""
+
+    __slots__ = ("announced", "largest", "on_slots", "on_state_size")
+
+    def __init__(self) -> None:
+        self.largest = 0
+        self.announced: dict[int, tuple[tuple[int, int], ...]] = {}  # by rank: the slots on_slots was told
+        self.on_state_size: Callable[[int], None] | None = None
+        self.on_slots: Callable[[int, int, Sequence[tuple[int, int, int, int]]], None] | None = None
+
+    def committed(self, worker: WorkerProcess, rank: RankSlots, host: int) -> None:
+        if host > self.largest:
+            self.largest = host
+            if self.on_state_size is not None:
+                self.on_state_size(host)
+        slots = [(s.id, s.generation, s.capacity, s.fd) for s in rank.slots if s.fd >= 0]
+        if self.on_slots is not None and self.announced.get(rank.rank) != (announced := tuple(s[:2] for s in slots)):
+            self.announced[rank.rank] = announced
+            self.on_slots(worker.local_rank, rank.rank, slots)
+
+
 class Keeper:
     """The agent's in-memory checkpoints (see the module doc): a link service named ``checkpoint``. Open it with
     :func:`open_keeper`."""
@@ -126,49 +167,44 @@ class Keeper:
         replicas: bool,
     ) -> None:
         self._tg = tg
-        self.limit = limit
         self.directory = directory
         self.persist_every = persist_every
         self.replicas_on = replicas
-        self._own: dict[int, RankSlots] = {}
-        self._replicas: dict[int, RankSlots] = {}
-        self._next_slot = 0
-        self._world = 0
-        self._plan = NodePlan()
+        self._held = Holdings(limit)
+        self._round = _Round(NodePlan())
         self._secret: str | None = None
         self._endpoint: str | None = None
-        self._successor: str | None = None
-        self._fetches: dict[int, tuple[anyio.Event, list[str]]] = {}  # saved rank -> done, errors
-        self._store: Store | None = None  # the round's
-        self._holders: dict[str, str] | None = None  # every saved rank's holder, read from it when first needed
         self._persisting = _Queue()
         self._pushing = _Queue()
         self._counts = {"saves": 0, "loads": 0, "pushed": 0, "persisted": 0}
-        self._largest = 0  # the largest state in host memory a worker of this node saved (bytes of CPU tensors)
-        self.on_state_size: Callable[[int], None] | None = None  # told each new largest (the agent's standbys)
-        # Told a rank's slots (local rank, rank, (slot, generation, capacity, memory file) each) at its first commit
-        # into each new memory file: the agent's standbys map them ahead of a replacement's restore.
-        self.on_slots: Callable[[int, int, Sequence[tuple[int, int, int, int]]], None] | None = None
-        self._announced: dict[int, tuple[tuple[int, int], ...]] = {}  # by rank: the slots on_slots was told
-        self._committed: set[int] = set()  # the ranks that committed a checkpoint in this round (see restored)
+        self._standbys = _Standbys()
         self._commits = anyio.Event()  # set at the next commit
 
     def __repr__(self) -> str:
-        own = {r: [s.header.step for s in h.complete() if s.header] for r, h in sorted(self._own.items())}
-        return f"<Keeper own={own} restore_step={self._plan.step} limit={format_size(self.limit)}>"
+        return f"<Keeper own={self._held.steps()} restore_step={self._round.plan.step} {self._held!r}>"
+
+    @property
+    def limit(self) -> int:
+        """The bytes a rank may hold."""
+        return self._held.limit
 
     def statistics(self) -> KeeperStatistics:
-        def steps(ranks: dict[int, RankSlots]) -> dict[int, tuple[int, ...]]:
-            return {r: tuple(sorted(s.header.step for s in h.complete() if s.header)) for r, h in ranks.items()}
-
-        memory = sum(h.memory() for h in (*self._own.values(), *self._replicas.values()))
         c = self._counts
-        return KeeperStatistics(steps(self._own), steps(self._replicas), memory, c["saves"], c["loads"], c["pushed"],
-                                c["persisted"], self._plan.step, self._endpoint)  # fmt: skip
+        return KeeperStatistics(self._held.steps(), self._held.steps(replicas=True), self._held.memory(), c["saves"],
+                                c["loads"], c["pushed"], c["persisted"], self._round.plan.step,
+                                self._endpoint)  # fmt: skip
 
     @property
     def secret(self) -> str | None:
         return self._secret
+
+    def tell(
+        self,
+        state_size: Callable[[int], None],
+        slots: Callable[[int, int, Sequence[tuple[int, int, int, int]]], None],
+    ) -> None:
+        """Tell the node's standbys of the saves from now on (see :class:`_Standbys`)."""
+        self._standbys.on_state_size, self._standbys.on_slots = state_size, slots
 
     # --- the round ---------------------------------------------------------------------------------------------
 
@@ -183,13 +219,7 @@ class Keeper:
 
     def inventory(self) -> Inventory:
         """Every complete checkpoint held (own and replicas), for this round's plan."""
-        held = []
-        for ranks in (self._own, self._replicas):
-            for rank in ranks.values():
-                for slot in rank.complete():
-                    assert slot.header is not None
-                    held.append(Held(rank.rank, slot.header.step, slot.header.world, slot.header.total))
-        return Inventory(tuple(held), self._endpoint, self._secret)
+        return Inventory(tuple(self._held.inventory()), self._endpoint, self._secret)
 
     def disk_inventory(self) -> list[Held]:
         """The checkpoint directory's newest complete step (empty without a directory)."""
@@ -198,23 +228,11 @@ class Keeper:
     def adopt(self, plan: NodePlan, world: int, store: Store) -> None:
         """This node's part of the round's plan; ``world``: the round's world size (what saves are made in);
         ``store``: the round's store (the holders of every rank, for a load no plan foresaw)."""
-        self._plan, self._world, self._store = plan, world, store
+        self._round = _Round(plan, world, store)
         self._secret = plan.secret or self._secret
-        self._successor = plan.replica_to
-        step = None if plan.disk else plan.step
-        for rank in self._own.values():
-            rank.forget_newer(step)
-        for replica in self._replicas.values():
-            replica.forget_newer(step)
-            for slot in replica.complete():
-                if slot.header is not None and slot.header.step != step:
-                    slot.header = None  # older than the restore step: never restored from again
-            replica.latest = replica.at(step) if step is not None else None
-        self._fetches = {}
-        self._holders = None
-        self._committed = set()
+        self._held.keep_up_to(None if plan.disk else plan.step)
         for saved, endpoint in plan.fetch.items():
-            self._fetches[saved] = (anyio.Event(), [])
+            self._round.fetches[saved] = (anyio.Event(), [])
             self._tg.start_soon(self._fetch, saved, endpoint, plan.step)
         if plan.step is not None:
             where = "the checkpoint directory" if plan.disk else "memory"
@@ -224,27 +242,22 @@ class Keeper:
     async def restored(self, ranks: Collection[int]) -> None:
         """Return once each of ``ranks`` has committed a checkpoint in this round, so has restored its state and
         trained on (at once where the round restores nothing)."""
-        while self._plan.step is not None and not self._committed.issuperset(ranks):
+        while self._round.plan.step is not None and not self._round.committed.issuperset(ranks):
             await self._commits.wait()
 
     async def _fetch(self, saved: int, endpoint: str, step: int | None) -> None:
-        done, errors = self._fetches[saved]
+        done, errors = self._round.fetches[saved]
         try:
             assert step is not None
-            rank = self._own.setdefault(saved, RankSlots(saved))
 
             async def slot_for(size: int) -> Slot:
-                self._check_size(size)
-                slot = await self._free_slot(rank, size)
-                await slot.ensure(size)
-                slot.header = None
-                return slot
+                return await self._held.receiving(self._held.own, saved, size)
 
             slot, header = await fetch(endpoint, self._secret or "", saved, step, slot_for)
-            rank.commit(slot, header, f"replica from {endpoint}")
+            self._held.own[saved].commit(slot, header, f"replica from {endpoint}")
             logger.info("checkpoints: fetched rank %d's step %d (%s) from %s", saved, step,
                         format_size(header.total), endpoint)  # fmt: skip
-        except (ReplicaError, LinkRefusal) as exc:
+        except (ReplicaError, LinkRefusal, TooLarge) as exc:
             errors.append(str(exc))
             logger.warning("checkpoints: %s", exc)
         finally:
@@ -267,46 +280,28 @@ class Keeper:
             return await self._load(worker.global_rank if rank is None else int(rank), worker.global_rank)
         raise LinkRefusal(f"no checkpoint operation {op!r}")
 
-    def _check_size(self, size: int) -> None:
-        if size > self.limit // 2:
-            raise LinkRefusal(
-                f"the state takes {format_size(size)}: more than {format_size(self.limit // 2)}, half of the "
-                f"{format_size(self.limit)} a rank may hold (two copies of its state; --checkpoint-memory)"
-            )
-
     async def _reserve(
         self, worker: WorkerProcess, size: int, mapped: Mapping[str, int]
     ) -> tuple[dict[str, Any], Sequence[int]]:
-        self._check_size(size)
-        rank = self._own.setdefault(worker.global_rank, RankSlots(worker.global_rank))
-        slot = await self._free_slot(rank, size)
+        try:
+            self._held.check_size(size)
+        except TooLarge as exc:
+            raise LinkRefusal(str(exc)) from None
+        rank = self._held.own.setdefault(worker.global_rank, RankSlots(worker.global_rank))
+        slot = await self._held.free_slot(rank, size)
         await slot.ensure(size)
         slot.header, slot.writer = None, worker.pid
         reply = {"slot": slot.id, "generation": slot.generation, "capacity": slot.capacity,
-                 "rank": worker.global_rank, "world": self._world}  # fmt: skip
+                 "rank": worker.global_rank, "world": self._round.world}  # fmt: skip
         fresh = mapped.get(str(slot.id)) != slot.generation
         return reply, [slot.fd] if fresh else []
-
-    async def _free_slot(self, rank: RankSlots, size: int) -> Slot:
-        """The slot the next checkpoint of ``rank`` goes into: not its latest, not read now (see the module doc)."""
-        for slot in rank.slots:
-            if slot is not rank.latest and not slot.reads:
-                return slot
-        if len(rank.slots) < 2 or (len(rank.slots) < 3 and 3 * size <= self.limit):
-            slot = Slot(self._next_slot)
-            self._next_slot += 1
-            rank.slots.append(slot)
-            return slot
-        busy = next(slot for slot in rank.slots if slot is not rank.latest)
-        await busy.stop_reads()  # a replica or a persisting of an older step: done again with the newer one
-        return busy
 
     def _commit(
         self, worker: WorkerProcess, slot_id: int, step: int, size: int, host: int
     ) -> tuple[dict[str, Any], Sequence[int]]:
         """Make ``slot_id`` the worker's rank's latest checkpoint; ``host``: the bytes of its tensors that live in
         host memory (a save's CPU tensors; 0 from DCP), which a replacement allocates again before it loads."""
-        rank = self._own.get(worker.global_rank)
+        rank = self._held.own.get(worker.global_rank)
         slot = None if rank is None else next((s for s in rank.slots if s.id == slot_id), None)
         if rank is None or slot is None or slot.writer != worker.pid:
             raise LinkRefusal(f"slot {slot_id} was not reserved by this worker")
@@ -319,25 +314,18 @@ class Keeper:
                               f"committed (step {step}, {size} bytes)")  # fmt: skip
         rank.commit(slot, header, "memory")
         self._counts["saves"] += 1
-        self._committed.add(rank.rank)
+        self._round.committed.add(rank.rank)
         self._commits.set()
         self._commits = anyio.Event()
-        if host > self._largest:
-            self._largest = host
-            if self.on_state_size is not None:
-                self.on_state_size(host)
-        slots = [(s.id, s.generation, s.capacity, s.fd) for s in rank.slots if s.fd >= 0]
-        if self.on_slots is not None and self._announced.get(rank.rank) != (announced := tuple(s[:2] for s in slots)):
-            self._announced[rank.rank] = announced
-            self.on_slots(worker.local_rank, rank.rank, slots)
-        if self._successor is not None:
+        self._standbys.committed(worker, rank, host)
+        if self._round.plan.replica_to is not None:
             self._pushing.ask(rank.rank, "replica")
         if self.directory is not None and step % self.persist_every == 0:
             self._persisting.ask(rank.rank, f"step {step}")
         return {}, ()
 
     async def _load(self, rank: int, loader: int) -> tuple[dict[str, Any], Sequence[int]]:
-        plan = self._plan
+        plan, fetches = self._round.plan, self._round.fetches
         if plan.step is None:
             return {"found": False}, ()
         saved = saved_rank(rank, plan.world)
@@ -346,20 +334,20 @@ class Keeper:
             path = self.directory / file_name(plan.step, saved)
             self._counts["loads"] += 1
             return {"found": True, "path": str(path), "source": f"disk {path}"}, ()
-        if saved not in self._fetches and self._own.get(saved) is None and self._replicas.get(saved) is None:
+        if saved not in fetches and self._held.held(saved) is None:
             await self._fetch_unforeseen(saved, plan.step)
-        fetching = self._fetches.get(saved)
+        fetching = fetches.get(saved)
         if fetching is not None:
             await fetching[0].wait()
             if fetching[1]:
                 raise LinkRefusal(f"rank {saved}'s checkpoint of step {plan.step}: {fetching[1][0]}")
-        held = self._own.get(saved) or self._replicas.get(saved)
+        held = self._held.held(saved)
         slot = None if held is None else held.at(plan.step)
         if held is None or slot is None or slot.header is None:
             raise LinkRefusal(f"rank {saved}'s checkpoint of step {plan.step} is not held by this agent")
         self._counts["loads"] += 1
         reply: dict[str, Any] = {"found": True, "size": slot.header.total, "source": held.source}
-        if saved != loader or held is not self._own.get(saved):
+        if saved != loader or held is not self._held.own.get(saved):
             return reply, [slot.fd]
         # Slots its saves will write: it keeps them mapped (see the worker side).
         others = [s for s in held.slots if s is not slot and s.fd >= 0]
@@ -370,55 +358,41 @@ class Keeper:
     async def _fetch_unforeseen(self, saved: int, step: int) -> None:
         """Fetch ``saved``'s checkpoint of ``step`` from the holder group rank 0 named in the round store (a DCP
         load reads ranks that no node plan foresaw)."""
-        if self._store is None:
+        now = self._round
+        if now.store is None:
             return
-        if self._holders is None:
+        if now.holders is None:
             try:
-                self._holders = json.loads(await self._store.get(HOLDERS_KEY)) if await self._store.check(
+                now.holders = json.loads(await now.store.get(HOLDERS_KEY)) if await now.store.check(
                     [HOLDERS_KEY]) else {}  # fmt: skip
             except (StoreError, ValueError) as exc:
                 logger.warning("checkpoints: the holders of this round's checkpoints could not be read: %s", exc)
-                self._holders = {}
-        endpoint = self._holders.get(str(saved))
-        if endpoint is not None and endpoint != self._endpoint and saved not in self._fetches:
-            self._fetches[saved] = (anyio.Event(), [])
+                now.holders = {}
+        endpoint = now.holders.get(str(saved))
+        if endpoint is not None and endpoint != self._endpoint and saved not in now.fetches:
+            now.fetches[saved] = (anyio.Event(), [])
             await self._fetch(saved, endpoint, step)
 
     # --- replicas (the server's side: replicas.ReplicaHolder) ------------------------------------------------------
 
     async def slot_to_receive(self, rank: int, size: int) -> Slot:
         try:
-            self._check_size(size)
-        except LinkRefusal as exc:
+            return await self._held.receiving(self._held.replicas, rank, size)
+        except TooLarge as exc:
             raise ReplicaError(str(exc)) from None
-        replica = self._replicas.setdefault(rank, RankSlots(rank))
-        slot = await self._free_slot(replica, size)
-        await slot.ensure(size)
-        slot.header = None
-        return slot
 
     def received(self, slot: Slot, header: Header, sender: str) -> None:
-        replica = self._replicas[header.rank]
+        replica = self._held.replicas[header.rank]
         replica.commit(slot, header, f"replica from {sender}")
         logger.debug("checkpoints: holding rank %d's step %d, a replica from %s", header.rank, header.step, sender)
 
     def slot_to_send(self, rank: int, step: int) -> Slot | None:
-        for ranks in (self._own, self._replicas):
-            held = ranks.get(rank)
-            slot = None if held is None else held.at(step)
-            if slot is not None:
-                return slot
-        return None
-
-    def _latest(self, rank_id: int) -> Slot | None:
-        """The latest checkpoint of this node's rank ``rank_id``, if it has one."""
-        rank = self._own.get(rank_id)
-        return None if rank is None else rank.latest
+        return self._held.at(rank, step)
 
     async def _push_loop(self) -> None:
         while True:
             rank_id, _ = await self._pushing.next()
-            successor, slot = self._successor, self._latest(rank_id)
+            successor, slot = self._round.plan.replica_to, self._held.latest(rank_id)
             if successor is None or slot is None or slot.header is None:
                 continue
             header = slot.header
@@ -435,7 +409,7 @@ class Keeper:
     def persist(self, reason: str) -> None:
         """Write every rank's latest checkpoint to the directory in the background (no directory: nothing)."""
         if self.directory is not None:
-            for rank in self._own:
+            for rank in self._held.own:
                 self._persisting.ask(rank, reason)
 
     async def flush(self, reason: str) -> None:
@@ -446,7 +420,7 @@ class Keeper:
     async def _persist_loop(self) -> None:
         while True:
             rank_id, reason = await self._persisting.next()
-            directory, slot = self.directory, self._latest(rank_id)
+            directory, slot = self.directory, self._held.latest(rank_id)
             if directory is None or slot is None or slot.header is None:
                 continue
             header = slot.header
@@ -466,10 +440,7 @@ class Keeper:
 
     def close(self) -> None:
         """Release every memory file."""
-        for ranks in (self._own, self._replicas):
-            for rank in ranks.values():
-                rank.close()
-            ranks.clear()
+        self._held.close()
 
 
 @contextlib.asynccontextmanager
