@@ -159,6 +159,53 @@ async def identify(layout: Layout, local_addr: str | None) -> str | None:
     return None
 
 
+class _View:
+    """The cluster as this node last read it: its members, how many run, what was last logged of it."""
+
+    __slots__ = ("changed", "members", "told", "up")
+
+    def __init__(self) -> None:
+        self.members: tuple[Member, ...] = ()
+        self.up = 0
+        self.told = ""
+        self.changed = anyio.Event()  # set (and replaced) at every reconciliation
+
+    def update(self, members: tuple[Member, ...], up: int) -> None:
+        self.members, self.up = members, up
+        self.changed.set()
+        self.changed = anyio.Event()
+
+
+class _Hosting:
+    """The members this node starts (with its data under ``data_root``, named after the job), the replacements
+    among them, and whether one ended on its own (the node then starts no other)."""
+
+    __slots__ = ("binary", "data_root", "failed", "heals", "run_id", "started")
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.binary = find_etcd_binary()
+        self.data_root = _data_root()
+        self.started: list[LocalEtcdMember] = []  # all stopped when the node leaves
+        self.heals = 0
+        self.failed = False
+
+    async def start(self, config: MemberConfig, tg: anyio.abc.TaskGroup) -> LocalEtcdMember:
+        data_dir = tempfile.mkdtemp(prefix=f"aelastic-etcd-{self.run_id}-{config.name}-", dir=self.data_root)
+        try:
+            member = await start_member(config, data_dir, tg, binary=self.binary, guarded=True)
+        except BaseException:
+            shutil.rmtree(data_dir, ignore_errors=True)  # the guard, which removes it, never ran
+            raise
+        self.started.append(member)
+        logger.info("the job's etcd: member %s starting (data in %s)", config.name, data_dir)
+        return member
+
+    async def stop(self, *, at_once: bool) -> None:
+        for member in self.started:
+            await member.stop(at_once=at_once)
+
+
 class JobEtcd:
     """One node's part in the job's own etcd; see the module docstring. Made by :func:`open_job_etcd`."""
 
@@ -166,29 +213,24 @@ class JobEtcd:
         self, settings: JobEtcdSettings, run_id: str, own: str | None, task_group: anyio.abc.TaskGroup
     ) -> None:
         self.settings = settings
-        self.layout = settings.layout
         self.own = own
         self.member: LocalEtcdMember | None = None
         self._client: EtcdClient | None = None
         self._tg = task_group
-        self._run_id = run_id
         self._root = f"/aelastic/job-etcd/{run_id}/".encode()
         self._node_key = self._root + f"nodes/{own or 'node'}-{os.getpid()}-{secrets.token_hex(3)}".encode()
         self._lease = 0
-        self._binary = find_etcd_binary()
-        self._data_root = _data_root()
-        self._members: tuple[Member, ...] = ()
-        self._up = 0
-        self._told = ""
-        self._heals = 0
-        self._member_failed = False  # this node's member ended on its own: it does not start another
+        self._hosting = _Hosting(run_id)
+        self._view = _View()
         self._leaving = False
-        self._started: list[LocalEtcdMember] = []  # every member this node started: all stopped when it leaves
-        self._changed = anyio.Event()  # set (and replaced) at every reconciliation
 
     def __repr__(self) -> str:
         hosted = self.member.name if self.member is not None else "no member"
-        return f"<JobEtcd {self.own or '(client)'} {hosted} members={len(self._members)} up={self._up}>"
+        return f"<JobEtcd {self.own or '(client)'} {hosted} members={len(self._view.members)} up={self._view.up}>"
+
+    @property
+    def layout(self) -> Layout:
+        return self.settings.layout
 
     @property
     def client(self) -> EtcdClient:
@@ -199,14 +241,14 @@ class JobEtcd:
 
     def statistics(self) -> JobEtcdStatistics:
         return JobEtcdStatistics(
-            members=tuple(m.name or f"(added {m.id:x})" for m in self._members), up=self._up,
-            hosted=self.member.name if self.member is not None else None, heals=self._heals,
+            members=tuple(m.name or f"(added {m.id:x})" for m in self._view.members), up=self._view.up,
+            hosted=self.member.name if self.member is not None else None, heals=self._hosting.heals,
         )  # fmt: skip
 
     async def wait_for_members(self, check: Callable[[JobEtcdStatistics], bool]) -> JobEtcdStatistics:
         """Return this node's view of the cluster once ``check`` holds for it (checked after each change it saw)."""
         while not check(stats := self.statistics()):
-            await self._changed.wait()
+            await self._view.changed.wait()
         return stats
 
     def _key(self, kind: str, name: str = "") -> bytes:
@@ -217,7 +259,8 @@ class JobEtcd:
     async def _join(self, connect: Callable[[EtcdConfig], Awaitable[EtcdClient]]) -> None:
         layout = self.layout
         if self.own is not None and self.own in layout.initial:
-            self.member = await self._start(self._member_config(self.own, layout.initial_cluster(), existing=False))
+            config = self._member_config(self.own, layout.initial_cluster(), existing=False)
+            self.member = await self._hosting.start(config, self._tg)
             try:
                 # etcd says it is ready once it has published itself through a leader: the cluster answers from
                 # then on, with no connection tried before (nodes without a member can only try).
@@ -242,22 +285,11 @@ class JobEtcd:
             timing=self.settings.timing, watch_progress=_WATCH_PROGRESS,
         )  # fmt: skip
 
-    async def _start(self, config: MemberConfig) -> LocalEtcdMember:
-        data_dir = tempfile.mkdtemp(prefix=f"aelastic-etcd-{self._run_id}-{config.name}-", dir=self._data_root)
-        try:
-            member = await start_member(config, data_dir, self._tg, binary=self._binary, guarded=True)
-        except BaseException:
-            shutil.rmtree(data_dir, ignore_errors=True)  # the guard, which removes it, never ran
-            raise
-        self._started.append(member)
-        logger.info("the job's etcd: member %s starting (data in %s)", config.name, data_dir)
-        return member
-
     async def _wait_ready(self, member: LocalEtcdMember) -> None:
         try:
             await member.wait_ready()
         except EtcdError:
-            self._member_failed = True
+            self._hosting.failed = True
             self.member = None
             raise
         self._tg.start_soon(self._supervise, member)
@@ -304,7 +336,7 @@ class JobEtcd:
             "the job's etcd: member %s exited with %s (%s); this node goes on without one",
             member.name, member.process.returncode, member.last_log(),
         )  # fmt: skip
-        self.member, self._member_failed = None, True
+        self.member, self._hosting.failed = None, True
         try:
             with anyio.fail_after(_REQUEST_DEADLINE):
                 await self.client.delete_range(DeleteOp(self._key("alive", member.name)))
@@ -351,9 +383,7 @@ class JobEtcd:
             if (m.name in born and m.name not in alive)
             or (not m.name and not claimed and not initial.intersection(m.peer_urls))  # a healer died before it
         ]  # fmt: skip
-        self._members, self._up = members, sum(m.name in alive for m in members)
-        self._changed.set()
-        self._changed = anyio.Event()
+        self._view.update(members, sum(m.name in alive for m in members))
         # The members whose node lives first, lost ones last: a member whose host lost power holds every request
         # until its timeout, so no node should start there.
         urls = [m.client_urls[0] for m in sorted(members, key=lambda m: m in lost) if m.client_urls]
@@ -361,7 +391,7 @@ class JobEtcd:
             self.client.set_endpoints(urls)
         if not any(m.name and m.name not in alive | born for m in members):  # none is leaving (a job's end)
             self._tell(members, lost, claimed)
-        if claimed or self.member is not None or self._member_failed or self._leaving:
+        if claimed or self.member is not None or self._hosting.failed or self._leaving:
             return
         if lost or len(members) < self.layout.members:
             await self._heal(lost)
@@ -369,14 +399,15 @@ class JobEtcd:
     def _tell(self, members: Sequence[Member], lost: Sequence[Member], claimed: bool) -> None:
         """Log what the cluster is and tolerates, when that changed."""
         names = ", ".join(sorted(m.name or "(starting)" for m in members))
-        text = f"the job's etcd: {self._up} of {len(members)} member(s) up ({names})"
+        up = self._view.up
+        text = f"the job's etcd: {up} of {len(members)} member(s) up ({names})"
         if lost:
             text += f"; lost: {', '.join(m.name or f'(added {m.id:x})' for m in lost)}"
             text += ", being replaced" if claimed else ""
-        text += f": {self.layout.tolerance(self._up, len(members))}"
-        if text != self._told:
-            self._told = text
-            healthy = not lost and self._up == len(members) >= self.layout.members
+        text += f": {self.layout.tolerance(up, len(members))}"
+        if text != self._view.told:
+            self._view.told = text
+            healthy = not lost and up == len(members) >= self.layout.members
             logger.log(logging.INFO if healthy else logging.WARNING, "%s", text)
 
     async def _heal(self, lost: Sequence[Member]) -> None:
@@ -400,16 +431,17 @@ class JobEtcd:
                     f"{name if m.id == added.id else m.name or by_url.get(url, f'm{m.id:x}')}={url}"
                     for m in members for url in m.peer_urls
                 )  # fmt: skip
-                self.member = await self._start(self._member_config(name, cluster, existing=True))
+                config = self._member_config(name, cluster, existing=True)
+                self.member = await self._hosting.start(config, self._tg)
                 await self._wait_ready(self.member)
                 await self.client.txn(
                     [], [PutOp(self._key("alive", name), b"", self._lease), PutOp(self._key("born", name), b""),
                          DeleteOp(heal)],
                 )  # fmt: skip
-                self._heals += 1
+                self._hosting.heals += 1
         except (EtcdError, TimeoutError) as exc:
             logger.error("the job's etcd: replacing a lost member on %s failed: %s", name, str(exc) or "timed out")
-            self._member_failed = True
+            self._hosting.failed = True
             member, self.member = self.member, None
             if member is not None:
                 await member.stop()
@@ -432,8 +464,7 @@ class JobEtcd:
         finally:
             self._tg.cancel_scope.cancel()
             with anyio.CancelScope(shield=True):
-                for member in self._started:
-                    await member.stop(at_once=at_once)
+                await self._hosting.stop(at_once=at_once)
 
     async def _leave_cleanly(self, member: LocalEtcdMember | None) -> None:
         gone = [DeleteOp(self._node_key)]
