@@ -2,14 +2,15 @@
 torch's variables read only in config/, no side channels, the error tree. Each reads the source (and, where a name
 must be resolved, imports the module); none runs aelastic.
 
-The import map and the list of sans-IO cores are read from ARCHITECTURE.md itself, so that the document and the
-code cannot drift apart: a new import between packages fails here until the map says it, and an arrow the code no
-longer has fails too.
+The import map, the list of sans-IO cores and the codemap (where things live, where each feature lives) are read from
+ARCHITECTURE.md itself, so that the document and the code cannot drift apart: a new import between packages, or a
+new module, fails here until the document says it, and an arrow or a module the code no longer has fails too.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib
 import json
 import re
@@ -178,8 +179,6 @@ def test_no_class_over_the_attribute_limit() -> None:
 
 
 def test_launch_config_is_torchs_and_one_record_per_feature() -> None:
-    import dataclasses
-
     from aelastic.config import LaunchConfig
 
     ours = [f.name for f in dataclasses.fields(LaunchConfig)]
@@ -625,3 +624,56 @@ def test_state_assignments_are_found() -> None:
         ]  # fmt: skip
     finally:
         del TREES["aelastic.__probe__"]
+
+
+# --- the codemap -------------------------------------------------------------------------------------------------
+
+
+def _table(heading: str) -> list[list[str]]:
+    """The rows (cells) of the table under ARCHITECTURE.md's ``## heading``, its header left out."""
+    section = ARCHITECTURE.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line.strip().strip("|").split("|") for line in section.splitlines() if line.startswith("| ")]
+    return [[cell.strip() for cell in row] for row in rows[1:]]
+
+
+def _paths(cell: str) -> set[str]:
+    """The modules (``x.py``) and packages (``x/``) a cell names."""
+    return {name for name in re.findall(r"`([^`]+)`", cell) if name.endswith((".py", "/"))}
+
+
+def _contents(package: Path) -> set[str]:
+    """A package's modules and subpackages, as the codemap names them."""
+    return {p.name for p in package.glob("*.py") if p.stem not in ("__init__", "__main__")} | {
+        f"{p.name}/" for p in package.iterdir() if (p / "__init__.py").exists()
+    }
+
+
+CODEMAP = {PACKAGE / row[0].strip("`").removeprefix("aelastic/"): _paths(row[1]) for row in _table("Where things live")}
+FEATURES = _table("Where each feature lives")
+
+
+def test_the_codemap_names_what_exists_and_all_of_it() -> None:
+    """Each package's row of "Where things live" names only its modules and packages that exist, and all of them but
+    the agent's feature packages, which "Where each feature lives" names (with the worker's side of each)."""
+    agent_side = set().union(*(_paths(row[2]) for row in FEATURES))
+    worker_side = set().union(*(_paths(row[3]) for row in FEATURES))
+    named = {package: set(names) for package, names in CODEMAP.items()}
+    named[PACKAGE] |= {f"{p.name}/" for p in CODEMAP if p != PACKAGE}  # rows of their own
+    named[PACKAGE / "agent"] |= agent_side
+    named[PACKAGE / "worker"] |= worker_side
+    assert {p.name: sorted(n - _contents(p)) for p, n in named.items() if n - _contents(p)} == {}, "named, not there"
+    assert {p.name: sorted(_contents(p) - n) for p, n in named.items() if _contents(p) - n} == {}, "there, not named"
+    assert sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists() and p not in CODEMAP) == []
+
+
+def test_each_features_options_exist() -> None:
+    """The options column names a record of config/options.py (or one of its fields) or a field of LaunchConfig."""
+    from aelastic.config import options
+    from aelastic.config.launch_config import LaunchConfig
+
+    fields = {f.name for f in dataclasses.fields(LaunchConfig)}
+    for row in FEATURES:
+        for name in re.findall(r"`([^`]+)`", row[1]):
+            record, _, field = name.partition(".")
+            assert hasattr(options, record) or record in fields, name
+            assert not field or field in {f.name for f in dataclasses.fields(getattr(options, record))}, name
