@@ -75,9 +75,9 @@ logger = logging.getLogger(__name__)
 
 _TERMINAL = "torchelastic/agent/terminal_state"  # the exit barrier's keys in the round store, as torch names them
 # After a restart, the next attempt's standbys start this many seconds after the workers, which have the CPUs to
-# themselves for their start-up and restore (measured: a restore of 256 MiB per rank took 0.3-0.5 s longer beside
-# two standbys importing torch, even at idle priority, on 2 cores: idle priority weighs only within a session where
-# the kernel groups sessions, so one started at once, for a burst of faults, has its session's share lowered).
+# themselves for their start-up and restore: standbys importing torch slow a restore even at idle priority, which
+# weighs only within a session where the kernel groups sessions (so one started at once, for a burst of faults, has
+# its session's share lowered).
 _RESTART_SETTLE = 3.0
 _CAUSE_WAIT = 5.0  # seconds a node ending the job waits for the others' failures, to name the same root cause
 _STOPPED = (signal.SIGTERM, signal.SIGKILL)  # the signals that stop a worker that did not fail itself

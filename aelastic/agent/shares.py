@@ -2,13 +2,12 @@
 
 Where the kernel groups each session's processes for the scheduler (``sched_autogroup_enabled``, the default of most
 distributions), a nice value or ``SCHED_IDLE`` weighs only against the same session's processes: against the other
-workers only the session's share counts (measured on 2 cores: a standby preloading under ``SCHED_IDLE``, and a
-failed worker's teardown at nice 19, each took 0.1 s of CPU from a restore beside them). The agent lowers a session's
-share for a while, and gives it back, in two places: the standby it starts at once after a restart
-(:meth:`~aelastic.agent.prewarm.parent.Standbys.refill`) and a failed worker's teardown
-(:func:`quietly`, for the :class:`~aelastic.agent.processes.Supervisor`). Only where the agent has ``CAP_SYS_ADMIN``:
-without it the kernel takes one change per 0.1 s on the whole host, and a share lowered could not be given back when it
-must be.
+workers only the session's share counts (a standby preloading under ``SCHED_IDLE``, or a failed worker's teardown at
+nice 19, still takes CPU from a restore beside it). The agent lowers a session's share for a while, and gives it back,
+in two places: the standby it starts at once after a restart (:meth:`~aelastic.agent.prewarm.parent.Standbys.refill`)
+and a failed worker's teardown (:func:`quietly`, for the :class:`~aelastic.agent.processes.Supervisor`). Only where the
+agent has ``CAP_SYS_ADMIN``: without it the kernel takes one change per 0.1 s on the whole host, and a share lowered
+could not be given back when it must be.
 """
 
 from __future__ import annotations

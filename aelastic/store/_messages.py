@@ -100,10 +100,10 @@ class Limits:
 
 
 # --- requests -------------------------------------------------------------------------------------------------
-# Messages are NamedTuples: immutable and cheap to build on the server's hot path (one request object per SET; a
-# frozen dataclass sets each field through object.__setattr__, as costly as parsing the request), and cheap to
-# define (28 dataclasses cost ~18 ms of every launch's import). Being tuples, two messages of different types with
-# equal fields compare equal: the code dispatches on type (match, isinstance), never on ==.
+# Messages are NamedTuples: immutable and cheap to build on the server's hot path (one request object per SET; a frozen
+# dataclass sets each field through object.__setattr__, as costly as parsing the request), and cheap to define (a
+# dataclass per message would weigh on every launch's import). Being tuples, two messages of different types with equal
+# fields compare equal: the code dispatches on type (match, isinstance), never on ==.
 
 
 class Validate(NamedTuple):

@@ -1,15 +1,14 @@
 """The store client's TCP byte stream: on asyncio, a lean stream over an ``asyncio.Protocol``; on trio, anyio's.
 
-Why a stream of our own on asyncio: a store request is a few dozen bytes out and a few back, and a node makes
-thousands of them in a large rendezvous, so what each costs the event loop sets how many nodes one store serves.
-anyio's asyncio socket stream re-registers the socket with epoll on every receive (``resume_reading``, then
-``pause_reading``: two ``epoll_ctl`` calls) and adds a loop turn to every send; measured on this project's 2-CPU
-machine, 109-139 µs of client CPU per request with 1,000 clients in one loop. This protocol keeps reading while
-data arrives (into a buffer capped by ``_HIGH_WATER``, past which reading pauses), wakes the one receiver with a
-future, and writes without an extra loop turn: 76 µs in the same runs. It behaves as an ``anyio.abc.ByteStream``:
-the same exceptions (``ClosedResourceError``, ``BrokenResourceError``, ``EndOfStream``), cancellation by anyio's
-cancel scopes (an awaited future is cancelled like any other await), and ``SocketAttribute.local_address`` (what
-the client asks of its socket). The store server has the same split (``server.py``).
+Why a stream of our own on asyncio: a store request is a few dozen bytes out and a few back, and a node makes thousands
+of them in a large rendezvous, so what each costs the event loop sets how many nodes one store serves. anyio's asyncio
+socket stream re-registers the socket with epoll on every receive (``resume_reading``, then ``pause_reading``: two
+``epoll_ctl`` calls) and adds a loop turn to every send. This protocol keeps reading while data arrives (into a buffer
+capped by ``_HIGH_WATER``, past which reading pauses), wakes the one receiver with a future, and writes without an extra
+loop turn (the store rows of ``benchmarks/RESULTS.md`` measure both). It behaves as an ``anyio.abc.ByteStream``: the
+same exceptions (``ClosedResourceError``, ``BrokenResourceError``, ``EndOfStream``), cancellation by anyio's cancel
+scopes (an awaited future is cancelled like any other await), and ``SocketAttribute.local_address`` (what the client
+asks of its socket). The store server has the same split (``server.py``).
 """
 
 from __future__ import annotations

@@ -19,9 +19,8 @@ on under ``SCHED_IDLE`` (every thread): it still runs whole (``atexit`` handlers
 wakes on its CPU takes it at once, and the kernel places a waking task on a CPU that runs only idle tasks as on an
 idle one (at nice 19 a restore beside it waited for it). Against other sessions only its session's share counts:
 the agent lowers that for the next attempt's start and gives it back a second later
-(:data:`aelastic.agent.shares.QUIET_TEARDOWN`), since survivors blocked in a collective with it are released only
-when its sockets close (measured beside ``stress-ng --cpu 2``: a teardown left at the lowest share held a survivor
-past its 10 s grace).
+(:data:`aelastic.agent.shares.QUIET_TEARDOWN`), since survivors blocked in a collective with it are released only when
+its sockets close (on a busy node, a teardown left at the lowest share could hold a survivor past its grace).
 
 Standard library only: this runs in the worker's interpreter.
 """

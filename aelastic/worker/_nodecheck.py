@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-MATMUL_SIZE = {"cpu": 512, "cuda": 4096}  # about 10 ms on one core of this machine; a few ms on a GPU
+MATMUL_SIZE = {"cpu": 512, "cuda": 4096}  # milliseconds on a CPU core or a GPU: long enough to time, short to repeat
 MATMUL_RUNS = 10
 ALL_REDUCE_BYTES = 4 << 20  # a few ms over a healthy link, long enough for its bandwidth to show
 ALL_REDUCE_RUNS = 10

@@ -63,7 +63,7 @@ logger = logging.getLogger(__name__)
 PER_ATTEMPT: Final = ATTEMPT_VARIABLES | {FINISH_FDS_ENV, LINK_ENV}
 
 # Imported only where the workers' interpreter finds torch. torch._dynamo too: every optimizer's first construction
-# imports it (1.5 s on a 2-core machine, 70 MiB), which a restarted worker would otherwise pay before its first step.
+# imports it, which a restarted worker would otherwise pay before its first step.
 DEFAULT_PRELOAD: Final = ("torch", "torch._dynamo")
 
 
@@ -316,14 +316,14 @@ class Standbys:
     ) -> None:
         """Have a standby, fit for the next attempt of each of ``commands``, started or kept idle.
 
-        It first waits until every standby handed an attempt has finished its preload (or died): started beside
-        it, the new standbys' imports would slow the workers' start even at idle CPU priority (measured: 2 s of 5 on
-        a busy 2-core machine). A failure to start one (out of processes or fds) is logged: that worker starts cold
-        next time. ``beside_workers``: the standbys preload at idle CPU priority (where they can leave it again),
-        so that they never take a CPU from running workers; before the first attempt there are none to protect.
-        ``quiet``: their sessions get the lowest CPU share, until :meth:`settled` (idle priority weighs only within a
-        session, where the kernel groups sessions: see :mod:`aelastic.agent.shares`), for
-        standbys started while restarted workers restore their state; only where the agent has ``CAP_SYS_ADMIN``.
+        It first waits until every standby handed an attempt has finished its preload (or died): started beside it, the
+        new standbys' imports would slow the workers' start even at idle CPU priority. A failure to start one (out of
+        processes or fds) is logged: that worker starts cold next time. ``beside_workers``: the standbys preload at idle
+        CPU priority (where they can leave it again), so that they never take a CPU from running workers; before the
+        first attempt there are none to protect. ``quiet``: their sessions get the lowest CPU share, until
+        :meth:`settled` (idle priority weighs only within a session, where the kernel groups sessions: see
+        :mod:`aelastic.agent.shares`), for standbys started while restarted workers restore their state; only where the
+        agent has ``CAP_SYS_ADMIN``.
         """
         while self._handed:
             with suppress(OSError):

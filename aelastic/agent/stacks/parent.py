@@ -41,7 +41,7 @@ __all__ = ["DEFAULT_DUMP_TIMEOUT", "StackDumper", "find_py_spy", "top_frames"]
 
 logger = logging.getLogger(__name__)
 
-# Long enough for py-spy on a busy 2-core machine (about 50 ms idle), short against any kill it precedes.
+# Long enough for py-spy on a busy machine, short against any kill it precedes.
 DEFAULT_DUMP_TIMEOUT: Final = 2.0
 _TOP_FRAMES: Final = 5  # in the failure report
 _ALL: Final = 200  # frames of a stack taken whole (a deeper one is cut there)

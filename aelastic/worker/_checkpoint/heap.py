@@ -1,10 +1,9 @@
 """A standby's heap, touched ahead for its worker's training state (glibc's ``malloc``).
 
-A worker that replaces a failed one allocates its state again (the model, the optimizer's moments) before it loads
-the checkpoint into it. Large allocations are fresh ``mmap``\\ s, so every page of them faults and the kernel zeroes
-it: 0.10-0.15 s for 256 MiB on a 2-core machine, and twice that beside the rest of a restart, on the path from the
-fault to the next step. Memory that the process touched before costs only the state's own initialisation (a
-``memset``: 0.02 s).
+A worker that replaces a failed one allocates its state again (the model, the optimizer's moments) before it loads the
+checkpoint into it. Large allocations are fresh ``mmap``\\ s, so every page of them faults and the kernel zeroes it, on
+the path from the fault to the next step. Memory that the process touched before costs only the state's own
+initialisation (a ``memset``).
 
 So an idle standby (:mod:`aelastic.agent.prewarm`), once told the size of the largest state in host memory that a
 worker of the node saved (:meth:`aelastic.agent.prewarm.parent.Standbys.warm`), has ``malloc`` serve large blocks

@@ -1,12 +1,12 @@
 """A rank's checkpoint slots, mapped by a standby ahead of the worker that will load from them.
 
-A worker that replaces a failed one maps the slot it restores from, and every page of it then faults on the copy
-out: on a 2-core machine, beside the rest of a restart, that made a 256 MiB restore 1.5x the copy itself. So the
-agent hands an idle standby (:mod:`aelastic.agent.prewarm`) the memory files of the slots of the rank its local rank
-held (:meth:`aelastic.agent.prewarm.parent.Standbys.map_slots`, again whenever a slot is replaced by a larger one),
-and the standby maps them and fills their page tables, a chunk at a time at its own priority, stopping at once
-when its assignment arrives. The worker it becomes takes these mappings as its own (:func:`take`) if it has that
-rank: its restore is then a memory copy, and so is its first save. Mapped for another rank, they are closed.
+A worker that replaces a failed one maps the slot it restores from, and every page of it then faults on the copy out, on
+the path from the fault to the next step, where the rest of the restart competes for the CPUs. So the agent hands an
+idle standby (:mod:`aelastic.agent.prewarm`) the memory files of the slots of the rank its local rank held
+(:meth:`aelastic.agent.prewarm.parent.Standbys.map_slots`, again whenever a slot is replaced by a larger one), and the
+standby maps them and fills their page tables, a chunk at a time at its own priority, stopping at once when its
+assignment arrives. The worker it becomes takes these mappings as its own (:func:`take`) if it has that rank: its
+restore is then a memory copy, and so is its first save. Mapped for another rank, they are closed.
 
 Standard library only: a standby imports it (a standby's modules must be its worker's).
 """
