@@ -2,7 +2,7 @@
 restartable worker registers with and reports its exception to, the verdict on a report while its attempt runs
 (:meth:`Survivors.judge`), the survivors aborted and kept when an attempt ends (:meth:`Survivors.keep`), and each one
 given the next attempt in its process (:meth:`Survivors.reassign`), or stopped when it does not let go in time.
-Each move of a worker is its lifecycle's (:mod:`.lifecycle`)."""
+Each move of a worker is its lifecycle's (:mod:`aelastic.agent.lifecycle`)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from typing import Any, Final
 
 import anyio
 
-from .lifecycle import Event
-from .link.parent import LinkRefusal
-from .logs import LogSpec, Std, WorkerLog
-from .restart.parent import VICTIM_GRACE, RestartChannel
-from .spawn.parent import ATTEMPT_VARIABLES, WorkerCommand, WorkerProcess
-from .started import Tracked
+from ..lifecycle import Event
+from ..link.parent import LinkRefusal
+from ..logs import LogSpec, Std, WorkerLog
+from ..spawn.parent import ATTEMPT_VARIABLES, WorkerCommand, WorkerProcess
+from ..started import Tracked
+from .parent import VICTIM_GRACE, RestartChannel
 
 __all__ = ["Survivors"]
 
