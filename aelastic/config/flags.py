@@ -80,8 +80,10 @@ GROUPS: tuple[Group, ...] = (
         Flag(("--rdzv-backend",), "rdzv_backend", default="static",
              help="c10d, etcd (etcd-v2 is an alias), static, or a registered plugin (default: %(default)s)"),
         Flag(("--rdzv-endpoint",), "rdzv_endpoint", default="",
-             help="HOST[:PORT] of the rendezvous store; IPv6 as [ADDR]:PORT; an address given is never "
-             "reverse-resolved (default: none; static uses --master-addr:--master-port)"),
+             help="HOST[:PORT] of the rendezvous store (c10d) or of etcd (etcd: HOST:PORT,...); with "
+             "--rdzv-backend etcd, embedded:HOST,HOST,... runs the job's own etcd on the first hosts, no node "
+             "special; IPv6 as [ADDR]:PORT; an address given is never reverse-resolved (default: none; static uses "
+             "--master-addr:--master-port)"),
         Flag(("--rdzv-id",), "rdzv_id", default="none", help="the job's run id (default: %(default)s)"),
         Flag(("--rdzv-conf",), "rdzv_conf", default="",
              help="KEY=VALUE,... e.g. join_timeout=600,last_call_timeout=30,close_timeout=30,is_host=true "
