@@ -16,16 +16,19 @@ import signal
 import socket
 import subprocess
 import sys
+from contextlib import suppress
 from pathlib import Path
 
 import anyio
 import anyio.abc
 import pytest
+import test_agent_e2e
 from helpers.etcd import job_etcd_left_behind
 from helpers.procs import alive, free_port_pair, listenable, wait_gone
 
 from aelastic.errors import ConfigurationError
 from aelastic.etcd import EtcdClient, EtcdConfig, EventType, RaftTiming, open_etcd_client, open_local_etcd_cluster
+from aelastic.etcd.datadirs import data_root, sweep
 from aelastic.etcd.embedded import JobEtcd, JobEtcdSettings, identify, open_job_etcd
 from aelastic.etcd.layout import Layout, parse_embedded
 from aelastic.etcd.server import ENV_BINARY, check_etcd_binary, find_etcd_binary
@@ -137,6 +140,73 @@ def test_embedded_localhost_trains_on_one_machine(tmp_path: Path) -> None:
                           f"etcd_port={port}", str(script)], capture_output=True, text=True, timeout=120)  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert "trained" in out.stdout, out.stdout + out.stderr
+
+
+HOLDER = """
+import sys, time
+from aelastic.etcd.datadirs import DataDir
+data = DataDir(sys.argv[1], sys.argv[2])
+print(data.path, flush=True)
+time.sleep(3600)
+"""
+
+
+def test_a_member_directory_whose_agent_was_killed_is_swept_and_a_live_ones_kept(tmp_path: Path) -> None:
+    """Two agents' member directories; one agent SIGKILLed (its guard with it: nothing of it removes anything): the
+    next sweep removes its directory and lock, and keeps the live agent's."""
+    holders = [subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path), name], stdout=subprocess.PIPE, text=True)
+               for name in ("killed", "alive")]  # fmt: skip
+    try:
+        killed, kept = (Path(h.stdout.readline().strip()) for h in holders if h.stdout is not None)
+        holders[0].kill()
+        holders[0].wait()
+        assert killed.is_dir()  # nothing of the killed agent removed it
+        assert sweep(str(tmp_path)) == [str(killed)]
+        assert not killed.exists()
+        assert not Path(f"{killed}.lock").exists()
+        assert kept.is_dir()
+        assert Path(f"{kept}.lock").exists()
+        assert sweep(str(tmp_path)) == []
+    finally:
+        for holder in holders:
+            holder.kill()
+            holder.wait()
+    assert sweep(str(tmp_path)) == [str(kept)]  # its agent gone too
+
+
+def _embedded_run(script: Path, run_id: str) -> list[str]:
+    return [sys.executable, "-m", "aelastic", "run", "--nnodes", "1", "--nproc-per-node", "1", "--rdzv-backend", "etcd",
+            "--rdzv-endpoint", "embedded:localhost", "--rdzv-id", run_id, "--rdzv-conf",
+            f"etcd_port={free_port_pair(['127.0.0.1'])}", str(script)]  # fmt: skip
+
+
+def test_a_node_killed_whole_leaves_no_member_data_past_the_next_agent(tmp_path: Path) -> None:
+    """Every process of a node's step SIGKILLed at once (agent, guard, etcd, worker: Slurm's kill after KillWait, the
+    OOM killer of the step's cgroup): the member's data stays in memory until the next agent on the node starts a
+    member, which removes it."""
+    sleeper, quick = tmp_path / "sleeper.py", tmp_path / "quick.py"
+    sleeper.write_text("import time\nprint('training', flush=True)\ntime.sleep(3600)\n")
+    quick.write_text("print('trained', flush=True)\n")
+    run_id = f"killed-{os.getpid()}"
+    agent = subprocess.Popen(_embedded_run(sleeper, run_id), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                             text=True, start_new_session=True)  # fmt: skip
+    try:
+        assert agent.stdout is not None
+        assert "training" in agent.stdout.readline()  # the member is up: the job trains
+        left = [p for p in Path(data_root()).glob(f"aelastic-etcd-{run_id}-*") if not p.name.endswith(".lock")]
+        assert len(left) == 1, left
+        for pid in test_agent_e2e.processes_mentioning(run_id) + test_agent_e2e.processes_mentioning(str(tmp_path)):
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        agent.wait(timeout=60)
+        assert left[0].is_dir()  # nothing of the killed step removed it
+    finally:
+        test_agent_e2e.kill_all_mentioning(run_id)
+        test_agent_e2e.kill_all_mentioning(str(tmp_path))
+    out = subprocess.run(_embedded_run(quick, f"next-{os.getpid()}"), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert not left[0].exists(), out.stderr
+    assert not Path(f"{left[0]}.lock").exists()
 
 
 def _fake_etcd(tmp_path: Path, says: str) -> str:

@@ -8,9 +8,9 @@ Opening (:func:`open_job_etcd`), on every node:
    node name or this host's name (short or full), else one that resolves to ``--local-addr`` or, without it, to
    an address this node holds (not a loopback one, which every node holds, unless the list has that one host: a
    job on one machine). A node that no host names takes part as a client (and may still replace a member).
-2. A node among the first hosts starts its member through :mod:`.guard` (nothing is left behind however the agent
-   ends), with its data on ``/dev/shm`` where there is room (else in the temporary directory) and no fsync: the
-   cluster holds only the job's ephemeral rendezvous state, so a write costs no disk.
+2. A node among the first hosts starts its member through :mod:`.guard`, with its data on ``/dev/shm`` where there
+   is room (else in the temporary directory: :mod:`.datadirs`, which also removes what a node killed whole left)
+   and no fsync: the cluster holds only the job's ephemeral rendezvous state, so a write costs no disk.
 3. Every node connects a client to the members, trying again until one answers with a leader (bounded by the
    join timeout: nodes may start minutes apart), and registers under ``/aelastic/job-etcd/<run id>/`` with a lease
    of its own (TTL: the rendezvous' liveness grace): ``nodes/<node>`` (this agent uses the cluster) and, for a
@@ -37,9 +37,7 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import shutil
 import socket
-import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
@@ -52,6 +50,7 @@ from .._groups import single_error
 from ..errors import EtcdConnectionError, EtcdError, EtcdLeaseExpiredError
 from .client import EtcdClient, open_etcd_client
 from .config import EtcdConfig
+from .datadirs import DataDir, data_root, sweep
 from .layout import Layout, is_address
 from .messages import Compare, DeleteOp, EventType, Member, PutOp, RangeOp, prefix_range_end
 from .server import LocalEtcdMember, MemberConfig, RaftTiming, find_etcd_binary, start_member
@@ -62,8 +61,6 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-_SHM: Final = "/dev/shm"
-_SHM_ROOM: Final = 256 << 20  # a member preallocates a 64 MB write-ahead log; /dev/shm of a pod is often 64 MB
 _RETRY_INITIAL, _RETRY_MAX = 0.05, 0.25  # pauses while no member answers yet: members start within a second or two
 # A member on the job's network answers in milliseconds; one that does not is failed over at once, so that a
 # member whose host lost power holds no node's beat for long. Its watches get a progress notice each second.
@@ -118,16 +115,6 @@ def client_config(layout: Layout) -> EtcdConfig:
         layout.endpoints(), connect_timeout=_CONNECT_TIMEOUT, request_timeout=_REQUEST_TIMEOUT,
         stream_timeout=_STREAM_TIMEOUT,
     )  # fmt: skip
-
-
-def _data_root() -> str:
-    """Where members keep their data: ``/dev/shm`` where it has room, else the temporary directory."""
-    try:
-        if shutil.disk_usage(_SHM).free >= _SHM_ROOM:
-            return _SHM
-    except OSError:
-        pass
-    return tempfile.gettempdir()
 
 
 def _holds(address: str) -> bool:
@@ -190,30 +177,36 @@ class _Hosting:
     """The members this node starts (with its data under ``data_root``, named after the job), the replacements
     among them, and whether one ended on its own (the node then starts no other)."""
 
-    __slots__ = ("binary", "data_root", "failed", "heals", "run_id", "started")
+    __slots__ = ("binary", "data", "data_root", "failed", "heals", "run_id", "started")
 
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
         self.binary = find_etcd_binary()
-        self.data_root = _data_root()
+        self.data_root = data_root()
+        for left in sweep(self.data_root):
+            logger.info("the job's etcd: removed %s, left by a member whose agent is gone", left)
         self.started: list[LocalEtcdMember] = []  # all stopped when the node leaves
+        self.data: list[DataDir] = []  # theirs, released then
         self.heals = 0
         self.failed = False
 
     async def start(self, config: MemberConfig, tg: anyio.abc.TaskGroup) -> LocalEtcdMember:
-        data_dir = tempfile.mkdtemp(prefix=f"aelastic-etcd-{self.run_id}-{config.name}-", dir=self.data_root)
+        data = DataDir(self.data_root, f"{self.run_id}-{config.name}")
         try:
-            member = await start_member(config, data_dir, tg, binary=self.binary, guarded=True)
+            member = await start_member(config, data.path, tg, binary=self.binary, guarded=True)
         except BaseException:
-            shutil.rmtree(data_dir, ignore_errors=True)  # the guard, which removes it, never ran
+            data.release()
             raise
         self.started.append(member)
-        logger.info("the job's etcd: member %s starting (data in %s)", config.name, data_dir)
+        self.data.append(data)
+        logger.info("the job's etcd: member %s starting (data in %s)", config.name, data.path)
         return member
 
     async def stop(self, *, at_once: bool) -> None:
         for member in self.started:
             await member.stop(at_once=at_once)
+        for data in self.data:
+            data.release()
 
 
 class JobEtcd:

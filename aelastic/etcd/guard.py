@@ -1,12 +1,12 @@
 """The guard of a job's etcd member: ``python -I -S .../aelastic/etcd/guard.py DATA_DIR ETCD [ARG...]``.
 
-It starts etcd (its log goes to the guard's stderr, which the agent reads), and leaves nothing behind whatever
-ends: when etcd exits, when the agent asks (SIGTERM; SIGUSR1: at once, etcd killed without its graceful stop), or
-when the agent is gone by any death (fd 0 is the read end of a pipe whose only write end the agent holds: end of
-file), it stops etcd (SIGTERM, a grace, SIGKILL), removes
-the member's data directory, and exits with etcd's status (0 where it stopped etcd). etcd runs under the
-parent-death signal (SIGKILL), so it dies with a guard that is killed outright; in a session of its own, so a
-terminal's Ctrl-C reaches the agent and the guard (which ignores it), and the agent's stop is the one that acts.
+It starts etcd (its log goes to the guard's stderr, which the agent reads), and leaves nothing behind whatever ends:
+when etcd exits, when the agent asks (SIGTERM; SIGUSR1: at once, etcd killed without its graceful stop), or when the
+agent is gone by any death (fd 0 is the read end of a pipe whose only write end the agent holds: end of file), it stops
+etcd (SIGTERM, a grace, SIGKILL), removes the member's data directory (and the agent's lock file beside it), and exits
+with etcd's status (0 where it stopped etcd). etcd runs under the parent-death signal (SIGKILL), so it dies with a guard
+that is killed outright; in a session of its own, so a terminal's Ctrl-C reaches the agent and the guard (which ignores
+it), and the agent's stop is the one that acts.
 
 It blocks in ``poll(2)`` on the pipe, a pidfd of etcd and a wake-up pipe for its signals: no polling, no timers but
 the stop's grace. Standard library only (the child-side rule of :mod:`aelastic.agent`), run by path.
@@ -50,7 +50,7 @@ def main(argv: list[str]) -> int:
         )  # fmt: skip
     except OSError as exc:
         print(f"aelastic etcd guard: cannot start {command[0]}: {exc}", file=sys.stderr)  # noqa: T201
-        shutil.rmtree(data_dir, ignore_errors=True)
+        _remove(data_dir)
         return 127
     exited = os.pidfd_open(etcd.pid)
     poller = select.poll()
@@ -77,8 +77,16 @@ def main(argv: list[str]) -> int:
         except subprocess.TimeoutExpired:
             etcd.kill()
     status = etcd.wait()
-    shutil.rmtree(data_dir, ignore_errors=True)
+    _remove(data_dir)
     return 0 if stopped else (status if status >= 0 else 128 - status)
+
+
+def _remove(data_dir: str) -> None:
+    """The data directory, and the lock file the agent keeps beside it (:mod:`aelastic.etcd.datadirs`): the agent
+    may be gone."""
+    shutil.rmtree(data_dir, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        os.unlink(f"{data_dir}.lock")
 
 
 if __name__ == "__main__":
