@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from urllib.parse import urlsplit
 
 from etcd3 import Client as Etcd3Client  # type: ignore[import-untyped]
@@ -45,3 +46,27 @@ def test_etcd_command_rejects_zero_members() -> None:
     assert result.stderr.strip().splitlines() == [
         "aelastic etcd: error: argument --members: '0' is not a positive integer"
     ]
+
+
+def test_etcd_command_killed_outright_takes_its_etcd_with_it() -> None:
+    """SIGKILL to ``aelastic etcd`` (no handler of its runs): its member's guard sees it gone, stops etcd and removes
+    the data; the port closes (an etcd left orphaned would answer on it for good)."""
+    proc = subprocess.Popen([sys.executable, "-m", "aelastic", "etcd"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("aelastic etcd ready:"), line
+        url = urlsplit(line.split()[-1])
+        assert url.hostname is not None
+        assert url.port is not None
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()  # type: ignore[union-attr]
+    deadline = time.monotonic() + 60  # the guard's grace is 3 s; generous on a busy machine
+    while True:
+        with socket.socket() as s:
+            if s.connect_ex((url.hostname, url.port)) != 0:
+                break
+        assert time.monotonic() < deadline, "etcd still serves after its aelastic etcd was SIGKILLed"
+        time.sleep(0.1)

@@ -11,7 +11,8 @@ that exits first raises :class:`~aelastic.errors.EtcdError` with its last log li
 caller's ``anyio.fail_after``.
 
 Stopping delivers TERM, waits up to a grace period, then KILL, and always reaps: shielded, so a cancelled test
-leaves no etcd behind. A guarded member's process is its guard, which stops etcd and removes its data directory.
+leaves no etcd behind. Every member runs under its guard (:mod:`.guard`), which stops etcd and removes its data
+directory also when the process that started it is SIGKILLed (``aelastic etcd`` killed outright, a test's process).
 """
 
 from __future__ import annotations
@@ -327,6 +328,11 @@ async def start_member(
     return member
 
 
+def _remove_all(directories: Sequence[str]) -> None:
+    for directory in directories:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 @asynccontextmanager
 async def open_local_etcd(*, binary: str | None = None, timing: RaftTiming | None = None) -> AsyncIterator[LocalEtcd]:
     """A one-member etcd on 127.0.0.1, ready to serve when this yields; stopped (TERM, grace, KILL) on exit."""
@@ -353,17 +359,17 @@ async def open_local_etcd_cluster(
     peers = [f"http://127.0.0.1:{ports[2 * i + 1]}" for i in range(size)]
     cluster = ",".join(f"{n}={p}" for n, p in zip(names, peers, strict=True))
     token = secrets.token_hex(8)
-    root = tempfile.mkdtemp(prefix="aelastic-etcd-")
+    data = [tempfile.mkdtemp(prefix=f"aelastic-etcd-{name}-") for name in names]  # each removed by its guard too
     members: list[LocalEtcdMember] = []
     try:
         with single_error():  # one error (a member that exits before it is ready) is raised as itself
             async with anyio.create_task_group() as tg:
                 try:
-                    for name, client, peer in zip(names, clients, peers, strict=True):
+                    for name, client, peer, data_dir in zip(names, clients, peers, data, strict=True):
                         config = MemberConfig(
                             name, client, peer, cluster, token, timing=timing or RaftTiming(), fsync=fsync
                         )
-                        members.append(await start_member(config, str(Path(root, name)), tg, binary=executable))
+                        members.append(await start_member(config, data_dir, tg, binary=executable, guarded=True))
                     for member in members:
                         await member.wait_ready()
                     yield LocalEtcd(members)
@@ -374,4 +380,4 @@ async def open_local_etcd_cluster(
                             await member.process.aclose()
     finally:
         with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(lambda: shutil.rmtree(root, ignore_errors=True))
+            await anyio.to_thread.run_sync(_remove_all, data)
