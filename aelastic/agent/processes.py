@@ -37,7 +37,7 @@ attempt, then handed the attempt's environment, fresh output streams and its lin
 the others.
 
 This module is the supervision only: each of those features is a package of its own, a worker's phases are its
-lifecycle's (:mod:`.lifecycle`), and the survivors of in-process restarts are :mod:`.restart.survivors`'.
+lifecycle's (:mod:`.lifecycle`), and the survivors of in-process restarts are :mod:`.survivors`'.
 """
 
 from __future__ import annotations
@@ -63,7 +63,6 @@ from .logs import LogSpec, Std, WorkerLog, pump
 from .procfs import dies_of, holds_device, process_state, wait_channel
 from .reaper.parent import Reaper
 from .restart.parent import ABORT_GRACE, LOST_ABORT_GRACE
-from .restart.survivors import Survivors
 from .shares import quietly
 from .spawn.parent import (
     PipeReader,
@@ -72,6 +71,7 @@ from .spawn.parent import (
     signal_group,
 )
 from .started import DRAIN_LIMIT, Child, GroupOutcome, LogOf, Tracked, WorkerExit
+from .survivors import Survivors
 
 if TYPE_CHECKING:
     from .prewarm.parent import Standbys  # imported by the launcher only with --prewarm

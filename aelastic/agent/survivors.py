@@ -14,12 +14,12 @@ from typing import Any, Final
 
 import anyio
 
-from ..lifecycle import Event
-from ..link.parent import LinkRefusal
-from ..logs import LogSpec, Std, WorkerLog
-from ..spawn.parent import ATTEMPT_VARIABLES, WorkerCommand, WorkerProcess
-from ..started import Tracked
-from .parent import VICTIM_GRACE, RestartChannel
+from .lifecycle import Event
+from .link.parent import LinkRefusal
+from .logs import LogSpec, Std, WorkerLog
+from .restart.parent import VICTIM_GRACE, RestartChannel
+from .spawn.parent import ATTEMPT_VARIABLES, WorkerCommand, WorkerProcess
+from .started import Tracked
 
 __all__ = ["Survivors"]
 
