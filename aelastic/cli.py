@@ -387,9 +387,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog = f"aelastic {args.command}"
         level = parse_log_level(args.log_level)
         logging.basicConfig(level=level, format="[%(asctime)s] %(levelname)s %(name)s: %(message)s")
-        # httpx logs each request at INFO: an etcd rendezvous makes them by the hundred; DEBUG still shows them.
-        if level == "INFO":
-            logging.getLogger("httpx").setLevel(logging.WARNING)
         entry = args.entry(args)
     except ConfigurationError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)

@@ -13,6 +13,12 @@ joins. Each worker opens its handlers first; timing starts when the harness says
   returns from its own (what torch's one-second polling floors at about 1 s).
 * **total**: all N nodes join at once. Measured: from "go" to the last node released.
 
+On etcd, a third system is the floor under the etcd rendezvous on this machine, **etcd-floor**: each node opens an
+etcd client as a handler does and, on "go", makes only the requests that a node's join makes on the etcd backend
+(a lease, its key, the join request's txn that counts it, the read of its position shard), one after the other,
+with no rendezvous logic. etcd and the simulated nodes share the machine's cores, so the round cannot finish
+faster than its requests can be served and sent; the ratio ``etcd / c10d`` is reported beside it.
+
 Times are ``time.monotonic()`` (CLOCK_MONOTONIC, one clock for every process of the machine). Systems alternate
 within each repetition. A third scenario, **heartbeat**, counts the requests and the bytes per second that N
 completed nodes send to the store while they only keep alive (torch's and aelastic's nodes both against aelastic's
@@ -143,6 +149,59 @@ def _counters(handlers: list[Any]) -> dict[str, int]:
     return totals
 
 
+def floor_worker(spec: dict[str, Any]) -> None:
+    """``spec["count"]`` nodes that each open an etcd client and, on "go", make a join's requests (see the module
+    docstring) and nothing else."""
+    from aelastic.etcd import EtcdConfig, PutOp, RangeOp, open_etcd_client, parse_endpoints, prefix_range_end
+
+    async def main() -> None:
+        count, root = spec["count"], f"/floor/{spec['run_id']}".encode()
+        opened, go = anyio.Event(), anyio.Event()
+        starts, ends, errors = [0.0] * count, [0.0] * count, []
+        ready = finished = 0
+        done = anyio.Event()
+        opening = anyio.Semaphore(OPENING)
+        joins = root + b"/joins/"
+
+        async def node(i: int) -> None:
+            nonlocal ready, finished
+            async with opening:
+                client = await AsyncExitStack().enter_async_context(
+                    open_etcd_client(EtcdConfig(parse_endpoints(spec["endpoint"])))
+                )
+            ready += 1
+            if ready == count:
+                opened.set()
+            await go.wait()
+            starts[i] = time.monotonic()
+            try:
+                lease = await client.lease_grant(spec["keep_alive"] * 3)
+                await client.put(root + b"/alive/%d" % i, b"", lease=lease.id)
+                counted = [RangeOp(root + b"/digest"), RangeOp(joins, prefix_range_end(joins), count_only=True)]
+                await client.txn([], [PutOp(joins + b"%d-%d" % (os.getpid(), i), b"x" * 120), *counted])
+                await client.range(RangeOp(root + b"/pos/000000"))
+            except Exception as exc:  # reported to the harness, which fails the measurement
+                errors.append(repr(exc))
+            ends[i] = time.monotonic()
+            finished += 1
+            if finished == count:
+                done.set()
+
+        async with anyio.create_task_group() as tg:
+            for i in range(count):
+                tg.start_soon(node, i)
+            await opened.wait()
+            print("ready", flush=True)
+            await anyio.to_thread.run_sync(sys.stdin.readline)
+            go.set()
+            await done.wait()
+            _report(starts, ends, errors)
+            await anyio.to_thread.run_sync(sys.stdin.readline)
+            os._exit(0)
+
+    anyio.run(main)
+
+
 def aelastic_worker(spec: dict[str, Any]) -> None:
     """``spec["count"]`` aelastic handlers as tasks of one event loop; each calls next_rendezvous on "go"."""
     from aelastic.rendezvous.api import RendezvousHandler, RendezvousParameters
@@ -225,7 +284,7 @@ class Worker:
 
 @dataclass
 class System:
-    name: str  # torch | aelastic | aelastic-etcd
+    name: str  # torch | aelastic | aelastic-etcd | etcd-floor
     endpoint: str
     count_listed: Callable[[str], Any]  # run_id -> awaitable participant count
     runs: int = 0
@@ -426,16 +485,21 @@ async def run(quick: bool, repeats: int) -> list[dict[str, Any]]:
         "torch": [2, 8] if quick else [2, 8, 32],
         "aelastic": [2, 8, 256] if quick else [2, 8, 32, 256, 1024],
         "aelastic-etcd": [8] if quick else [8, 64, 256],
+        "etcd-floor": [],
     }
+    # The large rounds, all at once only: etcd beside c10d and beside its floor (the release latency is N-sized
+    # already at 1,024 and says nothing more at 4,096).
+    large = {"aelastic": [4096], "aelastic-etcd": [1024, 4096], "etcd-floor": [1024, 4096]} if not quick else {}
     heartbeat = {"torch": [8] if quick else [8, 32], "aelastic": [8] if quick else [8, 32, 256]}
     window = 2.0 if quick else 5.0
     samples: dict[tuple[str, str, int], list[float]] = {}
     async with torch_system() as torch, aelastic_system() as ours, etcd_system() as etcd:
-        systems = [torch, ours, etcd]
+        systems = [torch, ours, etcd, System("etcd-floor", etcd.endpoint, etcd.count_listed)]
         for rep in range(repeats):
             for system in systems if rep % 2 == 0 else systems[::-1]:
-                for n in plan[system.name]:
-                    for scenario, measure in (("release", measure_release), ("total", measure_total)):
+                for n in plan[system.name] + large.get(system.name, []):
+                    scenarios = [("release", measure_release)] if n in plan[system.name] else []
+                    for scenario, measure in (*scenarios, ("total", measure_total)):
                         value = await measure(system, n)
                         samples.setdefault((scenario, system.name, n), []).append(value)
                         print(f"  {system.name:<14} {scenario:<8} N={n:<5} {value * 1000:9.1f} ms", flush=True)
@@ -450,6 +514,11 @@ async def run(quick: bool, repeats: int) -> list[dict[str, Any]]:
                     line = f"  {system.name:<14} heartbeat N={n:<5} {requests:9.1f} req/s {received:11.0f} B/s"
                     print(line, flush=True)
     records = []
+    for n in large.get("aelastic-etcd", []):  # per repetition: the systems ran side by side
+        etcd_times, c10d_times = samples[("total", "aelastic-etcd", n)], samples[("total", "aelastic", n)]
+        for name, times in (("aelastic-etcd", etcd_times), ("etcd-floor", samples[("total", "etcd-floor", n)])):
+            records.append(_record("all N at once on etcd, over c10d's time (1.0: as fast)", name, n, "x",
+                                   [e / c for e, c in zip(times, c10d_times, strict=True)], "lower"))  # fmt: skip
     for (scenario, system_name, n), values in samples.items():
         if scenario == "heartbeat":
             records.append(_record("heartbeat store requests per second (keep-alive only)", system_name, n, "ops/s",
@@ -565,7 +634,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker is not None:
         spec = json.loads(args.worker)
-        (torch_worker if spec["system"] == "torch" else aelastic_worker)(spec)
+        workers = {"torch": torch_worker, "etcd-floor": floor_worker}
+        workers.get(spec["system"], aelastic_worker)(spec)
         return
     if args.scale:
         rounds = anyio.run(scale, args.scale, not args.no_release, args.scale_torch, args.max_connections)

@@ -40,7 +40,7 @@ from aelastic.rendezvous.values import RendezvousState
 pytestmark = pytest.mark.anyio
 
 _runs = itertools.count()
-DIGEST = make_digest(RendezvousState())  # the etcd backend ignores digests; its signature takes one
+DIGEST = make_digest(RendezvousState())  # an empty state's: a summary and one (empty) position shard
 
 
 @asynccontextmanager
@@ -82,6 +82,32 @@ async def test_reads_cancelled_while_etcd_reads_keys_leave_the_member_running() 
             assert member.running, member
 
 
+async def test_join_tickets_count_every_request_and_a_write_publishes_its_digest(etcd: str) -> None:
+    """A join request's ticket counts the requests appended up to it, those a write consumed included; a write
+    puts the digest beside the state, and a node reads the summary and its shard (no whole state)."""
+    async with backends(etcd, 2) as bs:
+        assert await bs[0].read_digest("n0", -1) == (0, 0, None, None)  # nothing written yet
+        assert [await bs[i % 2].request_join(b"r%d" % i) for i in range(3)] == [1, 2, 3]
+        seen = await bs[0].get_state()
+        assert (seen.version, seen.joined, seen.pending) == (0, 0, (b"r0", b"r1", b"r2"))
+        written, won = await bs[0].set_state(b"s1", seen, DIGEST)
+        assert won
+        assert (written.version, written.joined, written.pending) == (1, 3, ())
+        assert await bs[1].read_digest("n0", -1) == (1, 3, DIGEST.summary, DIGEST.shards[0])
+        assert await bs[1].request_join(b"r3") == 4
+        raw = reader(etcd).range(f"{bs[0].root}/digest").kvs[0].value
+        assert raw == b"1 3 1\n" + DIGEST.summary
+        # Too many shards for one txn (etcd's 128 operations): none is written, and readers read the whole state.
+        many = DIGEST._replace(shards=(b"",) * 121)
+        written, won = await bs[1].set_state(b"s2", await bs[1].get_state(), many)
+        assert won
+        assert written.joined == 4
+        assert await bs[0].read_digest("n0", -1) is None
+        assert (
+            not reader(etcd).range(f"{bs[0].root}/pos/", range_end=prefix_range_end(f"{bs[0].root}/pos/".encode())).kvs
+        )
+
+
 async def test_state_cas_race_has_one_winner(etcd: str) -> None:
     async with backends(etcd, 4) as bs:
         empty = await bs[0].get_state()
@@ -102,7 +128,7 @@ async def test_state_cas_race_has_one_winner(etcd: str) -> None:
         current = await bs[1].get_state()
         assert (current.version, current.data, current.token) == (1, winners[0].data, winners[0].token)
         raw = reader(etcd).range(f"{bs[0].root}/state").kvs[0].value
-        assert raw == b"1\n" + (winners[0].data or b"")
+        assert raw == b"1 0\n" + (winners[0].data or b"")  # version 1, no join request consumed
         # A stale writer loses and learns the current state.
         seen, won = await bs[2].set_state(b"stale", empty, DIGEST)
         assert not won

@@ -77,7 +77,7 @@ def test_answers_decode_absent_fields_as_zero_values() -> None:
 
 
 def test_messages_perform_no_io() -> None:
-    # aelastic.etcd's __init__ imports the client (httpx), so the check reads the module's own imports.
+    # aelastic.etcd's __init__ imports the client (h11), so the check reads the module's own imports.
     tree = ast.parse(Path(messages.__file__).read_text())
     imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}

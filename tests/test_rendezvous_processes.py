@@ -127,13 +127,13 @@ async def test_sigkilled_node_leaves_the_etcd_rendezvous_when_its_lease_expires(
 
 
 async def test_a_c10d_run_does_not_import_the_etcd_driver() -> None:
-    """httpx and aelastic.etcd load only for the etcd backend: a whole c10d job (CLI, agent, rendezvous, a worker)
+    """h11 and aelastic.etcd load only for the etcd backend: a whole c10d job (CLI, agent, rendezvous, a worker)
     runs without them."""
     probe = (
         "import sys\n"
         "from aelastic.cli import main\n"
         "code = main(['run', '--standalone', '--nproc-per-node', '1', '--no-python', 'true'])\n"
-        "loaded = sorted(m for m in sys.modules if m == 'httpx' or m.startswith(('httpx.', 'aelastic.etcd')))\n"
+        "loaded = sorted(m for m in sys.modules if m == 'h11' or m.startswith(('h11.', 'aelastic.etcd')))\n"
         "print(code, loaded)\n"
     )
     with anyio.fail_after(120):

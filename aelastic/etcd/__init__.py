@@ -1,4 +1,4 @@
-"""etcd v3 for aelastic: an async client (httpx, asyncio and trio), a torch-``Store`` over etcd, local servers, and
+"""etcd v3 for aelastic: an async client (h11, asyncio and trio), a torch-``Store`` over etcd, local servers, and
 the job's own etcd.
 
 * :func:`open_etcd_client` / :class:`EtcdClient`: the v3 JSON gateway (range, put, txn, deleterange, leases,
@@ -9,7 +9,7 @@ the job's own etcd.
   or ``PATH``) on loopback for tests and single hosts.
 * :mod:`.embedded` (with :mod:`.layout` and :mod:`.guard`): the job's own etcd, ``--rdzv-endpoint embedded:...``.
 
-The modules are imported on first use (:mod:`.layout`, pure, is what the command line reads without httpx). The
+The modules are imported on first use (:mod:`.layout`, pure, is what the command line reads without the client). The
 rendezvous backend built on these lives in :mod:`aelastic.rendezvous.backends.etcd`.
 """
 

@@ -11,9 +11,9 @@ from contextlib import AsyncExitStack, suppress
 from typing import Any, Final
 
 import anyio
-import httpx
 
 from ..errors import EtcdConnectionError, EtcdRequestError
+from ._http import ConnectFailed, ConnectTimeout, ReadTimeout, TransportError
 from .config import EtcdConfig
 
 __all__ = ["UNAVAILABLE", "EndpointFailed", "Stream", "all_failed", "close_stack", "describe", "http_error", "was_sent"]
@@ -38,16 +38,16 @@ def chain(exc: BaseException) -> list[BaseException]:
     return seen
 
 
-def describe(exc: httpx.TransportError, config: EtcdConfig, endpoint: str) -> str:
+def describe(exc: TransportError, config: EtcdConfig, endpoint: str) -> str:
     """One short reason for a transport failure, for a message that already names the endpoint."""
-    if isinstance(exc, httpx.ConnectTimeout):
+    if isinstance(exc, ConnectTimeout):
         return f"no connection within connect_timeout={config.connect_timeout:g}s"
-    if isinstance(exc, httpx.ReadTimeout):
+    if isinstance(exc, ReadTimeout):
         return f"no answer within request_timeout={config.request_timeout:g}s"
     links = chain(exc)
     if (
         endpoint.startswith("https://")
-        and isinstance(exc, httpx.ConnectError)
+        and isinstance(exc, ConnectFailed)
         and any(isinstance(link, ConnectionResetError) for link in links)
     ):
         # etcd's port multiplexer may answer a TLS hello on a plain-HTTP port by resetting the connection.
@@ -67,14 +67,14 @@ def describe(exc: httpx.TransportError, config: EtcdConfig, endpoint: str) -> st
     text = str(exc)
     if "All connection attempts failed" in text or "Connection refused" in text:
         return "nothing listening (connection refused)"
-    if isinstance(exc, httpx.ConnectError):
+    if isinstance(exc, ConnectFailed):
         return text or type(exc).__name__
     return f"connection lost ({text or type(exc).__name__})"
 
 
-def was_sent(exc: httpx.TransportError) -> bool:
+def was_sent(exc: TransportError) -> bool:
     """Whether the request may have reached the server (so repeating it may apply it twice)."""
-    return not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
+    return not isinstance(exc, ConnectFailed)
 
 
 class EndpointFailed(Exception):
@@ -85,7 +85,7 @@ class EndpointFailed(Exception):
         self.reason = reason
 
 
-def http_error(endpoint: str, path: str, response: httpx.Response, body: bytes) -> Exception:
+def http_error(endpoint: str, path: str, status: int, body: bytes) -> Exception:
     try:
         obj = json.loads(body)
     except ValueError:
@@ -95,11 +95,11 @@ def http_error(endpoint: str, path: str, response: httpx.Response, body: bytes) 
         message = obj.get("message") or obj["error"]
         return EtcdRequestError(f"etcd at {endpoint}: {path}: {message} (code {code})", code=code)
     text = body.decode(errors="replace").strip().splitlines()[0] if body.strip() else ""
-    if response.status_code == 400 and "HTTPS server" in text:
+    if status == 400 and "HTTPS server" in text:
         return EndpointFailed("the server speaks TLS: use https://")
-    if response.status_code == 404:
+    if status == 404:
         return EndpointFailed(f"not an etcd v3 gateway (HTTP 404 for {path})")
-    return EtcdRequestError(f"etcd at {endpoint}: {path}: HTTP {response.status_code} {text[:200]}")
+    return EtcdRequestError(f"etcd at {endpoint}: {path}: HTTP {status} {text[:200]}")
 
 
 def all_failed(failures: Sequence[tuple[str, str]], what: str) -> EtcdConnectionError:
@@ -112,7 +112,7 @@ def all_failed(failures: Sequence[tuple[str, str]], what: str) -> EtcdConnection
 
 async def close_stack(stack: AsyncExitStack) -> None:
     with anyio.CancelScope(shield=True):
-        with suppress(httpx.TransportError):  # closing a stream whose peer is already gone
+        with suppress(TransportError):  # closing a stream whose peer is already gone
             await stack.aclose()
 
 
@@ -120,7 +120,7 @@ class Stream:
     """One streaming call open on one member (:meth:`EtcdClient.open_stream`): its messages, one JSON object per
     line of the chunked answer."""
 
-    def __init__(self, endpoint: str, lines: AsyncIterator[str], stack: AsyncExitStack, config: EtcdConfig) -> None:
+    def __init__(self, endpoint: str, lines: AsyncIterator[bytes], stack: AsyncExitStack, config: EtcdConfig) -> None:
         self.endpoint = endpoint
         self._lines = lines
         self._stack = stack
@@ -141,10 +141,10 @@ class Stream:
             return await self._next()
         except EndpointFailed as exc:
             raise EtcdConnectionError(f"etcd at {self.endpoint}: {exc.reason}") from None
-        except httpx.ReadTimeout as exc:
+        except ReadTimeout as exc:
             timeout = self._config.stream_timeout
             raise EtcdConnectionError(f"etcd at {self.endpoint}: no message within stream_timeout={timeout}s") from exc
-        except httpx.TransportError as exc:
+        except TransportError as exc:
             reason = describe(exc, self._config, self.endpoint)
             raise EtcdConnectionError(f"etcd at {self.endpoint}: {reason}") from exc
 

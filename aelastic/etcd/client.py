@@ -1,4 +1,4 @@
-"""An async etcd v3 client over etcd's JSON gateway (``/v3/...``), on httpx: runs on asyncio and trio.
+"""An async etcd v3 client over etcd's JSON gateway (``/v3/...``), on h11 (:mod:`._http`): runs on asyncio and trio.
 
 Theory of operation
 -------------------
@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import json
 import logging
-import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -52,7 +51,6 @@ from types import TracebackType
 from typing import Any, Final, TypeVar
 
 import anyio
-import httpx
 
 from ..errors import (
     EtcdCompactedError,
@@ -70,6 +68,7 @@ from ._edge import (
     http_error,
     was_sent,
 )
+from ._http import ConnectTimeout, HttpPool, Response, StreamedResponse, TransportError
 from .config import EtcdConfig, parse_endpoints
 from .messages import (
     Compare,
@@ -111,6 +110,7 @@ _UNHEALTHY: Final = "etcdserver: unhealthy cluster (code 14)"  # a member add re
 _OUT_OF_RANGE: Final = 11  # a read at a revision that was compacted away
 _RETRY_INITIAL: Final = 0.05  # pauses between rounds over the members while none has a leader
 _RETRY_MAX: Final = 1.0
+_IDLE_KEPT: Final = 300.0  # seconds an idle connection to a member stays open
 
 
 # --- errors at the edge -------------------------------------------------------------------------------------------
@@ -138,11 +138,9 @@ class EtcdClientStatistics:
 class EtcdClient:
     """The etcd v3 KV, lease, watch and cluster API. Open it with :func:`open_etcd_client`."""
 
-    def __init__(self, config: EtcdConfig, http: httpx.AsyncClient) -> None:
+    def __init__(self, config: EtcdConfig, http: HttpPool) -> None:
         self.config = config
         self._http = http
-        self._unary_timeout = httpx.Timeout(None, connect=config.connect_timeout, read=config.request_timeout)
-        self._stream_timeout = httpx.Timeout(None, connect=config.connect_timeout, read=config.stream_timeout)
         self._current = 0
         self._token: str | None = None
         self._local_address: str | None = None
@@ -218,12 +216,16 @@ class EtcdClient:
         loop of every call (see the module docstring).
 
         While every member that answers says it is unavailable (no leader: the cluster is electing one after a
-        member died), the round is repeated after a growing pause; the caller's deadline bounds it.
+        member died), the round is repeated after a growing pause; the caller's deadline bounds it. So it is while
+        a member did not take the connection in time (a busy member: thousands of nodes connecting at once overflow
+        its listen backlog, and the kernel resends a dropped SYN only after 1 s, then 3 s), until
+        ``request_timeout`` has passed since the call began: a member that swallows packets fails the call then.
         """
         pause = _RETRY_INITIAL
+        began = anyio.current_time()
         while True:
             failures: list[tuple[str, str]] = []
-            unavailable = False
+            unavailable = busy = False
             for endpoint in self._order():
                 try:
                     result = await self._on_member(endpoint, attempt)
@@ -236,8 +238,9 @@ class EtcdClient:
                     unavailable = True
                     failures.append((endpoint, str(exc).rpartition(": ")[2]))  # e.g. a member cut off its quorum
                     continue
-                except httpx.TransportError as exc:
+                except TransportError as exc:
                     reason = describe(exc, self.config, endpoint)
+                    busy |= isinstance(exc, ConnectTimeout)
                     if was_sent(exc) and not idempotent:
                         raise EtcdConnectionError(
                             f"etcd at {endpoint}: {reason} during {what}; its outcome is unknown"
@@ -248,7 +251,8 @@ class EtcdClient:
                 self._adopt(endpoint)
                 return result
             error = all_failed(failures, what)
-            if not unavailable:
+            patient = busy and anyio.current_time() - began < self.config.request_timeout
+            if not (unavailable or patient):
                 raise error
             logger.debug("etcd: %s; retrying in %.2f s", error, pause)
             await anyio.sleep(pause)
@@ -257,11 +261,10 @@ class EtcdClient:
     async def _on_member(self, endpoint: str, attempt: Callable[[str], Awaitable[T]]) -> T:
         try:
             return await attempt(endpoint)
-        except (EndpointFailed, EtcdRequestError, httpx.TransportError):
+        except (EndpointFailed, EtcdRequestError, TransportError):
             raise  # the member answered, or failed in a way _over_members handles
         except BaseException:
-            # Cancelled (the caller's deadline) while the member held the request. Caught this wide because
-            # httpcore's connect on trio raises the cancellation inside an exception group.
+            # Cancelled (the caller's deadline) while the member held the request.
             self._move_past(endpoint)
             raise
 
@@ -270,55 +273,52 @@ class EtcdClient:
     async def _authenticate(self, endpoint: str) -> None:
         if self.config.username is None:
             return
-        body = {"name": self.config.username, "password": self.config.password}
-        response = await self._http.post(f"{endpoint}/v3/auth/authenticate", json=body, timeout=self._unary_timeout)
-        content = await response.aread()
-        if response.status_code != 200:
-            raise http_error(endpoint, "/v3/auth/authenticate", response, content)
-        self._token = str(json.loads(content)["token"])
+        body = json.dumps({"name": self.config.username, "password": self.config.password}).encode()
+        path = "/v3/auth/authenticate"
+        response = await self._http.post(endpoint, path, body, {}, read_timeout=self.config.request_timeout)
+        if response.status != 200:
+            raise http_error(endpoint, path, response.status, response.body)
+        self._token = str(json.loads(response.body)["token"])
 
     async def _send(
-        self, endpoint: str, path: str, body: dict[str, Any], stream: AsyncExitStack | None = None
-    ) -> httpx.Response:
+        self, endpoint: str, path: str, body: dict[str, Any], stack: AsyncExitStack | None = None
+    ) -> Response | StreamedResponse:
         """POST ``body`` to ``path`` on ``endpoint``, logged in (once more if the member refused the token): its
-        answer, status 200. With ``stream``, the answer is a stream left open on that stack; else it is read whole.
-        """
+        answer, status 200. With ``stack``, the answer is a stream left open on it, its body still to read; else
+        it is read whole."""
+        content = json.dumps(body).encode()
         for attempt in range(2):
             if self._token is None:
                 await self._authenticate(endpoint)
             self._requests += 1
-            url, headers = f"{endpoint}{path}", {"Authorization": self._token} if self._token is not None else {}
-            if stream is None:
-                response = await self._http.post(url, json=body, headers=headers, timeout=self._unary_timeout)
+            headers = {"Authorization": self._token} if self._token is not None else {}
+            response: Response | StreamedResponse
+            if stack is None:
+                response = await self._http.post(
+                    endpoint, path, content, headers, read_timeout=self.config.request_timeout
+                )
             else:
-                request = self._http.stream("POST", url, json=body, headers=headers, timeout=self._stream_timeout)
-                response = await stream.enter_async_context(request)
-            self._note_local_address(response)
-            if response.status_code == 200:
+                stream = self._http.stream(endpoint, path, content, headers, read_timeout=self.config.stream_timeout)
+                response = await stack.enter_async_context(stream)
+            if response.local_address is not None:
+                self._local_address = response.local_address
+            if response.status == 200:
                 return response
-            error = http_error(endpoint, path, response, await response.aread())
+            answer = response.body if isinstance(response, Response) else await response.read()
+            error = http_error(endpoint, path, response.status, answer)
             if isinstance(error, EtcdRequestError) and error.code == _UNAUTHENTICATED and attempt == 0:
                 self._token = None  # expired, or issued by another member (simple tokens are per member)
                 continue
             raise error
         raise AssertionError("unreachable")
 
-    def _note_local_address(self, response: httpx.Response) -> None:
-        stream = response.extensions.get("network_stream")
-        if stream is None:
-            return
-        try:
-            address = stream.get_extra_info("client_addr")
-        except (OSError, ValueError):  # the member closed the connection after its answer (uvloop: ValueError)
-            return  # it is going down: keep the last one
-        if isinstance(address, tuple) and address:
-            self._local_address = str(address[0]).removeprefix("::ffff:")
-
     async def _call(self, path: str, body: dict[str, Any], *, idempotent: bool = True) -> dict[str, Any]:
         """One unary call, failing over as the module docstring says."""
 
         async def attempt(endpoint: str) -> dict[str, Any]:
-            obj: dict[str, Any] = json.loads((await self._send(endpoint, path, body)).content)
+            response = await self._send(endpoint, path, body)
+            assert isinstance(response, Response)  # no stack: read whole
+            obj: dict[str, Any] = json.loads(response.body)
             return obj
 
         return await self._over_members(path, attempt, idempotent=idempotent)
@@ -332,7 +332,8 @@ class EtcdClient:
             stack = AsyncExitStack()
             try:
                 response = await self._send(endpoint, path, body, stack)
-                stream = Stream(endpoint, response.aiter_lines(), stack, self.config)
+                assert isinstance(response, StreamedResponse)  # on the stack: a stream
+                stream = Stream(endpoint, response.lines(), stack, self.config)
                 return stream, await stream._next()
             except BaseException:
                 await close_stack(stack)
@@ -563,12 +564,11 @@ async def open_etcd_client(config: EtcdConfig) -> AsyncIterator[EtcdClient]:
     TLS mismatch fail here with one line naming each endpoint. Bound it with the caller's ``anyio.fail_after``;
     on cancellation every connection is closed.
     """
-    verify: ssl.SSLContext | bool = True
-    if any(e.startswith("https://") for e in config.endpoints):
-        verify = config.ssl_context()
-    timeout = httpx.Timeout(None, connect=config.connect_timeout)
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=16)  # each open watch holds one
-    async with httpx.AsyncClient(verify=verify, timeout=timeout, limits=limits, trust_env=False) as http:
+    tls = any(e.startswith("https://") for e in config.endpoints)
+    http = HttpPool(config.ssl_context() if tls else None, connect_timeout=config.connect_timeout, idle_kept=_IDLE_KEPT)
+    try:
         client = EtcdClient(config, http)
         await client.status()
         yield client
+    finally:
+        await http.aclose()

@@ -4,7 +4,7 @@
 An entry (:class:`BackendEntry`) is what a backend offers beside its handler: a check of its parameters without
 I/O, and, if it keeps shared state, a read-only reader of that state and the protocol settings its nodes derive,
 which ``aelastic status`` uses (so status knows no backend by name). The built-in backends (``c10d``, ``static``,
-``etcd``, ``etcd-v2``) are imported on first lookup, each alone: a c10d node never imports etcd's httpx. Other
+``etcd``, ``etcd-v2``) are imported on first lookup, each alone: a c10d node never imports etcd's client. Other
 names are registered by :func:`register_backend` or found through the entry-point group
 ``aelastic.rendezvous_backends``.
 

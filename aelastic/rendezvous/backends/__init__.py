@@ -3,7 +3,7 @@
 ``c10d`` (:mod:`.c10d`, its state driver :mod:`.store`, its store :mod:`.hosting`), ``static`` (:mod:`.static`),
 ``etcd`` and torch's ``etcd-v2`` alias (:mod:`.etcd`), and the in-process ``memory`` driver for tests
 (:mod:`.memory`). The registry (:mod:`aelastic.rendezvous.registry`) opens them by name; nothing here registers
-anything, so importing a backend imports only what it needs (``etcd`` pulls in httpx).
+anything, so importing a backend imports only what it needs (``etcd`` pulls in its HTTP client).
 
 The public protocol, for a third-party backend: a :class:`RendezvousBackend` driver (versioned state, join
 requests, liveness, a store; :mod:`.base` says what each method promises), a :class:`StateReader` for

@@ -1,23 +1,31 @@
 """The ``etcd`` rendezvous backend: the dynamic rendezvous over etcd's v3 API (txn, leases, watches).
 
-Keys, under ``<key_prefix>/<run_id>/`` (``key_prefix`` defaults to ``/aelastic/rendezvous``):
+Keys, under ``<key_prefix>/<run_id>/``:
 
 ``state``
-    ``b"<version>\\n<encoded state>"``. The version is the integer the handler sees; the fencing token is the
-    key's ``mod_revision`` and the revision of the read: a write is a txn that puts only if ``mod_revision`` is
-    still the one read (0 for a key never written) and no join request is newer than the read, deletes the join
-    requests (the writer folded them into the state), and whose failure branch reads the winner's state back.
+    ``b"<version> <joined>\\n<encoded state>"`` (``joined``: the join requests the writes up to this version
+    consumed). The version is the integer the handler sees; the fencing token is the key's ``mod_revision`` and
+    the revision of the read: a write is a txn that puts only if ``mod_revision`` is still the one read (0 for a
+    key never written) and no join request is newer than the read, puts the digest beside it, deletes the join
+    requests (the writer folded them), and whose failure branch reads the winner's state back.
+``digest`` and ``pos/<shard>``
+    the state's digest (``codec.make_digest``), written in the same txn as the state: ``b"<version> <joined>
+    <shards>\\n<summary>"`` and the position shards, each headed by ``<version>\\n`` (the shards past the count
+    are deleted). A node that only waits reads the summary and its own shard, O(1) bytes, not the whole state.
 ``joins/<random>``
     one pending join request each (see ``RendezvousBackend.request_join``), read with the state at one revision
-    and ordered by create revision.
+    and ordered by create revision. The txn that puts one counts, at its revision, the requests consumed (the
+    digest's ``joined``) and those pending: its ticket, from which the node tells without a read whether its
+    request is the one that completes the round or brings it to ``min_nodes``.
 ``alive/<node_key>``
     attached to the node's own lease (TTL = the liveness grace); each beat renews the lease. A node that stops
     beating loses the key when etcd expires its lease: the server is the only clock, no other node writes.
 ``store/...``
     the members' :class:`~aelastic.etcd.EtcdStore` (each round's store is cut from it).
 
-Waiting for a change: a node's handler follows ``state`` with one watch (every wait awaits its word, with the
-state written); outside a handler (``aelastic status``), a watch from the revision after the read.
+Waiting for a change: a node's handler follows ``digest`` with one watch (every wait awaits its word, which
+carries the digest, so a woken node reads only its shard); outside a handler (``aelastic status``), a watch from
+the revision after the read.
 
 ``--rdzv-endpoint embedded[:HOST,...]`` is the job's own etcd (:mod:`aelastic.etcd.embedded`): the first hosts run
 its members beside their agents, and every node's rendezvous uses it with member failover. Its keys:
@@ -34,7 +42,7 @@ import os
 import secrets
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 import anyio
@@ -60,23 +68,21 @@ from ...etcd.messages import (
     CompareTarget,
     DeleteOp,
     EventType,
-    KeyValue,
     PutOp,
     RangeOp,
     RangeResponse,
     SortOrder,
     SortTarget,
-    WatchEvent,
     prefix_range_end,
 )
 from ...etcd.server import find_etcd_binary
 from ...etcd.store import EtcdStore
 from ..api import JoinObserver, RendezvousHandler, RendezvousParameters
-from ..codec import Digest
+from ..codec import Digest, shard_of
 from ..dynamic import open_dynamic_rendezvous
 from ..settings import DYNAMIC_KEYS, READ_TIMEOUT, ConfKey, HandlerOptions, TimingSettings, key_names
 from ..values import NodeDesc, RendezvousSettings
-from .base import RendezvousBackend, StateReader, Versioned
+from .base import DigestRead, RendezvousBackend, StateReader, Versioned
 
 __all__ = [
     "EtcdBackend",
@@ -119,7 +125,9 @@ ETCD_KEYS: Final = (
 _ALIASES: Final = {alias: key.name for key in ETCD_KEYS for alias in key.aliases}
 _TLS_KEYS: Final = ("cacert", "cert", "key", "username", "password")  # an external etcd's; the job's own has none
 
-_FOLLOW_RETRY, _FOLLOW_RETRY_MAX = 0.1, 2.0  # pauses between attempts to follow the state when no member answers
+_FOLLOW_RETRY, _FOLLOW_RETRY_MAX = 0.1, 2.0  # pauses between attempts to follow the digest when no member answers
+_OUT_OF_RANGE: Final = 11  # gRPC status of a read at a revision compacted away
+_MAX_SHARDS: Final = 120  # position shards written with the state: its txn must stay within etcd's 128 operations
 
 _local_ids = iter(range(1 << 62))
 
@@ -132,39 +140,50 @@ class _Token:
     read_revision: int
 
 
+@dataclass(frozen=True, slots=True)
+class _Digest:
+    """The ``digest`` key as of one revision: the version it describes, the join requests consumed up to it, how
+    many position shards it has, and the summary."""
+
+    version: int
+    joined: int
+    shards: int
+    summary: bytes
+    revision: int  # the store revision at which it was read (or written), where its shards are read
+
+    @classmethod
+    def parse(cls, raw: bytes, revision: int) -> _Digest:
+        head, sep, summary = raw.partition(b"\n")
+        fields = head.split(b" ")
+        if not sep or len(fields) != 3 or not all(f.isdigit() for f in fields):
+            raise RendezvousStateError(
+                f"etcd rendezvous digest holds {raw[:40]!r}: not '<version> <joined> <shards>\\n<summary>' "
+                "(are all nodes running the same aelastic version?)"
+            )
+        version, joined, shards = map(int, fields)
+        return cls(version, joined, shards, summary, revision)
+
+
 class _Follower:
-    """What a task that follows the state key (:meth:`EtcdBackend.following`) has seen: the newest state written,
-    and from which revision on it has seen every change; waiters are woken at each news."""
+    """The newest digest that the task following the ``digest`` key (:meth:`EtcdBackend.following`) has seen;
+    waiters are woken at each news."""
 
     def __init__(self) -> None:
-        self.since = math.inf  # every change from this revision on has been seen (inf: not started)
-        self.latest: Versioned | None = None
-        self._latest_revision = 0
+        self.latest: _Digest | None = None
         self._news = anyio.Event()
 
     def __repr__(self) -> str:
-        return f"<_Follower since={self.since} latest={self._latest_revision}>"
+        return f"<_Follower latest={self.latest and self.latest.version}>"
 
-    def started(self, since: int) -> None:
-        self.since = since
-        self._wake()
+    def tell(self, digest: _Digest) -> None:
+        if self.latest is None or digest.version > self.latest.version or digest.revision > self.latest.revision:
+            self.latest = digest
+            self._news.set()
+            self._news = anyio.Event()
 
-    def written(self, state: Versioned, revision: int) -> None:
-        self.latest, self._latest_revision = state, revision
-        self._wake()
-
-    def _wake(self) -> None:
-        self._news.set()
-        self._news = anyio.Event()
-
-    async def wait_past(self, revision: int) -> Versioned | None:
-        """The newest state written after ``revision``, once there is one; ``None`` (read the state) when changes
-        after ``revision`` may have gone unseen (the follower started later)."""
-        while True:
-            if self.since > revision + 1:
-                return None
-            if self.latest is not None and self._latest_revision > revision:
-                return self.latest
+    async def wait_past(self, version: int) -> None:
+        """Return once a digest newer than ``version`` was seen."""
+        while self.latest is None or self.latest.version <= version:
             await self._news.wait()
 
 
@@ -173,6 +192,8 @@ class EtcdBackend(RendezvousBackend):
 
     ``lease_ttl`` is the liveness grace in whole seconds (etcd's lease unit, at least etcd's minimum of ~2 s).
     """
+
+    digests = True
 
     def __init__(self, client: EtcdClient, key_prefix: str, run_id: str, *, lease_ttl: int, name: str = "etcd"):
         if lease_ttl < 1:
@@ -183,15 +204,20 @@ class EtcdBackend(RendezvousBackend):
         self.store = EtcdStore(client, f"{self.root}/store")
         self.lease_ttl = lease_ttl
         self._state_key = f"{self.root}/state".encode()
+        self._digest_key = f"{self.root}/digest".encode()
+        self._positions = f"{self.root}/pos/".encode()
         self._joins = f"{self.root}/joins/".encode()
         self._read_ops = [
             RangeOp(self._state_key),
             RangeOp(self._joins, prefix_range_end(self._joins), sort_target=SortTarget.CREATE,
                     sort_order=SortOrder.ASCEND),
         ]  # fmt: skip
+        # What a join request's txn reads back to count it: the digest (how many requests were consumed) and how
+        # many are pending (this one included).
+        self._ticket_ops = [RangeOp(self._digest_key), RangeOp(self._joins, prefix_range_end(self._joins),
+                                                               count_only=True)]  # fmt: skip
         self._leases: dict[str, int] = {}
-        self._follower: _Follower | None = None  # the task following the state key, while following() lasts
-        self._joined_read: Versioned | None = None  # the read a join request's txn made, for read_after_join
+        self._follower: _Follower | None = None  # the task following the digest key, while following() lasts
 
     @property
     def location(self) -> str:  # type: ignore[override]  # the members may change (a job's own etcd heals)
@@ -203,20 +229,23 @@ class EtcdBackend(RendezvousBackend):
     def _alive_key(self, node_key: str) -> bytes:
         return f"{self.root}/alive/{node_key}".encode()
 
+    def _position_key(self, shard: int) -> bytes:
+        return self._positions + b"%06d" % shard  # zero-padded: the shards past a count are one key range
+
     def _versioned(self, read_revision: int, state: RangeResponse, joins: RangeResponse) -> Versioned:
         """The state and its pending join requests from the two ranges of ``self._read_ops``."""
         pending = tuple(kv.value for kv in joins.kvs)
         if not state.kvs:
             return Versioned(0, None, _Token(0, read_revision), pending)
-        return self._decoded(state.kvs[0], read_revision, pending)
-
-    def _decoded(self, kv: KeyValue, read_revision: int, pending: tuple[bytes, ...]) -> Versioned:
+        kv = state.kvs[0]
         head, sep, body = kv.value.partition(b"\n")
-        if not sep or not head.isdigit():
+        version, _, joined = head.partition(b" ")
+        if not sep or not version.isdigit() or not joined.isdigit():
             raise RendezvousStateError(
-                f"etcd key {self._state_key.decode()!r} holds {kv.value[:40]!r}: not '<version>\\n<state>'"
+                f"etcd key {self._state_key.decode()!r} holds {kv.value[:40]!r}: not '<version> <joined>\\n<state>' "
+                "(are all nodes running the same aelastic version?)"
             )
-        return Versioned(int(head), body, _Token(kv.mod_revision, read_revision), pending)
+        return Versioned(int(version), body, _Token(kv.mod_revision, read_revision), pending, int(joined))
 
     async def get_state(self) -> Versioned:
         """The state and the join requests pending on it, read at one revision."""
@@ -224,22 +253,29 @@ class EtcdBackend(RendezvousBackend):
         return self._versioned(state.revision, state, joins)
 
     async def set_state(self, data: bytes, expected: Versioned, digest: Digest) -> tuple[Versioned, bool]:
-        """A txn: if the state is unchanged and no join request is newer than the read, write the state and delete
-        the requests (the writer folded them); else read both back."""
+        """A txn: if the state is unchanged and no join request is newer than the read, write the state, its
+        digest and position shards, and delete the requests (the writer folded them); else read both back."""
         token = expected.token
         if not isinstance(token, _Token):
             raise RendezvousStateError(f"{expected!r} was not read from this backend")
-        version = expected.version + 1
-        desired = b"%d\n%b" % (version, data)
+        version, joined = expected.version + 1, expected.joined + len(expected.pending)
+        # etcd refuses a txn of more than --max-txn-ops operations (128 by default): past that many shards (some
+        # 7,700 nodes) no shard is written, and the nodes read the whole state.
+        shards = digest.shards if len(digest.shards) <= _MAX_SHARDS else ()
         key, joins, joins_end = self._state_key, self._joins, prefix_range_end(self._joins)
         unchanged = [
             Compare.mod_revision(key, token.mod_revision),
             Compare(joins, CompareTarget.MOD, token.read_revision + 1, CompareResult.LESS, joins_end),
         ]
+        writes: list[PutOp | DeleteOp] = [
+            PutOp(key, b"%d %d\n%b" % (version, joined, data)),
+            PutOp(self._digest_key, b"%d %d %d\n%b" % (version, joined, len(shards), digest.summary)),
+            *(PutOp(self._position_key(i), b"%d\n%b" % (version, shard)) for i, shard in enumerate(shards)),
+            DeleteOp(self._position_key(len(shards)), prefix_range_end(self._positions)),
+            DeleteOp(joins, joins_end),
+        ]
         try:
-            response = await self.client.txn(
-                unchanged, [PutOp(key, desired), DeleteOp(joins, joins_end)], self._read_ops
-            )
+            response = await self.client.txn(unchanged, writes, self._read_ops)
         except (EtcdConnectionError, EtcdRequestError) as exc:
             if isinstance(exc, EtcdRequestError) and exc.code != _UNAVAILABLE:
                 raise
@@ -249,61 +285,97 @@ class EtcdBackend(RendezvousBackend):
             current = await self.get_state()
             return current, (current.version, current.data) == (version, data)
         if response.succeeded:
-            return Versioned(version, data, _Token(response.revision, response.revision)), True
+            return Versioned(version, data, _Token(response.revision, response.revision), (), joined), True
         return self._versioned(response.revision, response.range(0), response.range(1)), False
 
-    async def request_join(self, request: bytes) -> None:
-        """A key of its own under ``joins/`` (the create revision orders the requests), put in a txn that reads
-        the state and the requests back at its revision, for :meth:`read_after_join` (``get_state`` still reads:
-        a read kept for later is stale once another node writes)."""
+    def _ticket(self, digest: RangeResponse, pending: RangeResponse) -> int:
+        """How many join requests were appended by the revision of these two reads: those the digest says were
+        consumed, and those still pending."""
+        joined = _Digest.parse(digest.kvs[0].value, digest.revision).joined if digest.kvs else 0
+        return joined + pending.count
+
+    async def request_join(self, request: bytes) -> int:
+        """A key of its own under ``joins/`` (the create revision orders the requests), put in a txn that counts
+        the requests appended up to it: its ticket."""
         key = self._joins + secrets.token_hex(8).encode()
-        self._joined_read = None
         try:
-            response = await self.client.txn([], [PutOp(key, request), *self._read_ops])
-        except EtcdConnectionError as exc:  # outcome unknown: putting the same key again is safe, the read is not
+            response = await self.client.txn([], [PutOp(key, request), *self._ticket_ops])
+        except EtcdConnectionError as exc:
             logger.warning("etcd rendezvous %s: %s; putting the join request again", self.root, exc)
-            await self.client.put(key, request)
-            return
-        self._joined_read = self._versioned(response.revision, response.range(1), response.range(2))
+            return await self._join_again(key, request)
+        return self._ticket(response.range(1), response.range(2))
 
-    async def read_after_join(self) -> Versioned:
-        """The read the join request's txn made (no round trip), else a read now."""
-        read, self._joined_read = self._joined_read, None
-        if read is None:
-            return await self.get_state()
-        await anyio.lowlevel.checkpoint()
-        return read
+    async def _join_again(self, key: bytes, request: bytes) -> int:
+        """A join request whose txn's outcome is unknown: put it unless it is there, and count it where it was
+        put (the counts at its create revision)."""
+        absent = [Compare(key, CompareTarget.CREATE, 0)]
+        response = await self.client.txn(absent, [PutOp(key, request), *self._ticket_ops], [RangeOp(key)])
+        if response.succeeded:
+            return self._ticket(response.range(1), response.range(2))
+        put = response.range(0).kvs[0].create_revision
+        digest, pending = await self.client.read([replace(op, revision=put) for op in self._ticket_ops])
+        return self._ticket(digest, pending)
 
-    async def wait_for_change(self, seen: Versioned) -> Versioned | None:
-        """Returns once the state key changed after ``seen`` was read, with the state it wrote: the write's txn
-        deleted every join request at that revision, so none is pending. Join requests are other keys: they wake
-        no one.
+    async def _read_digest(self) -> _Digest:
+        """The digest now; version 0 (no shard) while no state was written."""
+        kv, revision = await self.client.get(self._digest_key)
+        return _Digest(0, 0, 0, b"", revision) if kv is None else _Digest.parse(kv.value, revision)
 
-        Inside :meth:`following` the follower's word is awaited (no request); else a watch of the state key from
-        the revision after the read, for this wait alone (watching from the read's revision, not the state's
-        older ``mod_revision``, starts at the head of history, where etcd delivers events at once).
+    async def read_digest(self, node_key: str, known: int) -> DigestRead | None:
+        """The digest the follower last saw unless it is older than ``known`` (then one read), and the node's
+        shard as of the digest's revision: one read. (The follower's digest may lag the store by a write in flight,
+        like any read by the time it is used; a node that wrote a newer version keeps what it wrote.)"""
+        follower = self._follower
+        digest = follower.latest if follower is not None else None
+        if digest is None or digest.version < known:
+            digest = await self._read_digest()
+        if digest.version == 0:
+            return DigestRead(0, 0, None, None)
+        if digest.shards == 0:
+            return None  # too many nodes for the shards to be written with the state: read it whole
+        try:
+            shard = await self.client.range(
+                RangeOp(self._position_key(shard_of(node_key, digest.shards)), revision=digest.revision)
+            )
+        except EtcdRequestError as exc:
+            if exc.code != _OUT_OF_RANGE:
+                raise
+            return None  # that revision was compacted away: read the state
+        head, _, positions = shard.kvs[0].value.partition(b"\n") if shard.kvs else (b"", b"", b"")
+        if head != b"%d" % digest.version:
+            return None
+        return DigestRead(digest.version, digest.joined, digest.summary, positions)
+
+    async def wait_for_change(self, seen: Versioned) -> None:
+        """Returns once a version after ``seen``'s was written. Join requests are other keys: they wake no one.
+
+        Inside :meth:`following` the follower's word is awaited (no request); else a watch of the digest key from
+        the revision after the read, for this wait alone (watching from the read's revision, not an older
+        ``mod_revision``, starts at the head of history, where etcd delivers events at once).
         """
+        if self._follower is not None:
+            await self._follower.wait_past(seen.version)
+            return
         if not isinstance(seen.token, _Token):
             await anyio.lowlevel.checkpoint()
-            return None
-        after = seen.token.read_revision
-        if self._follower is not None:
-            return await self._follower.wait_past(after)
-        follower = _Follower()
-        async with anyio.create_task_group() as tg:
-            await tg.start(self._follow, follower, after + 1)
-            written = await follower.wait_past(after)
-            tg.cancel_scope.cancel()
-        return written
+            return
+        try:
+            async with self.client.watch(self._digest_key, start_revision=seen.token.read_revision + 1) as events:
+                async for event in events:
+                    if event.type is EventType.PUT:
+                        return
+        except EtcdCompactedError:
+            return  # the history since the read is gone: the caller reads
 
     @asynccontextmanager
     async def following(self) -> AsyncIterator[None]:
-        """Follow the state key in a task of its own while this lasts: every wait for a change then awaits its
-        word, so a round's completion wakes N waiting nodes with the state it wrote and no request (not N watches
-        opened, closed and read again). Returns once the watch is registered; raises what opening it raises."""
+        """Follow the digest key in a task of its own while this lasts: every wait for a change then awaits its
+        word, so a round's completion wakes N waiting nodes with the digest it wrote and no request (not N watches
+        opened, closed and read again). Returns once the watch is registered and the digest read; raises what
+        opening it raises."""
         follower = _Follower()
         async with anyio.create_task_group() as tg:
-            await tg.start(self._follow, follower, 0)
+            await tg.start(self._follow, follower)
             self._follower = follower
             try:
                 yield
@@ -312,48 +384,34 @@ class EtcdBackend(RendezvousBackend):
                 tg.cancel_scope.cancel()
 
     async def _follow(
-        self, follower: _Follower, start: int, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+        self, follower: _Follower, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """Tell ``follower`` each state written from revision ``start`` on (0: from now). The watch reopens on the
-        next member by itself; when none answers, it is opened again from where it stopped (from now, telling the
-        follower, if that history is gone) until the caller stops it: the liveness judges a lost etcd."""
-        pause = _FOLLOW_RETRY
+        """Tell ``follower`` each digest written from now on. The watch reopens on the next member by itself; when
+        none answers, it is opened again from where it stopped (from now, reading the digest, if that history is
+        gone) until the caller stops it: the liveness judges a lost etcd."""
+        pause, start, started = _FOLLOW_RETRY, 0, False
         while True:
-            start, stopped = await self._follow_from(follower, start, task_status)
-            if isinstance(stopped, EtcdCompactedError):
-                continue  # from now: the follower tells waiters of older reads to read
-            if follower.since == math.inf:
-                raise stopped  # never started: the caller's error
-            logger.warning("etcd rendezvous %s: following the state: %s; again in %.1f s", self.root, stopped, pause)
+            try:
+                async with self.client.watch(self._digest_key, start_revision=start) as events:
+                    if start == 0:  # from now: what was written before the watch began is read
+                        follower.tell(await self._read_digest())
+                    if not started:
+                        started = True
+                        task_status.started()
+                    pause = _FOLLOW_RETRY
+                    async for event in events:
+                        if event.type is EventType.PUT:
+                            follower.tell(_Digest.parse(event.kv.value, event.kv.mod_revision))
+                        start = events.next_revision
+            except EtcdCompactedError:
+                start = 0
+                continue
+            except EtcdError as exc:
+                if not started:
+                    raise  # never started: the caller's error
+                logger.warning("etcd rendezvous %s: following the digest: %s; again in %.1f s", self.root, exc, pause)
             await anyio.sleep(pause)
             pause = min(2 * pause, _FOLLOW_RETRY_MAX)
-
-    async def _follow_from(
-        self, follower: _Follower, start: int, task_status: anyio.abc.TaskStatus[None]
-    ) -> tuple[int, EtcdError]:
-        """One watch of the state key from ``start``, until it fails: where to follow from next, and why."""
-        try:
-            async with self.client.watch(self._state_key, start_revision=start) as events:
-                first = follower.since == math.inf
-                follower.started(events.next_revision)
-                if first:
-                    task_status.started()
-                async for event in events:
-                    written = self._written(event)
-                    if written is not None:
-                        follower.written(written, event.kv.mod_revision)
-                    start = events.next_revision
-        except EtcdCompactedError as exc:
-            return 0, exc
-        except EtcdError as exc:
-            return start, exc
-        raise AssertionError("unreachable: a watch never ends")
-
-    def _written(self, event: WatchEvent) -> Versioned | None:
-        """The state a watch event of the state key wrote (``None`` for a deletion: no node deletes it)."""
-        if event.type is not EventType.PUT:
-            return None
-        return self._decoded(event.kv, event.kv.mod_revision, ())
 
     async def keep_alive(self, node_key: str) -> None:
         """Renew ``node_key``'s lease; on the first beat (or after it expired) grant one and attach ``alive/``."""
