@@ -484,6 +484,34 @@ async def test_a_lost_member_is_replaced_by_the_node_without_one(caplog: pytest.
 
 
 @pytest.mark.anyio
+async def test_a_first_member_whose_node_never_starts_is_replaced(caplog: pytest.LogCaptureFixture) -> None:
+    """The first host runs no agent (the batch node under Slurm): the cluster forms on two of its three first
+    members, and a few seconds on the node without a member replaces the one never started, so the job survives
+    the loss of any one node again; the log says which member was missing and which nodes hold members."""
+    caplog.set_level(logging.INFO, logger="aelastic.etcd.embedded")
+    with anyio.fail_after(4 * DEADLINE):
+        async with anyio.create_task_group() as tg:
+            nodes = Nodes(tg, HOSTS)
+            for host in HOSTS[1:]:
+                nodes.start(host)
+            for host in HOSTS[1:]:
+                await nodes.ready[host].wait()
+            async with open_etcd_client(EtcdConfig(nodes.layout.endpoints()[1:3])) as observer:
+                await _wait_registered(observer, nodes.run_id, HOSTS[3])
+                members = await _members(observer)
+                print(f"[job etcd] members once the node that never started was replaced: {members}")
+                assert members == list(HOSTS[1:])
+                await nodes.jobs[HOSTS[1]].wait_for_members(lambda s: s.up == 3)
+            assert nodes.jobs[HOSTS[3]].statistics().heals == 1
+            await nodes.leave(*HOSTS[1:])
+    told = [r.getMessage() for r in caplog.records if r.name == "aelastic.etcd.embedded"]
+    assert any("lost: 127.0.0.1 (never started)" in m for m in told), told
+    assert any(m.endswith("3 of 3 member(s) up (127.0.0.2, 127.0.0.3, 127.0.0.4): it survives the loss of one "
+                          "member's node") for m in told), told  # fmt: skip
+    assert nodes.left_behind() == []
+
+
+@pytest.mark.anyio
 async def test_two_nodes_run_one_member_and_say_so(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="aelastic.etcd.embedded")
     with anyio.fail_after(2 * DEADLINE):

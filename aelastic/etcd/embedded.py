@@ -23,9 +23,13 @@ for ``heal`` (a txn that creates it, under their lease); the winner removes the 
 three with one lost keeps its quorum of two; adding first would need three of four), adds itself, starts its
 member in the existing cluster, registers it and deletes the claim. A healer that dies mid-way loses the claim
 with its lease, and the change starts another; a member it added but never started is lost too once the claim
-is gone. With no node to spare, the cluster runs on smaller and says what it still survives.
+is gone. A first member that has neither run nor left a few seconds after a node joined (:data:`_NEVER_STARTED`)
+is lost as well: its node runs no agent (the batch node under Slurm, a pod never scheduled), and the cluster would
+otherwise run a member short from the start. With no node to spare, the cluster runs on smaller and says what it
+still survives.
 
-Closing: a node that leaves cleanly deletes its keys (a member's too: it left, it was not lost); a member then
+Closing: a node that leaves cleanly deletes its keys and marks its member ``left/<name>`` (it left, it was not
+lost, and it did not fail to start); a member then
 waits, bounded, until no node uses the cluster any more (no ``nodes/`` key: the other agents are done with their
 rendezvous), so that the members stop together at a job's end; if others run on, it first removes itself from
 the cluster for them to replace it. A cancelled launch (Ctrl-C) stops its member at once. The guard removes the
@@ -35,6 +39,7 @@ member's data either way.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import secrets
 import socket
@@ -67,6 +72,9 @@ _RETRY_INITIAL, _RETRY_MAX = 0.05, 0.25  # pauses while no member answers yet: m
 _CONNECT_TIMEOUT, _REQUEST_TIMEOUT = 1.0, 1.0
 _WATCH_PROGRESS, _STREAM_TIMEOUT = 1.0, 3.0
 _QUIET_WAIT: Final = 10.0  # seconds without any member's answer before a node says what it waits for
+# How long after this node joined a first member may still be unstarted before it counts as lost: its node runs no
+# agent (the batch node under Slurm, a pod never scheduled), and the cluster would run short of a member for good.
+_NEVER_STARTED: Final = 5.0
 _HEAL_DEADLINE: Final = 30.0  # a new member catches up on a few kB of rendezvous state: seconds at most
 _REQUEST_DEADLINE: Final = 5.0  # one bookkeeping request while leaving or healing
 
@@ -226,6 +234,7 @@ class JobEtcd:
         self._hosting = _Hosting(run_id)
         self._view = _View()
         self._leaving = False
+        self._joined_at = math.inf  # when this node's join completed (its own clock)
 
     def __repr__(self) -> str:
         hosted = self.member.name if self.member is not None else "no member"
@@ -244,7 +253,7 @@ class JobEtcd:
 
     def statistics(self) -> JobEtcdStatistics:
         return JobEtcdStatistics(
-            members=tuple(m.name or f"(added {m.id:x})" for m in self._view.members), up=self._view.up,
+            members=tuple(map(self._label, self._view.members)), up=self._view.up,
             hosted=self.member.name if self.member is not None else None, heals=self._hosting.heals,
         )  # fmt: skip
 
@@ -286,7 +295,17 @@ class JobEtcd:
         await self.client.put(self._node_key, b"", lease=self._lease)
         if self.member is not None:
             await self._register(self.member)
+        self._joined_at = anyio.current_time()
         await self._reconcile()  # the node says what the cluster is as it joins (and replaces a lost member)
+
+    async def _recheck_unstarted(self) -> None:
+        """Reconcile once more when the first members have had :data:`_NEVER_STARTED` to start: no key changes for
+        a member that never starts."""
+        await anyio.sleep(_NEVER_STARTED)
+        try:
+            await self._reconcile()
+        except (EtcdError, TimeoutError) as exc:
+            logger.warning("the job's etcd: checking for members that never started: %s", str(exc) or "no answer")
 
     def _member_config(self, name: str, cluster: str, *, existing: bool) -> MemberConfig:
         """The member advertised as ``name``, in ``cluster`` (``--initial-cluster``)."""
@@ -388,33 +407,48 @@ class JobEtcd:
         names = {kv.key[len(self._root) :].decode() for kv in keys.kvs}
         alive = {n.removeprefix("alive/") for n in names if n.startswith("alive/")}
         born = {n.removeprefix("born/") for n in names if n.startswith("born/")}
+        left = {n.removeprefix("left/") for n in names if n.startswith("left/")}
         claimed = "heal" in names
         initial = {self.layout.peer_url(h) for h in self.layout.initial}
+        # A first member is listed (by name, or by peer URL before it started) from the cluster's start: one that
+        # has neither run nor left once this node has waited a few seconds never will (its node runs no agent).
+        waited = anyio.current_time() - self._joined_at >= _NEVER_STARTED
+        never = [
+            m for m in members
+            if waited and not claimed and m.name not in born | alive | left and initial.intersection(m.peer_urls)
+        ]  # fmt: skip
         lost = [
             m for m in members
             if (m.name in born and m.name not in alive)
             or (not m.name and not claimed and not initial.intersection(m.peer_urls))  # a healer died before it
-        ]  # fmt: skip
+        ] + never  # fmt: skip
         self._view.update(members, sum(m.name in alive for m in members))
         # The members whose node lives first, lost ones last: a member whose host lost power holds every request
         # until its timeout, so no node should start there.
         urls = [m.client_urls[0] for m in sorted(members, key=lambda m: m in lost) if m.client_urls]
         if urls:
             self.client.set_endpoints(urls)
-        if not any(m.name and m.name not in alive | born for m in members):  # none is leaving (a job's end)
-            self._tell(members, lost, claimed)
+        if not left.intersection(m.name for m in members):  # none is leaving (a job's end)
+            self._tell(members, [self._label(m) + " (never started)" * (m in never) for m in lost], claimed)
         if claimed or self.member is not None or self._hosting.failed or self._leaving:
             return
         if lost or len(members) < self.layout.members:
             await self._heal(lost)
 
-    def _tell(self, members: Sequence[Member], lost: Sequence[Member], claimed: bool) -> None:
+    def _label(self, member: Member) -> str:
+        """A member's name; before it has started, the host its peer URL names (or its id)."""
+        if member.name:
+            return member.name
+        hosts = [h for h in self.layout.hosts if self.layout.peer_url(h) in member.peer_urls]
+        return hosts[0] if hosts else f"(added {member.id:x})"
+
+    def _tell(self, members: Sequence[Member], lost: Sequence[str], claimed: bool) -> None:
         """Log what the cluster is and tolerates, when that changed."""
-        names = ", ".join(sorted(m.name or "(starting)" for m in members))
+        names = ", ".join(sorted(map(self._label, members)))
         up = self._view.up
         text = f"the job's etcd: {up} of {len(members)} member(s) up ({names})"
         if lost:
-            text += f"; lost: {', '.join(m.name or f'(added {m.id:x})' for m in lost)}"
+            text += f"; lost: {', '.join(lost)}"
             text += ", being replaced" if claimed else ""
         text += f": {self.layout.tolerance(up, len(members))}"
         if text != self._view.told:
@@ -431,7 +465,7 @@ class JobEtcd:
         name = self.own or await self.client.local_address()
         logger.warning(
             "the job's etcd: replacing %s with a member on %s",
-            ", ".join(m.name or f"(added {m.id:x})" for m in lost) or "a missing member", name,
+            ", ".join(map(self._label, lost)) or "a missing member", name,
         )  # fmt: skip
         try:
             with anyio.fail_after(_HEAL_DEADLINE):
@@ -479,9 +513,10 @@ class JobEtcd:
                 await self._hosting.stop(at_once=at_once)
 
     async def _leave_cleanly(self, member: LocalEtcdMember | None) -> None:
-        gone = [DeleteOp(self._node_key)]
+        gone: list[DeleteOp | PutOp] = [DeleteOp(self._node_key)]
         if member is not None:
-            gone += [DeleteOp(self._key("alive", member.name)), DeleteOp(self._key("born", member.name))]
+            gone += [DeleteOp(self._key("alive", member.name)), DeleteOp(self._key("born", member.name)),
+                     PutOp(self._key("left", member.name), b"")]  # fmt: skip
         try:
             with anyio.fail_after(_REQUEST_DEADLINE):
                 await self.client.txn([], gone)
@@ -580,6 +615,7 @@ async def open_job_etcd(settings: JobEtcdSettings, run_id: str) -> AsyncIterator
                     await job._join(connect)
                 tg.start_soon(job._keep_lease)
                 tg.start_soon(job._follow)
+                tg.start_soon(job._recheck_unstarted)
                 yield job
             except anyio.get_cancelled_exc_class():
                 cancelled = True

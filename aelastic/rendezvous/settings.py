@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, cast
 
@@ -209,13 +209,18 @@ class TimingSettings:
     heartbeat_timeout: float
 
     @classmethod
-    def from_parameters(cls, params: RendezvousParameters) -> TimingSettings:
-        """The timing keys of ``params`` (other keys are the caller's to check or warn about).
+    def from_parameters(cls, params: RendezvousParameters, defaults: Mapping[str, Any] | None = None) -> TimingSettings:
+        """The timing keys of ``params`` (other keys are the caller's to check or warn about); ``defaults``: a
+        backend's own defaults for some of them, where it differs from torch's.
 
         Raises:
             ConfigurationError: a timing key with a bad value, naming it.
         """
-        values = {key.name: key.read(params) for key in TIMING_KEYS}
+        own = defaults or {}
+        values = {
+            key.name: (dataclasses.replace(key, default=own[key.name]) if key.name in own else key).read(params)
+            for key in TIMING_KEYS
+        }
         heartbeat_timeout = values.pop(HEARTBEAT_TIMEOUT.name)
         rendezvous = RendezvousSettings(
             run_id=params.run_id, min_nodes=params.min_nodes, max_nodes=params.max_nodes, **values

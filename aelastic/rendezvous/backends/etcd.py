@@ -98,8 +98,22 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_KEY_PREFIX: Final = "/aelastic/rendezvous"
 _UNAVAILABLE: Final = 14  # gRPC status of "no leader" / "leader changed"
+# The job's own etcd finds a lost node in seconds by default: its members run inside the job, on the nodes' own
+# network, where a beat takes milliseconds; etcd expires a node's lease (TTL: interval x attempts = 3 s) on its own
+# clock, and the neighbour sees it at its next check. Torch's defaults (5 s x 3) stay for an external etcd, which
+# may be a shared service further away.
+JOB_ETCD_TIMING: Final = {"keep_alive_interval": 1.0, "keep_alive_max_attempt": 3, "heartbeat_timeout": 2.0}
+
+
+def _with_job_etcd_default(key: ConfKey) -> ConfKey:
+    default = JOB_ETCD_TIMING.get(key.name)
+    if default is None:
+        return key
+    return replace(key, doc=f"{key.doc}; the job's own etcd (--rdzv-endpoint embedded): {default:g} by default")
+
+
 ETCD_KEYS: Final = (
-    *DYNAMIC_KEYS,
+    *map(_with_job_etcd_default, DYNAMIC_KEYS),
     ConfKey("key_prefix", "text", DEFAULT_KEY_PREFIX, "where the rendezvous keys live in etcd; must start with '/'"),
     ConfKey("protocol", "text", "http", "http or https, for endpoints given without a scheme"),
     ConfKey("cacert", "text", None, "a CA bundle (PEM) to verify etcd's certificate", aliases=("ca_cert",)),
@@ -508,7 +522,9 @@ def _layout(params: RendezvousParameters, hosts: tuple[str, ...]) -> Layout:
 def etcd_setup(params: RendezvousParameters) -> tuple[TimingSettings, EtcdRendezvousSettings]:
     """The etcd backend's timing and connection settings, validated without I/O."""
     params.warn_unknown(key_names(ETCD_KEYS))
-    return TimingSettings.from_parameters(params), EtcdRendezvousSettings.from_parameters(params)
+    settings = EtcdRendezvousSettings.from_parameters(params)
+    defaults = JOB_ETCD_TIMING if settings.embedded is not None else None
+    return TimingSettings.from_parameters(params, defaults), settings
 
 
 def etcd_settings(params: RendezvousParameters) -> RendezvousSettings:
