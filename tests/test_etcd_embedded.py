@@ -23,7 +23,7 @@ import anyio
 import anyio.abc
 import pytest
 import test_agent_e2e
-from helpers.etcd import job_etcd_left_behind
+from helpers.etcd import job_etcd_left_behind, reader
 from helpers.procs import alive, free_port_pair, listenable, wait_gone
 
 from aelastic.errors import ConfigurationError
@@ -140,6 +140,38 @@ def test_embedded_localhost_trains_on_one_machine(tmp_path: Path) -> None:
                           f"etcd_port={port}", str(script)], capture_output=True, text=True, timeout=120)  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert "trained" in out.stdout, out.stdout + out.stderr
+
+
+def test_with_the_jobs_token_a_client_without_it_reads_and_writes_nothing(tmp_path: Path) -> None:
+    """``AELASTIC_AUTH_TOKEN`` set for the job: while it trains, a plain etcd client from another process (etcd3-py,
+    on the member's own node) can neither list the job's keys nor write one; the job trains on and exits 0."""
+    from etcd3.errors import ErrUserEmpty  # type: ignore[import-untyped]
+
+    script, go_on = tmp_path / "train.py", tmp_path / "go-on"
+    script.write_text(
+        "import pathlib, time\nprint('training', flush=True)\n"
+        f"while not pathlib.Path({str(go_on)!r}).exists():\n    time.sleep(0.05)\nprint('trained', flush=True)\n"
+    )
+    port = free_port_pair(["127.0.0.1"])
+    env = {**os.environ, "AELASTIC_AUTH_TOKEN": "the-jobs-secret"}
+    agent = subprocess.Popen([sys.executable, "-m", "aelastic", "run", "--nnodes", "1", "--nproc-per-node", "1",
+                              "--rdzv-backend", "etcd", "--rdzv-endpoint", "embedded:localhost", "--rdzv-conf",
+                              f"etcd_port={port}", str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=env)  # fmt: skip
+    try:
+        assert agent.stdout is not None
+        assert agent.stdout.readline().endswith("training\n")  # the rendezvous is done: its keys are in the etcd
+        stranger = reader(f"http://127.0.0.1:{port}")
+        for attempt in (lambda: stranger.range("/aelastic/", prefix=True), lambda: stranger.put("/intruder", "hi")):
+            with pytest.raises(ErrUserEmpty, match="user name is empty"):
+                attempt()
+        go_on.touch()
+        out, err = agent.communicate(timeout=120)
+    finally:
+        agent.kill()
+        agent.wait()
+    assert agent.returncode == 0, err
+    assert out.endswith("trained\n"), out + err
 
 
 HOLDER = """
@@ -509,6 +541,22 @@ async def test_a_first_member_whose_node_never_starts_is_replaced(caplog: pytest
     assert any(m.endswith("3 of 3 member(s) up (127.0.0.2, 127.0.0.3, 127.0.0.4): it survives the loss of one "
                           "member's node") for m in told), told  # fmt: skip
     assert nodes.left_behind() == []
+
+
+@pytest.mark.anyio
+async def test_a_node_without_the_jobs_token_or_with_another_is_refused_in_one_line() -> None:
+    layout = Layout(HOSTS[:2], free_port_pair(HOSTS[:2]), 1, token="refusals")
+
+    def settings(host: str, password: str | None) -> JobEtcdSettings:
+        return JobEtcdSettings(layout, lease_ttl=2, start_timeout=DEADLINE, timing=TIMING, local_addr=host,
+                               root_password=password)  # fmt: skip
+
+    with anyio.fail_after(2 * DEADLINE):
+        async with open_job_etcd(settings(HOSTS[0], "right"), "refusals"):
+            for password, said in ((None, "which this node lacks"), ("wrong", "differs from the one it was secured")):
+                with pytest.raises(ConfigurationError, match=f"the job's etcd refused this node: .*{said}"):
+                    async with open_job_etcd(settings(HOSTS[1], password), "refusals"):
+                        pass
 
 
 @pytest.mark.anyio

@@ -149,8 +149,8 @@ def endpoint(environ: Mapping[str, str], max_nodes: int) -> Derived:
 
 def embedded(environ: Mapping[str, str], max_nodes: int) -> Derived:
     """The job's own etcd (``--rdzv-endpoint embedded``): ``embedded:HOST,...`` over the nodes of the step, or of
-    the job where ``max_nodes`` is more than the step's nodes (a batch node that only launches is among the job's:
-    name the training nodes yourself there)."""
+    the job where ``max_nodes`` is more than the step's nodes. A batch node that only launches is among the job's:
+    it starts no member, and the others replace it a few seconds on (:mod:`aelastic.etcd.embedded`)."""
     variable, text, hosts = _nodelist(environ, max_nodes)
     return Derived("embedded:" + ",".join(hosts), f"the nodes of {variable}={text}", f"{variable}={text}")
 

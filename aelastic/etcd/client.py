@@ -105,6 +105,8 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _UNAUTHENTICATED: Final = 16  # gRPC status of an expired or foreign auth token
+_AUTH_OFF: Final = "authentication is not enabled"  # etcd's answer to a login while its authentication is off
+_NO_USER: Final = "user name is empty"  # etcd's answer to a request without a token while authentication is on
 _NOT_FOUND: Final = 5
 _UNHEALTHY: Final = "etcdserver: unhealthy cluster (code 14)"  # a member add refused before it was proposed
 _OUT_OF_RANGE: Final = 11  # a read at a revision that was compacted away
@@ -271,13 +273,19 @@ class EtcdClient:
     # --- one request on one member ----------------------------------------------------------------------------
 
     async def _authenticate(self, endpoint: str) -> None:
+        """Log in with the configured user, if any; where etcd's authentication is off, go on without (it is asked
+        again when a member requires a user: the job's own etcd turns it on after it starts)."""
         if self.config.username is None:
             return
         body = json.dumps({"name": self.config.username, "password": self.config.password}).encode()
         path = "/v3/auth/authenticate"
         response = await self._http.post(endpoint, path, body, {}, read_timeout=self.config.request_timeout)
         if response.status != 200:
-            raise http_error(endpoint, path, response.status, response.body)
+            error = http_error(endpoint, path, response.status, response.body)
+            if isinstance(error, EtcdRequestError) and _AUTH_OFF in str(error):
+                self._token = ""
+                return
+            raise error
         self._token = str(json.loads(response.body)["token"])
 
     async def _send(
@@ -291,7 +299,7 @@ class EtcdClient:
             if self._token is None:
                 await self._authenticate(endpoint)
             self._requests += 1
-            headers = {"Authorization": self._token} if self._token is not None else {}
+            headers = {"Authorization": self._token} if self._token else {}
             response: Response | StreamedResponse
             if stack is None:
                 response = await self._http.post(
@@ -306,8 +314,12 @@ class EtcdClient:
                 return response
             answer = response.body if isinstance(response, Response) else await response.read()
             error = http_error(endpoint, path, response.status, answer)
-            if isinstance(error, EtcdRequestError) and error.code == _UNAUTHENTICATED and attempt == 0:
-                self._token = None  # expired, or issued by another member (simple tokens are per member)
+            if (
+                isinstance(error, EtcdRequestError)
+                and attempt == 0
+                and (error.code == _UNAUTHENTICATED or (_NO_USER in str(error) and self.config.username is not None))
+            ):
+                self._token = None  # expired, issued by another member (simple tokens are per member), or required now
                 continue
             raise error
         raise AssertionError("unreachable")
@@ -436,6 +448,18 @@ class EtcdClient:
         """The cluster's members as the current member knows them (a member added but not started yet has no
         name and no client URL)."""
         return members_of(await self._call("/v3/cluster/member/list", {}))
+
+    async def enable_auth(self, root_password: str) -> None:
+        """Turn etcd's authentication on, with a user ``root`` of this password (``etcdctl user add root``, ``user
+        grant-role root root``, ``auth enable``). Each step that was done already (by another client with the same
+        password) is fine, so that several may race; log in as that user (the client's config) to go on."""
+        try:
+            await self._call("/v3/auth/user/add", {"name": "root", "password": root_password})
+        except EtcdRequestError as exc:
+            if not str(exc).endswith("user name already exists (code 9)"):
+                raise
+        await self._call("/v3/auth/user/grant", {"user": "root", "role": "root"})  # granted again: a no-op
+        await self._call("/v3/auth/enable", {})  # enabled already: a no-op
 
     async def member_add(self, peer_urls: Sequence[str]) -> tuple[Member, tuple[Member, ...]]:
         """Add a member that will listen for its peers at ``peer_urls``: the new member and every member after the

@@ -38,6 +38,8 @@ member's data either way.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import math
 import os
@@ -52,7 +54,8 @@ import anyio
 import anyio.abc
 
 from .._groups import single_error
-from ..errors import EtcdConnectionError, EtcdError, EtcdLeaseExpiredError
+from ..errors import ConfigurationError, EtcdConnectionError, EtcdError, EtcdLeaseExpiredError, EtcdRequestError
+from ..store.auth import AUTH_TOKEN_ENV
 from .client import EtcdClient, open_etcd_client
 from .config import EtcdConfig
 from .datadirs import DataDir, data_root, sweep
@@ -60,7 +63,7 @@ from .layout import Layout, is_address
 from .messages import Compare, DeleteOp, EventType, Member, PutOp, RangeOp, prefix_range_end
 from .server import LocalEtcdMember, MemberConfig, RaftTiming, find_etcd_binary, start_member
 
-__all__ = ["JobEtcd", "JobEtcdSettings", "JobEtcdStatistics", "client_config", "open_job_etcd"]
+__all__ = ["JobEtcd", "JobEtcdSettings", "JobEtcdStatistics", "client_config", "open_job_etcd", "root_password"]
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +93,8 @@ class JobEtcdSettings:
         exit_wait: how long a leaving member waits for the job's other agents to be done with the cluster.
         timing: the members' raft timing.
         local_addr: this node's address as the user gave it (``--local-addr``), if any.
+        root_password: with the job's token (:func:`root_password`): the cluster requires this password of its
+            user ``root`` of every client (etcd's authentication, turned on by the first node that connects).
     """
 
     layout: Layout
@@ -98,6 +103,13 @@ class JobEtcdSettings:
     exit_wait: float = 10.0
     timing: RaftTiming = field(default_factory=RaftTiming)
     local_addr: str | None = None
+    root_password: str | None = None
+
+
+def root_password(token: str, run_id: str) -> str:
+    """The password of the job's etcd's user ``root``, derived from the job's token (every node derives it alike;
+    the token itself never reaches etcd, and another run's password differs)."""
+    return hmac.new(token.encode(), f"aelastic job etcd {run_id}".encode(), hashlib.sha256).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,11 +129,12 @@ class JobEtcdStatistics:
     heals: int
 
 
-def client_config(layout: Layout) -> EtcdConfig:
-    """How a node reaches the job's etcd before it knows the members: every host, the short timeouts above."""
+def client_config(layout: Layout, password: str | None = None) -> EtcdConfig:
+    """How a node reaches the job's etcd before it knows the members: every host, the short timeouts above; as
+    ``root`` with ``password`` (:func:`root_password`) where the job has a token."""
     return EtcdConfig(
         layout.endpoints(), connect_timeout=_CONNECT_TIMEOUT, request_timeout=_REQUEST_TIMEOUT,
-        stream_timeout=_STREAM_TIMEOUT,
+        stream_timeout=_STREAM_TIMEOUT, username=None if password is None else "root", password=password,
     )  # fmt: skip
 
 
@@ -288,9 +301,15 @@ class JobEtcd:
                 await self._wait_ready(self.member)
             except EtcdError as exc:  # the others may form the cluster without it
                 logger.error("the job's etcd: %s; this node goes on without a member", exc)
-        self._client = await _until_answered(lambda: connect(client_config(layout)), self._whom())
-        # A linearizable read: answered once the cluster has a leader (the client repeats "unavailable" answers).
-        await _until_answered(lambda: self.client.range(RangeOp(self._root, count_only=True)), self._whom())
+        password = self.settings.root_password
+        try:
+            self._client = await _until_answered(lambda: connect(client_config(layout, password)), self._whom())
+            # A linearizable read: answered once the cluster has a leader (the client repeats "unavailable" answers).
+            await _until_answered(lambda: self.client.range(RangeOp(self._root, count_only=True)), self._whom())
+            if password is not None:
+                await self.client.enable_auth(password)
+        except EtcdRequestError as exc:
+            raise _refused(exc, password) from exc
         self._lease = (await self.client.lease_grant(self.settings.lease_ttl)).id
         await self.client.put(self._node_key, b"", lease=self._lease)
         if self.member is not None:
@@ -569,6 +588,16 @@ class JobEtcd:
                         return
         except (EtcdError, TimeoutError) as exc:
             logger.debug("the job's etcd: no answer while the other nodes leave (%r): they have", exc)
+
+
+def _refused(exc: EtcdRequestError, password: str | None) -> Exception:
+    """What a refusal of the job's etcd means for this node: a token it lacks, or one that differs."""
+    token = f"the job's token ({AUTH_TOKEN_ENV} or --rdzv-conf auth_token)"
+    if "user name is empty" in str(exc) and password is None:
+        return ConfigurationError(f"the job's etcd refused this node: it requires {token}, which this node lacks")
+    if "invalid user ID or password" in str(exc):
+        return ConfigurationError(f"the job's etcd refused this node: {token} differs from the one it was secured with")
+    return exc
 
 
 async def _until_answered(call: Callable[[], Awaitable[T]], whom: str) -> T:

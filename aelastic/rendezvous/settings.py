@@ -23,6 +23,7 @@ from .api import JoinObserver, RendezvousParameters
 from .values import RendezvousSettings
 
 __all__ = [
+    "AUTH_TOKEN",
     "DYNAMIC_KEYS",
     "HEARTBEAT_TIMEOUT",
     "READ_TIMEOUT",
@@ -137,6 +138,13 @@ TIMING_KEYS: Final[tuple[ConfKey, ...]] = (
 """The keys of :class:`TimingSettings`, which every dynamic backend (c10d, etcd, memory) reads: the protocol's
 timings, and ``fast_quorum`` (see :func:`~aelastic.rendezvous.state.regrouped`)."""
 
+AUTH_TOKEN: Final = ConfKey(
+    "auth_token", "text", None,
+    "a token that the rendezvous requires of every node (default: $AELASTIC_AUTH_TOKEN, else none): c10d's hosting "
+    "node's store refuses a client without it; the job's own etcd (--rdzv-endpoint embedded) turns on etcd's "
+    "authentication with it. It crosses the network in the clear: it keeps strangers and other jobs off the "
+    "rendezvous, not someone who reads the traffic; the workers' store takes none (torch's client cannot send one)",
+)  # fmt: skip
 READ_TIMEOUT: Final = ConfKey(
     "read_timeout", "seconds", 60.0,
     "how long the rendezvous backend may stay unreachable (no beat reaches it; for etcd, the first connection too) "

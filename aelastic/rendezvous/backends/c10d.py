@@ -27,7 +27,7 @@ from ...store.auth import resolve_auth_token
 from ...store.client import open_store_client
 from ..api import JoinObserver, RendezvousHandler, RendezvousParameters
 from ..dynamic import open_dynamic_rendezvous
-from ..settings import DYNAMIC_KEYS, READ_TIMEOUT, ConfKey, HandlerOptions, TimingSettings, key_names
+from ..settings import AUTH_TOKEN, DYNAMIC_KEYS, READ_TIMEOUT, ConfKey, HandlerOptions, TimingSettings, key_names
 from ..values import NodeDesc, RendezvousSettings
 from .base import StateReader
 from .disconnects import DisconnectWatch
@@ -47,12 +47,6 @@ C10D_DEFAULT_PORT: Final = 29400
 IS_HOST: Final = ConfKey(
     "is_host", "boolean", None,
     "whether this node serves the rendezvous store; by default, the node whose own address is the endpoint's host",
-)  # fmt: skip
-AUTH_TOKEN: Final = ConfKey(
-    "auth_token", "text", None,
-    "a token every node presents to the rendezvous store, which the hosting node's store requires (default: "
-    "$AELASTIC_AUTH_TOKEN, else none). It crosses the network in the clear: it keeps strangers and other jobs off "
-    "the store, not someone who reads the traffic; the workers' store takes none (torch's client cannot send one)",
 )  # fmt: skip
 DISCONNECT_GRACE: Final = ConfKey(
     "disconnect_grace", "seconds", 2.0,

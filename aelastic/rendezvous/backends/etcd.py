@@ -60,7 +60,7 @@ from ...errors import (
 )
 from ...etcd.client import EtcdClient, open_etcd_client
 from ...etcd.config import EtcdConfig, parse_endpoints
-from ...etcd.embedded import JobEtcdSettings, client_config, open_job_etcd
+from ...etcd.embedded import JobEtcdSettings, client_config, open_job_etcd, root_password
 from ...etcd.layout import DEFAULT_CLIENT_PORT, DEFAULT_SIZE, Layout, parse_embedded
 from ...etcd.messages import (
     Compare,
@@ -77,10 +77,11 @@ from ...etcd.messages import (
 )
 from ...etcd.server import find_etcd_binary
 from ...etcd.store import EtcdStore
+from ...store.auth import resolve_auth_token
 from ..api import JoinObserver, RendezvousHandler, RendezvousParameters
 from ..codec import Digest, shard_of
 from ..dynamic import open_dynamic_rendezvous
-from ..settings import DYNAMIC_KEYS, READ_TIMEOUT, ConfKey, HandlerOptions, TimingSettings, key_names
+from ..settings import AUTH_TOKEN, DYNAMIC_KEYS, READ_TIMEOUT, ConfKey, HandlerOptions, TimingSettings, key_names
 from ..values import NodeDesc, RendezvousSettings
 from .base import DigestRead, RendezvousBackend, StateReader, Versioned
 
@@ -121,6 +122,7 @@ ETCD_KEYS: Final = (
     ConfKey("key", "text", None, "the client certificate's private key (PEM)", aliases=("ssl_cert_key",)),
     ConfKey("username", "text", None, "etcd's user, with password"),
     ConfKey("password", "text", None, "the etcd user's password"),
+    AUTH_TOKEN,
     ETCD_PORT := ConfKey(
         "etcd_port",
         "integer",
@@ -495,10 +497,15 @@ class EtcdRendezvousSettings:
                         f"--rdzv-conf {name}: the job's own etcd (--rdzv-endpoint {params.endpoint!r}) speaks plain "
                         "HTTP inside the job; TLS and users are for an external etcd"
                     )
-            return cls(client_config(layout), key_prefix, read_timeout, layout)
-        for name in (ETCD_PORT.name, ETCD_MEMBERS.name):
+            token = resolve_auth_token(AUTH_TOKEN.read(params))
+            password = None if token is None else root_password(token, params.run_id)
+            return cls(client_config(layout, password), key_prefix, read_timeout, layout)
+        for name in (ETCD_PORT.name, ETCD_MEMBERS.name, AUTH_TOKEN.name):
             if name in conf:
-                raise ConfigurationError(f"--rdzv-conf {name}: only for the job's own etcd (--rdzv-endpoint embedded)")
+                raise ConfigurationError(
+                    f"--rdzv-conf {name}: only for the job's own etcd (--rdzv-endpoint embedded); an external etcd "
+                    "takes username and password"
+                )
         endpoints = parse_endpoints(params.endpoint or "localhost", protocol=text("protocol") or "http")
         config = EtcdConfig(
             endpoints, ca_cert=text("cacert"), cert=text("cert"), key=text("key"),
@@ -546,7 +553,9 @@ async def open_etcd_rendezvous(
     lease_ttl = max(1, math.ceil(rendezvous.keep_alive_interval * rendezvous.keep_alive_max_attempt))
     async with AsyncExitStack() as stack:
         if settings.embedded is not None:
-            client = await _join_job_etcd(stack, settings.embedded, params, rendezvous.join_timeout, lease_ttl)
+            client = await _join_job_etcd(
+                stack, settings.embedded, params, rendezvous.join_timeout, lease_ttl, settings.etcd.password
+            )
         try:
             with anyio.fail_after(settings.read_timeout):
                 if settings.embedded is None:
@@ -570,10 +579,15 @@ async def open_etcd_rendezvous(
 
 
 async def _join_job_etcd(
-    stack: AsyncExitStack, layout: Layout, params: RendezvousParameters, start_timeout: float, lease_ttl: int
+    stack: AsyncExitStack,
+    layout: Layout,
+    params: RendezvousParameters,
+    start_timeout: float,
+    lease_ttl: int,
+    password: str | None,
 ) -> EtcdClient:
     """This node's part in the job's own etcd, for the stack's length: the client that follows its members."""
-    settings = JobEtcdSettings(layout, lease_ttl, start_timeout, local_addr=params.local_addr)
+    settings = JobEtcdSettings(layout, lease_ttl, start_timeout, local_addr=params.local_addr, root_password=password)
     try:
         job = await stack.enter_async_context(open_job_etcd(settings, params.run_id))
     except (TimeoutError, EtcdError) as exc:
