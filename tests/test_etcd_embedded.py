@@ -174,6 +174,41 @@ def test_with_the_jobs_token_a_client_without_it_reads_and_writes_nothing(tmp_pa
     assert out.endswith("trained\n"), out + err
 
 
+def test_a_port_taken_on_a_members_node_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("print('trained', flush=True)\n")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = [
+            sys.executable,
+            "-m",
+            "aelastic",
+            "run",
+            "--nnodes",
+            "1",
+            "--nproc-per-node",
+            "1",
+            "--rdzv-backend",
+            "etcd",
+            "--rdzv-endpoint",
+            "embedded:localhost",
+            "--rdzv-conf",
+            f"etcd_port={port}",
+            str(script),
+        ]
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    (line,) = out.stderr.splitlines()
+    assert line.startswith(f"aelastic run: error: the job's etcd: port {port} or {port + 1} on localhost is taken ("), (
+        line
+    )
+    assert f":{port}: bind: address already in use" in line, line
+    assert line.endswith("give the job other ports with --rdzv-conf etcd_port=PORT (it uses PORT and the next)"), line
+    assert "trained" not in out.stdout
+
+
 HOLDER = """
 import sys, time
 from aelastic.etcd.datadirs import DataDir

@@ -300,6 +300,12 @@ class JobEtcd:
                 # then on, with no connection tried before (nodes without a member can only try).
                 await self._wait_ready(self.member)
             except EtcdError as exc:  # the others may form the cluster without it
+                if "address already in use" in str(exc):  # another job's, or another program's: theirs to keep
+                    raise ConfigurationError(
+                        f"the job's etcd: port {layout.client_port} or {layout.peer_port} on {self.own} is taken "
+                        f"({exc}); give the job other ports with --rdzv-conf etcd_port=PORT (it uses PORT and the "
+                        "next)"
+                    ) from exc
                 logger.error("the job's etcd: %s; this node goes on without a member", exc)
         password = self.settings.root_password
         try:
