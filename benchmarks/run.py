@@ -113,6 +113,8 @@ RECORDED = (
     ("cuda_checkpoint", "GPU checkpoints", "`python -m benchmarks.cuda_checkpoint --json "
      "benchmarks/out/cuda_checkpoint.json` on a machine with a GPU (not in CI)"),
     ("soak", "Soak", "`python -m benchmarks.soak --minutes 10 --json benchmarks/out/soak.json` (not in CI)"),
+    ("job_etcd_soak", "Job etcd soak", "`python -m benchmarks.job_etcd_soak --minutes 10 --json "
+     "benchmarks/out/job_etcd_soak.json` (not in CI)"),
     ("hang", "Hang detection", "`python -m benchmarks.hang --minutes 10 --json benchmarks/out/hang.json` (not in CI)"),
     ("store_fuzz", "Store fuzz campaign", "`python -m benchmarks.store_fuzz --minutes 10 --json "
      "benchmarks/out/store_fuzz.json` (not in CI)"),

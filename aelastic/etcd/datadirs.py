@@ -1,9 +1,13 @@
-"""Where the job's etcd members keep their data: ``/dev/shm`` where it has room, else the temporary directory; one
-directory per member, and none left behind by an agent that is gone, however it ended.
+"""Where the job's etcd members keep their data: the temporary directory, one directory per member, and none left
+behind by an agent that is gone, however it ended.
+
+Not ``/dev/shm``: etcd preallocates its write-ahead log in 64 MB segments, two at a time, and on a memory file system
+those 128 MB are memory for the member's life (on a disk they are blocks allocated, never written). The members run
+without fsync (their state is the job's rendezvous, rebuilt if lost), so a write waits for no disk either way.
 
 The guard (:mod:`.guard`) removes a member's directory when the member ends, but a step SIGKILLed whole (Slurm's kill
 after ``KillWait``, ``scancel -s KILL``, the OOM killer of the step's cgroup) kills the guard with the rest, and each
-directory holds a member's preallocated write-ahead log in memory. So every directory has a lock file beside it
+directory holds a member's preallocated write-ahead log. So every directory has a lock file beside it
 (``<directory>.lock``), held (``flock``) by the agent that made it while the member may run: the kernel lets go of it
 when that agent dies, however it dies. An agent that starts a member first removes every directory whose lock nobody
 holds (:func:`sweep`)."""
@@ -20,18 +24,11 @@ from typing import Final
 
 __all__ = ["DataDir", "data_root", "sweep"]
 
-_SHM: Final = "/dev/shm"
-_SHM_ROOM: Final = 256 << 20  # a member preallocates a 64 MB write-ahead log; /dev/shm of a pod is often 64 MB
 _PREFIX: Final = "aelastic-etcd-"
 
 
 def data_root() -> str:
-    """``/dev/shm`` where it has room, else the temporary directory."""
-    try:
-        if shutil.disk_usage(_SHM).free >= _SHM_ROOM:
-            return _SHM
-    except OSError:
-        pass
+    """The temporary directory (``TMPDIR``, else ``/tmp``)."""
     return tempfile.gettempdir()
 
 

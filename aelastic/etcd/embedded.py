@@ -8,9 +8,9 @@ Opening (:func:`open_job_etcd`), on every node:
    node name or this host's name (short or full), else one that resolves to ``--local-addr`` or, without it, to
    an address this node holds (not a loopback one, which every node holds, unless the list has that one host: a
    job on one machine). A node that no host names takes part as a client (and may still replace a member).
-2. A node among the first hosts starts its member through :mod:`.guard`, with its data on ``/dev/shm`` where there
-   is room (else in the temporary directory: :mod:`.datadirs`, which also removes what a node killed whole left)
-   and no fsync: the cluster holds only the job's ephemeral rendezvous state, so a write costs no disk.
+2. A node among the first hosts starts its member through :mod:`.guard`, with its data in the temporary directory
+   (:mod:`.datadirs`, which also removes what a node killed whole left) and no fsync: the cluster holds only the
+   job's ephemeral rendezvous state, so a write waits for no disk.
 3. Every node connects a client to the members, trying again until one answers with a leader (bounded by the
    join timeout: nodes may start minutes apart), and registers under ``/aelastic/job-etcd/<run id>/`` with a lease
    of its own (TTL: the rendezvous' liveness grace): ``nodes/<node>`` (this agent uses the cluster) and, for a

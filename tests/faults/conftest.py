@@ -85,11 +85,12 @@ class Host:
     def command(self, *argv: str | os.PathLike[str], time_offset: int = 0, private_shm: bool = False) -> list[str]:
         """``argv`` run in this host's network namespace (and with its clocks ``time_offset`` seconds ahead).
         ``private_shm``: with a ``/dev/shm`` of its own (``ip netns exec`` gives each command a mount namespace of
-        its own; a tmpfs mounted there goes with the command's last process), as a separate machine has: what a
-        host keeps there vanishes with the host."""
+        its own; a tmpfs mounted there goes with the command's last process), and its temporary directory there
+        (``TMPDIR``: a job etcd member's data), as a separate machine has: what a host keeps there vanishes with
+        the host."""
         prefix = ["ip", "netns", "exec", self.netns]
         if private_shm:
-            prefix += ["sh", "-c", 'mount -t tmpfs -o size=1g shm /dev/shm && exec "$@"', "sh"]
+            prefix += ["sh", "-c", 'mount -t tmpfs -o size=1g shm /dev/shm && TMPDIR=/dev/shm exec "$@"', "sh"]
         if time_offset:
             prefix += ["unshare", "--time", "--monotonic", str(time_offset), "--boottime", str(time_offset)]
         return [*prefix, *map(str, argv)]

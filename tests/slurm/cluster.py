@@ -189,7 +189,7 @@ class SlurmCluster:
         self.tag = secrets.token_hex(3)
         self.root = root
         self.cpus, self.gpus, self.partition_name, self.slurmd_timeout = cpus, gpus, partition, slurmd_timeout
-        self.private_shm = private_shm  # each node a /dev/shm of its own, which goes with the node
+        self.private_shm = private_shm  # each node a /dev/shm of its own (its TMPDIR too), which goes with the node
         subnet = f"10.{int(self.tag[:2], 16) % 250 + 1}.{int(self.tag[2:4], 16)}"
         self.hub = f"sl-{self.tag}-hub"
         self.ctl_addr = f"{subnet}.254"
@@ -315,7 +315,7 @@ class SlurmCluster:
         netns, hostname = (self.hub, CTL) if where is None else (self.node(where).netns, self.node(where).name)
         script = f'mount --bind {shlex.quote(str(self.hosts))} /etc/hosts && hostname {hostname} && exec "$@"'
         if self.private_shm and where is not None:  # in the mount namespace of the node's command (its slurmd)
-            script = f"mount -t tmpfs -o size=1g shm /dev/shm && {script}"
+            script = f"mount -t tmpfs -o size=1g shm /dev/shm && export TMPDIR=/dev/shm && {script}"
         return [
             "nsenter", f"--net=/run/netns/{netns}", "unshare", "--uts", "--mount", "--propagation", "private",
             "sh", "-c", script, "sh", *map(str, argv),
