@@ -36,8 +36,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -149,93 +149,38 @@ def _counters(handlers: list[Any]) -> dict[str, int]:
     return totals
 
 
-def floor_worker(spec: dict[str, Any]) -> None:
-    """``spec["count"]`` nodes that each open an etcd client and, on "go", make a join's requests (see the module
-    docstring) and nothing else."""
-    from aelastic.etcd import EtcdConfig, PutOp, RangeOp, open_etcd_client, parse_endpoints, prefix_range_end
+def _simulated_nodes(
+    count: int,
+    open_node: Callable[[int], AbstractAsyncContextManager[Any]],
+    join: Callable[[Any, int], Awaitable[object]],
+    counters: Callable[[list[Any]], dict[str, int]] | None = None,
+) -> None:
+    """``count`` nodes as tasks of one event loop: each opens ``open_node(i)`` (a few at a time), then on "go" the
+    round is ``join(node, i)``, timed; reported to the harness with the work ``counters`` counts for the round."""
 
     async def main() -> None:
-        count, root = spec["count"], f"/floor/{spec['run_id']}".encode()
-        opened, go = anyio.Event(), anyio.Event()
-        starts, ends, errors = [0.0] * count, [0.0] * count, []
-        ready = finished = 0
-        done = anyio.Event()
-        opening = anyio.Semaphore(OPENING)
-        joins = root + b"/joins/"
-
-        async def node(i: int) -> None:
-            nonlocal ready, finished
-            async with opening:
-                client = await AsyncExitStack().enter_async_context(
-                    open_etcd_client(EtcdConfig(parse_endpoints(spec["endpoint"])))
-                )
-            ready += 1
-            if ready == count:
-                opened.set()
-            await go.wait()
-            starts[i] = time.monotonic()
-            try:
-                lease = await client.lease_grant(spec["keep_alive"] * 3)
-                await client.put(root + b"/alive/%d" % i, b"", lease=lease.id)
-                counted = [RangeOp(root + b"/digest"), RangeOp(joins, prefix_range_end(joins), count_only=True)]
-                await client.txn([], [PutOp(joins + b"%d-%d" % (os.getpid(), i), b"x" * 120), *counted])
-                await client.range(RangeOp(root + b"/pos/000000"))
-            except Exception as exc:  # reported to the harness, which fails the measurement
-                errors.append(repr(exc))
-            ends[i] = time.monotonic()
-            finished += 1
-            if finished == count:
-                done.set()
-
-        async with anyio.create_task_group() as tg:
-            for i in range(count):
-                tg.start_soon(node, i)
-            await opened.wait()
-            print("ready", flush=True)
-            await anyio.to_thread.run_sync(sys.stdin.readline)
-            go.set()
-            await done.wait()
-            _report(starts, ends, errors)
-            await anyio.to_thread.run_sync(sys.stdin.readline)
-            os._exit(0)
-
-    anyio.run(main)
-
-
-def aelastic_worker(spec: dict[str, Any]) -> None:
-    """``spec["count"]`` aelastic handlers as tasks of one event loop; each calls next_rendezvous on "go"."""
-    from aelastic.rendezvous.api import RendezvousHandler, RendezvousParameters
-    from aelastic.rendezvous.registry import open_rendezvous
-
-    backend = "etcd" if "etcd" in spec["system"] else "c10d"
-
-    async def main() -> None:
-        count = spec["count"]
         opened, go, done = anyio.Event(), anyio.Event(), anyio.Event()
         starts, ends, errors = [0.0] * count, [0.0] * count, []
-        handlers: list[RendezvousHandler] = []
+        nodes: list[Any] = []
         ready = finished = 0
-        # Thousands of handlers opening at once would miss the store's handshake timeout: open a few at a time.
+        # Thousands of nodes opening at once would miss a server's handshake timeout: open a few at a time.
         opening = anyio.Semaphore(OPENING)
 
         async def node(i: int) -> None:
-            # Each node opens its handler in a task of its own: handlers opened one inside the other (an exit
-            # stack) would nest a thousand cancel scopes, which anyio walks at every checkpoint.
+            # Each node opens in a task of its own: nodes opened one inside the other (an exit stack) would nest a
+            # thousand cancel scopes, which anyio walks at every checkpoint.
             nonlocal ready, finished
-            params = RendezvousParameters(
-                backend, spec["endpoint"], spec["run_id"], spec["n"], spec["n"], "127.0.0.1", **_conf(spec)
-            )
             async with AsyncExitStack() as stack:
                 async with opening:
-                    handler = await stack.enter_async_context(open_rendezvous(params))
-                handlers.append(handler)
+                    opened_node = await stack.enter_async_context(open_node(i))
+                nodes.append(opened_node)
                 ready += 1
                 if ready == count:
                     opened.set()
                 await go.wait()
                 starts[i] = time.monotonic()
                 try:
-                    await handler.next_rendezvous()
+                    await join(opened_node, i)
                 except Exception as exc:  # reported to the harness, which fails the measurement
                     errors.append(repr(exc))
                 ends[i] = time.monotonic()
@@ -250,15 +195,46 @@ def aelastic_worker(spec: dict[str, Any]) -> None:
             await opened.wait()
             print("ready", flush=True)
             await anyio.to_thread.run_sync(sys.stdin.readline)
-            opening_work = _counters(handlers)  # one round's work is reported, not the handlers' opening
+            opening_work = counters(nodes) if counters else {}  # one round's work is reported, not the opening
             go.set()
             await done.wait()
-            work = {k: v - opening_work[k] for k, v in _counters(handlers).items()}
+            work = {k: v - opening_work[k] for k, v in counters(nodes).items()} if counters else {}
             _report(starts, ends, errors, {k: v for k, v in work.items() if v})
             await anyio.to_thread.run_sync(sys.stdin.readline)
-            os._exit(0)  # 1000 handlers need not say goodbye one by one
+            os._exit(0)  # 1000 nodes need not say goodbye one by one
 
     anyio.run(main)
+
+
+def floor_worker(spec: dict[str, Any]) -> None:
+    """``spec["count"]`` nodes that each open an etcd client and, on "go", make a join's requests (see the module
+    docstring) and nothing else."""
+    from aelastic.etcd import EtcdConfig, PutOp, RangeOp, open_etcd_client, parse_endpoints, prefix_range_end
+
+    root = f"/floor/{spec['run_id']}".encode()
+    joins = root + b"/joins/"
+    counted = [RangeOp(root + b"/digest"), RangeOp(joins, prefix_range_end(joins), count_only=True)]
+
+    async def join(client: Any, i: int) -> None:
+        lease = await client.lease_grant(spec["keep_alive"] * 3)
+        await client.put(root + b"/alive/%d" % i, b"", lease=lease.id)
+        await client.txn([], [PutOp(joins + b"%d-%d" % (os.getpid(), i), b"x" * 120), *counted])
+        await client.range(RangeOp(root + b"/pos/000000"))
+
+    config = EtcdConfig(parse_endpoints(spec["endpoint"]))
+    _simulated_nodes(spec["count"], lambda i: open_etcd_client(config), join)
+
+
+def aelastic_worker(spec: dict[str, Any]) -> None:
+    """``spec["count"]`` aelastic handlers as tasks of one event loop; each calls next_rendezvous on "go"."""
+    from aelastic.rendezvous.api import RendezvousParameters
+    from aelastic.rendezvous.registry import open_rendezvous
+
+    backend = "etcd" if "etcd" in spec["system"] else "c10d"
+    params = RendezvousParameters(
+        backend, spec["endpoint"], spec["run_id"], spec["n"], spec["n"], "127.0.0.1", **_conf(spec)
+    )
+    _simulated_nodes(spec["count"], lambda i: open_rendezvous(params), lambda h, i: h.next_rendezvous(), _counters)
 
 
 # --- the harness --------------------------------------------------------------------------------------------------
