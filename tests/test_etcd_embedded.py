@@ -29,7 +29,8 @@ from helpers.procs import alive, free_port_pair, listenable, wait_gone
 from aelastic.errors import ConfigurationError
 from aelastic.etcd import EtcdClient, EtcdConfig, EventType, RaftTiming, open_etcd_client, open_local_etcd_cluster
 from aelastic.etcd.datadirs import data_root, sweep
-from aelastic.etcd.embedded import JobEtcd, JobEtcdSettings, identify, open_job_etcd
+from aelastic.etcd.embedded import JobEtcd, JobEtcdSettings, open_job_etcd
+from aelastic.etcd.identity import identify
 from aelastic.etcd.layout import Layout, parse_embedded
 from aelastic.etcd.server import ENV_BINARY, check_etcd_binary, find_etcd_binary
 from aelastic.rendezvous.api import RendezvousParameters

@@ -40,6 +40,11 @@ def test_progress_is_cpu_time_beyond_what_idle_threads_use() -> None:
     progress.observe(2, 1.0, now=125.3)
     assert progress.idle_for([1, 2], now=135.3) == 5.0  # the least idle worker decides
     assert progress.idle_for([3], now=135.3) == 0.0  # never sampled: no claim of idleness
+    progress.observe(4, 2.0, now=100.0, io=0)
+    progress.observe(4, 2.0, now=110.0, io=2_000)  # a hung rank's stray log lines: bytes, not kilobytes a second
+    assert progress.idle_for([4], now=110.0) == 10.0
+    progress.observe(4, 2.001, now=111.0, io=2_000 + (1 << 20))  # a MiB written in a second, its CPU idle: progress
+    assert progress.idle_for([4], now=111.0) == 0.0
     progress.forget([1, 2])
     assert progress.idle_for([1], now=140.0) == 0.0
 
@@ -124,7 +129,7 @@ def test_proc_tells_a_busy_tree_from_a_sleeping_one() -> None:
                 process.kill()
             for child in children:
                 subprocess.run(["kill", "-9", child], check=False)
-    assert tree_times(parent.pid) == ("", 0.0)  # gone
+    assert tree_times(parent.pid) == ("", 0.0, 0)  # gone
 
 
 def test_the_flight_recorder_is_turned_on_unless_the_user_said_anything_of_it(tmp_path: Path) -> None:

@@ -20,10 +20,12 @@ _TERMINATING: Final = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, s
 
 
 class ProcessTimes(NamedTuple):
-    """A process tree as the kernel accounts it: the root's state letter and the CPU seconds of the tree."""
+    """A process tree as the kernel accounts it: the root's state letter, the CPU seconds of the tree and the bytes
+    its live processes moved through read and write calls."""
 
     state: str  # "R" running, "S" sleeping, "D" uninterruptible, "T" stopped, "Z" exited, "" gone
     cpu: float  # user + system time of the root, its live descendants and the children they reaped
+    io: int = 0  # rchar + wchar of /proc/<pid>/io over the live tree (files, pipes, sockets)
 
 
 def _read(path: str) -> str:
@@ -55,11 +57,12 @@ def _children(pid: int) -> list[int]:
 
 
 def tree_times(pid: int) -> ProcessTimes:
-    """``pid``'s state and the CPU seconds its tree has used (a DataLoader's workers count as its worker's)."""
+    """``pid``'s state, the CPU seconds its tree has used and the bytes it moved (a DataLoader's workers count as
+    its worker's)."""
     fields = _stat_fields(pid)
     if not fields:
         return ProcessTimes("", 0.0)
-    ticks = 0
+    ticks = moved = 0
     pending, seen = [pid], set()
     while pending:
         current = pending.pop()
@@ -70,8 +73,9 @@ def tree_times(pid: int) -> ProcessTimes:
         if stat:
             # utime, stime, cutime, cstime: fields 14-17 of proc(5), 11-14 after the name.
             ticks += sum(int(value) for value in stat[11:15])
+            moved += sum(int(line.split()[1]) for line in _read(f"/proc/{current}/io").splitlines()[:2])
             pending.extend(_children(current))
-    return ProcessTimes(fields[0], ticks * _TICK)
+    return ProcessTimes(fields[0], ticks * _TICK, moved)
 
 
 def wait_channel(pid: int) -> str:

@@ -38,13 +38,10 @@ member's data either way.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
 import math
 import os
 import secrets
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
@@ -55,15 +52,16 @@ import anyio.abc
 
 from .._groups import single_error
 from ..errors import ConfigurationError, EtcdConnectionError, EtcdError, EtcdLeaseExpiredError, EtcdRequestError
-from ..store.auth import AUTH_TOKEN_ENV
+from .auth import refused
 from .client import EtcdClient, open_etcd_client
 from .config import EtcdConfig
 from .datadirs import DataDir, data_root, sweep
-from .layout import Layout, is_address
+from .identity import identify
+from .layout import Layout
 from .messages import Compare, DeleteOp, EventType, Member, PutOp, RangeOp, prefix_range_end
 from .server import LocalEtcdMember, MemberConfig, RaftTiming, find_etcd_binary, start_member
 
-__all__ = ["JobEtcd", "JobEtcdSettings", "JobEtcdStatistics", "client_config", "open_job_etcd", "root_password"]
+__all__ = ["JobEtcd", "JobEtcdSettings", "JobEtcdStatistics", "client_config", "open_job_etcd"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,9 +73,7 @@ _RETRY_INITIAL, _RETRY_MAX = 0.05, 0.25  # pauses while no member answers yet: m
 _CONNECT_TIMEOUT, _REQUEST_TIMEOUT = 1.0, 1.0
 _WATCH_PROGRESS, _STREAM_TIMEOUT = 1.0, 3.0
 _QUIET_WAIT: Final = 10.0  # seconds without any member's answer before a node says what it waits for
-# How long after this node joined a first member may still be unstarted before it counts as lost: its node runs no
-# agent (the batch node under Slurm, a pod never scheduled), and the cluster would run short of a member for good.
-_NEVER_STARTED: Final = 5.0
+_NEVER_STARTED: Final = 5.0  # seconds after this node joined that a first member may still not have run (docstring)
 _HEAL_DEADLINE: Final = 30.0  # a new member catches up on a few kB of rendezvous state: seconds at most
 _REQUEST_DEADLINE: Final = 5.0  # one bookkeeping request while leaving or healing
 
@@ -106,12 +102,6 @@ class JobEtcdSettings:
     root_password: str | None = None
 
 
-def root_password(token: str, run_id: str) -> str:
-    """The password of the job's etcd's user ``root``, derived from the job's token (every node derives it alike;
-    the token itself never reaches etcd, and another run's password differs)."""
-    return hmac.new(token.encode(), f"aelastic job etcd {run_id}".encode(), hashlib.sha256).hexdigest()
-
-
 @dataclass(frozen=True, slots=True)
 class JobEtcdStatistics:
     """A snapshot of one node's view of the job's etcd.
@@ -136,45 +126,6 @@ def client_config(layout: Layout, password: str | None = None) -> EtcdConfig:
         layout.endpoints(), connect_timeout=_CONNECT_TIMEOUT, request_timeout=_REQUEST_TIMEOUT,
         stream_timeout=_STREAM_TIMEOUT, username=None if password is None else "root", password=password,
     )  # fmt: skip
-
-
-def _holds(address: str) -> bool:
-    """Whether this node holds ``address`` (a socket can bind to it)."""
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    with socket.socket(family, socket.SOCK_DGRAM) as probe:
-        try:
-            probe.bind((address, 0))
-        except OSError:
-            return False
-    return True
-
-
-async def identify(layout: Layout, local_addr: str | None) -> str | None:
-    """The host of ``layout`` that names this node, or ``None``; see the module docstring (step 1)."""
-    hostname = socket.gethostname()
-    names = {n for n in (local_addr, os.environ.get("SLURMD_NODENAME"), hostname, hostname.split(".")[0]) if n}
-    for host in layout.hosts:
-        if host in names or (not is_address(host) and host.split(".")[0] in names):
-            return host
-    for host in layout.hosts:
-        try:
-            infos = await anyio.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-        except OSError:
-            continue  # not resolvable (yet): a peer that has not started
-        addresses = {str(info[4][0]) for info in infos}
-        if local_addr is not None:
-            if local_addr in addresses:
-                return host
-        elif any(not _loopback(a) and _holds(a) for a in addresses):
-            return host
-        elif len(layout.hosts) == 1 and all(_loopback(a) for a in addresses):
-            return host  # a job on this machine alone (embedded:localhost): every node holds the loopback
-    return None
-
-
-def _loopback(address: str) -> bool:
-    """Every node holds a loopback address (Debian names the host 127.0.1.1): it tells no node from another."""
-    return address.startswith("127.") or address == "::1"
 
 
 class _View:
@@ -315,7 +266,7 @@ class JobEtcd:
             if password is not None:
                 await self.client.enable_auth(password)
         except EtcdRequestError as exc:
-            raise _refused(exc, password) from exc
+            raise refused(exc, password) from exc
         self._lease = (await self.client.lease_grant(self.settings.lease_ttl)).id
         await self.client.put(self._node_key, b"", lease=self._lease)
         if self.member is not None:
@@ -324,8 +275,7 @@ class JobEtcd:
         await self._reconcile()  # the node says what the cluster is as it joins (and replaces a lost member)
 
     async def _recheck_unstarted(self) -> None:
-        """Reconcile once more when the first members have had :data:`_NEVER_STARTED` to start: no key changes for
-        a member that never starts."""
+        """Reconcile once more when the first members have had :data:`_NEVER_STARTED` to start (no key changes)."""
         await anyio.sleep(_NEVER_STARTED)
         try:
             await self._reconcile()
@@ -594,16 +544,6 @@ class JobEtcd:
                         return
         except (EtcdError, TimeoutError) as exc:
             logger.debug("the job's etcd: no answer while the other nodes leave (%r): they have", exc)
-
-
-def _refused(exc: EtcdRequestError, password: str | None) -> Exception:
-    """What a refusal of the job's etcd means for this node: a token it lacks, or one that differs."""
-    token = f"the job's token ({AUTH_TOKEN_ENV} or --rdzv-conf auth_token)"
-    if "user name is empty" in str(exc) and password is None:
-        return ConfigurationError(f"the job's etcd refused this node: it requires {token}, which this node lacks")
-    if "invalid user ID or password" in str(exc):
-        return ConfigurationError(f"the job's etcd refused this node: {token} differs from the one it was secured with")
-    return exc
 
 
 async def _until_answered(call: Callable[[], Awaitable[T]], whom: str) -> T:

@@ -103,10 +103,12 @@ def _builtin(name: str) -> BackendEntry:
         from .backends import static
 
         return BackendEntry("static", static.open_static_rendezvous, static.static_setup, keys=static.STATIC_KEYS)
-    from .backends import etcd
+    from .backends import etcd, etcd_conf
 
     opener = etcd.open_etcd_rendezvous if name == "etcd" else etcd.open_etcd_v2_rendezvous
-    return BackendEntry(name, opener, etcd.etcd_setup, etcd.open_etcd_reader, etcd.etcd_settings, etcd.ETCD_KEYS)
+    return BackendEntry(
+        name, opener, etcd_conf.etcd_setup, etcd.open_etcd_reader, etcd_conf.etcd_settings, etcd_conf.ETCD_KEYS
+    )
 
 
 def register_backend(

@@ -8,7 +8,8 @@ first step once it exists), each injected once in the whole job (a marker file, 
 during its step: after the gradients' all-reduce, before the optimizer's step, so the other ranks complete the step
 and save it, and the job must restore the step before. A ``sleep`` is an hour's ``time.sleep`` (a signal ends it: the
 agent's abort does); a ``hold`` the same with the abort's wake signal blocked (a C call that no signal ends). A
-``busy`` rank computes for FAULTS_BUSY seconds (default 20) and goes on. A ``stop``
+``busy`` rank computes for FAULTS_BUSY seconds (default 20) and goes on; a ``write`` rank writes 24 MiB to storage
+that takes 1 MiB/s (a MiB, then the rest of the second asleep: its CPU nearly idle) and goes on. A ``stop``
 (a step every rank knows: a number, or "go" with the step in ``OUT/go``) happens inside a collective: every rank
 all-reduces 16 MiB at that step, and the faulting rank SIGSTOPs itself 10 ms into it. A fourth field, ``[step, rank,
 kind, index]``, holds the fault back until fault ``index`` has happened (its record exists): two ranks' faults at the
@@ -75,6 +76,13 @@ def fault(step: int, rank: int) -> None:
             until = time.monotonic() + BUSY
             while time.monotonic() < until:  # a long step: CPU time moves, the others wait in the collective
                 pass
+            continue
+        if kind == "write":
+            with (HOST_DIR / f"checkpoint-{index}.bin").open("wb") as slow:
+                for _ in range(24):  # a checkpoint to slow storage: bytes move, the CPU barely does
+                    slow.write(bytes(1 << 20))
+                    slow.flush()
+                    time.sleep(1)
             continue
         os._exit(3)
 

@@ -125,7 +125,7 @@ class HangWatch:
                 for worker in workers:
                     times = tree_times(worker.pid)
                     if times.state not in ("", "Z"):
-                        progress.observe(worker.pid, times.cpu, now)
+                        progress.observe(worker.pid, times.cpu, now, times.io)
                         live.append(worker.pid)
                 idle = progress.idle_for(live, now) >= self.timeout
                 if idle and agreeing is None:
@@ -145,7 +145,7 @@ class HangWatch:
             await self.store.compare_set("declared", b"", str(self.node).encode())
 
     async def _diagnose(self, workers: Sequence[WorkerProcess]) -> None:
-        reason = f"no rank of the job made progress (CPU time) for {self.timeout:g} s"
+        reason = f"no rank of the job made progress (CPU time, bytes read or written) for {self.timeout:g} s"
         logger.warning("hang: %s: dumping every rank's stack", reason)
         self._ask_flight_recorder(workers)
         stacks = await self.dumper.dump(workers, f"hang: {reason}", report=())

@@ -16,7 +16,10 @@ __all__ = ["Progress", "RankReport", "Verdict", "judge", "span"]
 # Judged per interval, not since the last progress: a rank idle for a while that works again counts at once.
 IDLE_SHARE: Final = 0.02
 MIN_MOVE: Final = 0.02  # seconds of CPU that count as progress in any interval (two ticks of the kernel's 100 Hz)
-
+# Bytes moved through read and write calls count as progress too, at this rate or more: a rank writing a checkpoint
+# to slow storage, its CPU nearly idle, moves megabytes a second; a rank blocked in a collective moves none, and a
+# hung one's stray log lines and heartbeats move bytes, not tens of kilobytes, a second.
+IO_RATE: Final = 64 << 10
 _STATES: Final = {
     "R": "running",
     "S": "sleeping",
@@ -33,18 +36,23 @@ _COLLECTIVE: Final = re.compile(r"^\s*([\w<>.]+) \([^)]*distributed_c10d\.py:\d+
 
 
 class Progress:
-    """Each worker's CPU time, sampled, and since when it has made no progress (:data:`IDLE_SHARE`)."""
+    """Each worker's CPU time and bytes moved, sampled, and since when it has made no progress (:data:`IDLE_SHARE`,
+    :data:`IO_RATE`)."""
 
     def __init__(self) -> None:
-        self._last: dict[int, tuple[float, float]] = {}  # pid -> (CPU seconds, time) of its last sample
+        self._last: dict[int, tuple[float, int, float]] = {}  # pid -> (CPU seconds, bytes, time) of its last sample
         self._since: dict[int, float] = {}  # pid -> when it last made progress (or was first sampled)
 
-    def observe(self, pid: int, cpu: float, now: float) -> None:
-        """A sample of ``pid``'s CPU seconds at ``now``."""
+    def observe(self, pid: int, cpu: float, now: float, io: int = 0) -> None:
+        """A sample of ``pid``'s CPU seconds and bytes moved at ``now``."""
         last = self._last.get(pid)
-        if last is None or cpu - last[0] >= max(MIN_MOVE, IDLE_SHARE * (now - last[1])):
+        if (
+            last is None
+            or cpu - last[0] >= max(MIN_MOVE, IDLE_SHARE * (now - last[2]))
+            or io - last[1] >= max(1, IO_RATE * (now - last[2]))
+        ):
             self._since[pid] = now
-        self._last[pid] = (cpu, now)
+        self._last[pid] = (cpu, io, now)
 
     def idle_for(self, pids: Iterable[int], now: float) -> float:
         """The least time any of ``pids`` has gone without progress (0 for one never sampled)."""

@@ -28,8 +28,8 @@ carries the digest, so a woken node reads only its shard); outside a handler (``
 the revision after the read.
 
 ``--rdzv-endpoint embedded[:HOST,...]`` is the job's own etcd (:mod:`aelastic.etcd.embedded`): the first hosts run
-its members beside their agents, and every node's rendezvous uses it with member failover. Its keys:
-``etcd_port`` (client port, default 2379; peers use the next), ``etcd_members`` (the members it keeps: 3; odd).
+its members beside their agents, and every node's rendezvous uses it with member failover. The ``--rdzv-conf``
+keys of both kinds, and their defaults, are :mod:`.etcd_conf`'s.
 
 torch's ``etcd-v2`` backend name is accepted as an alias (it spoke etcd's v2 API, gone since etcd 3.6).
 """
@@ -59,9 +59,8 @@ from ...errors import (
     RendezvousStateError,
 )
 from ...etcd.client import EtcdClient, open_etcd_client
-from ...etcd.config import EtcdConfig, parse_endpoints
-from ...etcd.embedded import JobEtcdSettings, client_config, open_job_etcd, root_password
-from ...etcd.layout import DEFAULT_CLIENT_PORT, DEFAULT_SIZE, Layout, parse_embedded
+from ...etcd.embedded import JobEtcdSettings, open_job_etcd
+from ...etcd.layout import Layout
 from ...etcd.messages import (
     Compare,
     CompareResult,
@@ -75,21 +74,17 @@ from ...etcd.messages import (
     SortTarget,
     prefix_range_end,
 )
-from ...etcd.server import find_etcd_binary
 from ...etcd.store import EtcdStore
-from ...store.auth import resolve_auth_token
 from ..api import JoinObserver, RendezvousHandler, RendezvousParameters
 from ..codec import Digest, shard_of
 from ..dynamic import open_dynamic_rendezvous
-from ..settings import AUTH_TOKEN, DYNAMIC_KEYS, READ_TIMEOUT, ConfKey, HandlerOptions, TimingSettings, key_names
-from ..values import NodeDesc, RendezvousSettings
+from ..settings import HandlerOptions
+from ..values import NodeDesc
 from .base import DigestRead, RendezvousBackend, StateReader, Versioned
+from .etcd_conf import etcd_setup
 
 __all__ = [
     "EtcdBackend",
-    "EtcdRendezvousSettings",
-    "etcd_settings",
-    "etcd_setup",
     "open_etcd_reader",
     "open_etcd_rendezvous",
     "open_etcd_v2_rendezvous",
@@ -97,50 +92,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_KEY_PREFIX: Final = "/aelastic/rendezvous"
 _UNAVAILABLE: Final = 14  # gRPC status of "no leader" / "leader changed"
-# The job's own etcd finds a lost node in seconds by default: its members run inside the job, on the nodes' own
-# network, where a beat takes milliseconds; etcd expires a node's lease (TTL: interval x attempts = 3 s) on its own
-# clock, and the neighbour sees it at its next check. Torch's defaults (5 s x 3) stay for an external etcd, which
-# may be a shared service further away.
-JOB_ETCD_TIMING: Final = {"keep_alive_interval": 1.0, "keep_alive_max_attempt": 3, "heartbeat_timeout": 2.0}
-
-
-def _with_job_etcd_default(key: ConfKey) -> ConfKey:
-    default = JOB_ETCD_TIMING.get(key.name)
-    if default is None:
-        return key
-    return replace(key, doc=f"{key.doc}; the job's own etcd (--rdzv-endpoint embedded): {default:g} by default")
-
-
-ETCD_KEYS: Final = (
-    *map(_with_job_etcd_default, DYNAMIC_KEYS),
-    ConfKey("key_prefix", "text", DEFAULT_KEY_PREFIX, "where the rendezvous keys live in etcd; must start with '/'"),
-    ConfKey("protocol", "text", "http", "http or https, for endpoints given without a scheme"),
-    ConfKey("cacert", "text", None, "a CA bundle (PEM) to verify etcd's certificate", aliases=("ca_cert",)),
-    ConfKey("cert", "text", None, "a client certificate (PEM), with key", aliases=("ssl_cert",)),
-    ConfKey("key", "text", None, "the client certificate's private key (PEM)", aliases=("ssl_cert_key",)),
-    ConfKey("username", "text", None, "etcd's user, with password"),
-    ConfKey("password", "text", None, "the etcd user's password"),
-    AUTH_TOKEN,
-    ETCD_PORT := ConfKey(
-        "etcd_port",
-        "integer",
-        DEFAULT_CLIENT_PORT,
-        "the job's own etcd (--rdzv-endpoint embedded:...): its members' client port, 1..65534 (the peer port is the "
-        "next one)",
-    ),
-    ETCD_MEMBERS := ConfKey(
-        "etcd_members",
-        "integer",
-        DEFAULT_SIZE,
-        "the job's own etcd: how many members it keeps, odd (the first hosts of the list start them; a lost one is "
-        "replaced on another node)",
-    ),
-)
-_ALIASES: Final = {alias: key.name for key in ETCD_KEYS for alias in key.aliases}
-_TLS_KEYS: Final = ("cacert", "cert", "key", "username", "password")  # an external etcd's; the job's own has none
-
 _FOLLOW_RETRY, _FOLLOW_RETRY_MAX = 0.1, 2.0  # pauses between attempts to follow the digest when no member answers
 _OUT_OF_RANGE: Final = 11  # gRPC status of a read at a revision compacted away
 _MAX_SHARDS: Final = 120  # position shards written with the state: its txn must stay within etcd's 128 operations
@@ -460,83 +412,6 @@ class EtcdBackend(RendezvousBackend):
                 except EtcdError as exc:
                     logger.debug("etcd rendezvous %s: revoking the lease of %s: %r", self.root, node_key, exc)
                 del self._leases[node_key]
-
-
-@dataclass(frozen=True, slots=True)
-class EtcdRendezvousSettings:
-    """The ``--rdzv-conf`` keys of the etcd backend besides the timing keys, validated."""
-
-    etcd: EtcdConfig
-    key_prefix: str
-    read_timeout: float
-    embedded: Layout | None = None  # the job's own etcd (--rdzv-endpoint embedded:...), else an external one
-
-    @classmethod
-    def from_parameters(cls, params: RendezvousParameters) -> EtcdRendezvousSettings:
-        conf = params.config
-        for alias, name in _ALIASES.items():
-            if alias in conf and name in conf and conf[alias] != conf[name]:
-                raise ConfigurationError(f"--rdzv-conf {alias} and {name} name the same setting: give one")
-
-        def text(name: str) -> str | None:
-            value = conf.get(name)
-            if value is None:
-                value = next((conf[a] for a, n in _ALIASES.items() if n == name and a in conf), None)
-            return None if value is None else str(value)
-
-        key_prefix = text("key_prefix") or DEFAULT_KEY_PREFIX
-        if not key_prefix.startswith("/"):
-            raise ConfigurationError(f"--rdzv-conf key_prefix={key_prefix!r}: must start with '/'")
-        read_timeout = READ_TIMEOUT.read(params)
-        hosts = parse_embedded(params.endpoint)
-        if hosts is not None:
-            layout = _layout(params, hosts)
-            for name in _TLS_KEYS:
-                if text(name) is not None:
-                    raise ConfigurationError(
-                        f"--rdzv-conf {name}: the job's own etcd (--rdzv-endpoint {params.endpoint!r}) speaks plain "
-                        "HTTP inside the job; TLS and users are for an external etcd"
-                    )
-            token = resolve_auth_token(AUTH_TOKEN.read(params))
-            password = None if token is None else root_password(token, params.run_id)
-            return cls(client_config(layout, password), key_prefix, read_timeout, layout)
-        for name in (ETCD_PORT.name, ETCD_MEMBERS.name, AUTH_TOKEN.name):
-            if name in conf:
-                raise ConfigurationError(
-                    f"--rdzv-conf {name}: only for the job's own etcd (--rdzv-endpoint embedded); an external etcd "
-                    "takes username and password"
-                )
-        endpoints = parse_endpoints(params.endpoint or "localhost", protocol=text("protocol") or "http")
-        config = EtcdConfig(
-            endpoints, ca_cert=text("cacert"), cert=text("cert"), key=text("key"),
-            username=text("username"), password=text("password"),
-        )  # fmt: skip
-        return cls(config, key_prefix, read_timeout)
-
-
-def _layout(params: RendezvousParameters, hosts: tuple[str, ...]) -> Layout:
-    """The job's own etcd that ``--rdzv-endpoint embedded:...`` and its keys describe; the etcd binary found."""
-    if not hosts:
-        raise ConfigurationError(
-            f"--rdzv-endpoint {params.endpoint!r}: name the job's hosts, the same list on every node "
-            "(embedded:HOST,HOST,...; under Slurm, srun fills in the step's nodes)"
-        )
-    find_etcd_binary()  # a node without it could neither start nor replace a member: refused now, in one line
-    port = ETCD_PORT.read(params)
-    return Layout(hosts, port, ETCD_MEMBERS.read(params), token=f"aelastic-{params.run_id}")
-
-
-def etcd_setup(params: RendezvousParameters) -> tuple[TimingSettings, EtcdRendezvousSettings]:
-    """The etcd backend's timing and connection settings, validated without I/O."""
-    params.warn_unknown(key_names(ETCD_KEYS))
-    settings = EtcdRendezvousSettings.from_parameters(params)
-    defaults = JOB_ETCD_TIMING if settings.embedded is not None else None
-    return TimingSettings.from_parameters(params, defaults), settings
-
-
-def etcd_settings(params: RendezvousParameters) -> RendezvousSettings:
-    """The protocol settings the nodes of ``params`` derive (node counts, windows)."""
-    return etcd_setup(params)[0].rendezvous
 
 
 @asynccontextmanager
