@@ -29,6 +29,7 @@ to a counter of its own).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -58,6 +59,8 @@ KEEP_ALIVE = 5  # torch's default keep-alive interval (s): a loaded machine must
 HEARTBEAT_INTERVAL = 1  # the keep-alive interval in the heartbeat scenario, so a short window sees many beats
 JOIN_TIMEOUT = 300.0
 OPENING = 64  # handlers each worker process opens at a time (before the round: not measured)
+# Once its nodes are open, a worker process freezes its heap (gc.freeze): it holds a thousand nodes' objects where
+# an agent holds one node's, and each collection during the round would walk them all.
 
 
 # --- worker processes ---------------------------------------------------------------------------------------------
@@ -102,6 +105,7 @@ def torch_worker(spec: dict[str, Any]) -> None:
                 keep_alive_interval=spec["keep_alive"],
             )
         )
+    gc.freeze()  # as the aelastic workers (OPENING)
     print("ready", flush=True)
     sys.stdin.readline()
     starts, ends, errors = [0.0] * len(handlers), [0.0] * len(handlers), []
@@ -193,6 +197,7 @@ def _simulated_nodes(
             for i in range(count):
                 tg.start_soon(node, i)
             await opened.wait()
+            gc.freeze()  # see OPENING's note on the heap
             print("ready", flush=True)
             await anyio.to_thread.run_sync(sys.stdin.readline)
             opening_work = counters(nodes) if counters else {}  # one round's work is reported, not the opening
