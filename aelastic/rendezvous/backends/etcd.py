@@ -290,11 +290,12 @@ class EtcdBackend(RendezvousBackend):
         return _Digest(0, 0, 0, b"", revision) if kv is None else _Digest.parse(kv.value, revision)
 
     async def read_digest(self, node_key: str, known: int) -> DigestRead | None:
-        """The digest the follower last saw unless it is older than ``known`` (then one read), and the node's
-        shard as of the digest's revision: one read. (The follower's digest may lag the store by a write in flight,
-        like any read by the time it is used; a node that wrote a newer version keeps what it wrote.)"""
+        """The digest, and the node's shard as of the digest's revision (one read). The digest is the one the
+        follower last saw when a change woke the node (``known``: the version it announced), else one read: with
+        no version known (``known`` -1) the node looks without news, and the follower may be the one stuck (its
+        member silent, the watch waiting on it), so its word is no answer then."""
         follower = self._follower
-        digest = follower.latest if follower is not None else None
+        digest = follower.latest if follower is not None and known >= 0 else None
         if digest is None or digest.version < known:
             digest = await self._read_digest()
         if digest.version == 0:
