@@ -15,7 +15,8 @@ joins. Each worker opens its handlers first; timing starts when the harness says
 
 On etcd, a third system is the floor under the etcd rendezvous on this machine, **etcd-floor**: each node opens an
 etcd client as a handler does and, on "go", makes only the requests that a node's join makes on the etcd backend
-(a lease, its key, the join request's txn that counts it, the read of its position shard), one after the other,
+(a lease, its key, the digest read it decides on, the join request's txn that counts it, the read of its position
+shard), one after the other,
 with no rendezvous logic. etcd and the simulated nodes share the machine's cores, so the round cannot finish
 faster than its requests can be served and sent; the ratio ``etcd / c10d`` is reported beside it.
 
@@ -223,6 +224,7 @@ def floor_worker(spec: dict[str, Any]) -> None:
     async def join(client: Any, i: int) -> None:
         lease = await client.lease_grant(spec["keep_alive"] * 3)
         await client.put(root + b"/alive/%d" % i, b"", lease=lease.id)
+        await client.range(counted[0])
         await client.txn([], [PutOp(joins + b"%d-%d" % (os.getpid(), i), b"x" * 120), *counted])
         await client.range(RangeOp(root + b"/pos/000000"))
 
