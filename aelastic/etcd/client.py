@@ -461,28 +461,31 @@ class EtcdClient:
         await self._call("/v3/auth/user/grant", {"user": "root", "role": "root"})  # granted again: a no-op
         await self._call("/v3/auth/enable", {})  # enabled already: a no-op
 
-    async def member_add(self, peer_urls: Sequence[str]) -> tuple[Member, tuple[Member, ...]]:
-        """Add a member that will listen for its peers at ``peer_urls``: the new member and every member after the
-        change (what the new member's ``--initial-cluster`` lists). Never repeated after the request went out,
-        but for etcd's refusal while the cluster is unhealthy (its members must have been connected for 5 s, and
-        enough of them started), which is asked again after a growing pause, bounded by the caller's deadline."""
+    async def _change_members(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """A membership change, never repeated after the request went out but for etcd's refusal while the cluster
+        is unhealthy (its members must have been connected for 5 s, and enough of them started: a member added a
+        moment ago, another lost), which is asked again after a growing pause, bounded by the caller's deadline."""
         pause = _RETRY_INITIAL
         while True:
             try:
-                obj = await self._call("/v3/cluster/member/add", {"peerURLs": list(peer_urls)}, idempotent=False)
+                return await self._call(path, body, idempotent=False)
             except EtcdRequestError as exc:
                 if exc.code != UNAVAILABLE or not str(exc).endswith(_UNHEALTHY):
                     raise
-                logger.debug("etcd: %s; adding again in %.2f s", exc, pause)
-                await anyio.sleep(pause)
-                pause = min(pause * 2, _RETRY_MAX)
-                continue
-            return Member.from_json(obj.get("member", {})), members_of(obj)
+                logger.debug("etcd: %s; asking again in %.2f s", exc, pause)
+            await anyio.sleep(pause)
+            pause = min(pause * 2, _RETRY_MAX)
+
+    async def member_add(self, peer_urls: Sequence[str]) -> tuple[Member, tuple[Member, ...]]:
+        """Add a member that will listen for its peers at ``peer_urls``: the new member and every member after the
+        change (what the new member's ``--initial-cluster`` lists); see :meth:`_change_members`."""
+        obj = await self._change_members("/v3/cluster/member/add", {"peerURLs": list(peer_urls)})
+        return Member.from_json(obj.get("member", {})), members_of(obj)
 
     async def member_remove(self, member_id: int) -> None:
-        """Remove the member ``member_id`` from the cluster; one already gone is fine."""
+        """Remove the member ``member_id`` from the cluster; one already gone is fine; see :meth:`_change_members`."""
         try:
-            await self._call("/v3/cluster/member/remove", {"ID": str(member_id)}, idempotent=False)
+            await self._change_members("/v3/cluster/member/remove", {"ID": str(member_id)})
         except EtcdRequestError as exc:
             if exc.code != _NOT_FOUND:
                 raise
