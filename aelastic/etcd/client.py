@@ -450,9 +450,8 @@ class EtcdClient:
         return members_of(await self._call("/v3/cluster/member/list", {}))
 
     async def enable_auth(self, root_password: str) -> None:
-        """Turn etcd's authentication on, with a user ``root`` of this password (``etcdctl user add root``, ``user
-        grant-role root root``, ``auth enable``). Each step that was done already (by another client with the same
-        password) is fine, so that several may race; log in as that user (the client's config) to go on."""
+        """Turn etcd's authentication on with a user ``root`` of this password (``etcdctl user add root``, ``user
+        grant-role root root``, ``auth enable``), each step a no-op if done already: clients may race."""
         try:
             await self._call("/v3/auth/user/add", {"name": "root", "password": root_password})
         except EtcdRequestError as exc:
