@@ -108,15 +108,19 @@ class ElasticAgent:
         checkpoints, standbys = features.checkpoints, features.standbys
         if checkpoints is not None and standbys is not None:  # a replacement's state lands in warm memory
             checkpoints.tell(standbys.warm, standbys.map_slots)
-        # What the workers may ask over their links (aelastic.agent.link).
-        self.services: dict[str, LinkService] = {} if checkpoints is None else {checkpoints.name: checkpoints}
         # torch's rule: the timer server runs when its variable is exactly "1"; aelastic's watchdog needs it too.
         self.timer_file: Path | None = None
         if self.base_env.get(ENABLE_ENV) == "1" or options.timeouts.watchdog is not None:
             self.timer_file = Path(self.base_env.get(FILE_ENV) or run_dir / "watchdog_timer")
         self.group = WorkerGroup(spec)
         metrics = AgentMetrics(spec.role, spec.max_restarts)
-        self.recorder = Recorder(spec, handler, self.group, metrics, options.restarts.max_repeated_failures)
+        self.recorder = Recorder(spec, handler, self.group, metrics, options.restarts.max_repeated_failures,
+                                 prewarm=standbys is not None)  # fmt: skip
+        incidents = self.recorder.incidents
+        # What the workers may ask over their links (aelastic.agent.link).
+        self.services: dict[str, LinkService] = {incidents.name: incidents}
+        if checkpoints is not None:
+            self.services[checkpoints.name], checkpoints.progress = checkpoints, incidents
         self._attempt = 0
         self._finished: RendezvousInfo | None = None  # the round in which every node's workers succeeded
         self._dumper: StackDumper | None = None  # the last attempt's: its notes go into the failure report

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, cast
@@ -38,6 +39,7 @@ from ..config.extras import METRICS_MISSING
 from ..errors import AelasticError, ConfigurationError
 from ..store import ServerStatistics
 from .figures import RESTART_CAUSES, AgentMetrics
+from .incidents.ledger import PHASES
 from .workers import WorkerState
 
 if TYPE_CHECKING:
@@ -56,6 +58,7 @@ StoreStatistics = Callable[[], Sequence[ServerStatistics]]
 
 # The gauge aelastic_worker_group_state has a series per state the agent can be in (UNKNOWN is torch's placeholder).
 _STATES = tuple(s for s in WorkerState if s is not WorkerState.UNKNOWN)
+_INCIDENT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)  # seconds
 
 
 def health(metrics: AgentMetrics) -> tuple[int, dict[str, Any]]:
@@ -144,6 +147,7 @@ def _registry(metrics: AgentMetrics, stores: StoreStatistics = _no_stores) -> Co
                     )
                     latest.add_metric(role, last)
                     yield latest
+            yield from _incident_metrics(metrics, CounterMetricFamily, GaugeMetricFamily)
             status, _ = health(metrics)
             healthy = GaugeMetricFamily("aelastic_healthy", "1 when /health answers 200", labels=["role"])
             healthy.add_metric(role, int(status == 200))
@@ -153,6 +157,34 @@ def _registry(metrics: AgentMetrics, stores: StoreStatistics = _no_stores) -> Co
     registry = CollectorRegistry(auto_describe=False)
     registry.register(AgentCollector())
     return registry
+
+
+def _incident_metrics(
+    metrics: AgentMetrics, counter: type[CounterMetricFamily], gauge: type[GaugeMetricFamily]
+) -> Iterator[Metric]:
+    """What the node's incidents cost (:mod:`aelastic.agent.incidents`): per phase, per cause, and the goodput."""
+    from prometheus_client.core import HistogramMetricFamily
+
+    role, incidents = [metrics.role], metrics.incidents.ended
+    phases = HistogramMetricFamily(
+        "aelastic_incident_phase_seconds", "each incident's time, by phase (detection to the work redone)",
+        labels=["role", "phase"],
+    )  # fmt: skip
+    for phase in PHASES:
+        values = [i.phases[phase] for i in incidents]
+        buckets = [(str(b), sum(v <= b for v in values)) for b in _INCIDENT_BUCKETS] + [("+Inf", len(values))]
+        phases.add_metric([*role, phase], buckets, sum(values))
+    yield phases
+    causes = counter("aelastic_incidents", "incidents by cause (failure, membership, hang)", labels=["role", "cause"])
+    for cause in sorted({i.kind for i in incidents} | {"failure", "membership"}):
+        causes.add_metric([*role, cause], sum(i.kind == cause for i in incidents))
+    yield causes
+    lost = counter("aelastic_incident_lost_seconds", "the time all incidents cost", labels=["role"])
+    lost.add_metric(role, sum(i.lost for i in incidents))
+    yield lost
+    goodput = gauge("aelastic_goodput_ratio", "the share of the agent's time no incident lost", labels=["role"])
+    goodput.add_metric(role, metrics.incidents.goodput(time.monotonic()))
+    yield goodput
 
 
 def _store_metrics(

@@ -5,14 +5,29 @@ between scrapes. Each update also goes to torch's metrics API (:func:`aelastic.m
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from ..metrics import put_metric
+from .incidents.ledger import Incident
 from .workers import WorkerState
 
-__all__ = ["RESTART_CAUSES", "AgentMetrics"]
+__all__ = ["RESTART_CAUSES", "AgentMetrics", "Incidents"]
 
 RESTART_CAUSES = ("failure", "membership")
+
+
+@dataclass
+class Incidents:
+    """The incidents that ended (:mod:`aelastic.agent.incidents`), in order, and the agent's start."""
+
+    ended: list[Incident] = field(default_factory=list)
+    started_at: float = field(default_factory=time.monotonic)
+
+    def goodput(self, now: float) -> float:
+        """The share of the time since the agent started that no incident lost."""
+        total = now - self.started_at
+        return 1.0 - sum(i.lost for i in self.ended) / total if total > 0 else 1.0
 
 
 @dataclass
@@ -37,6 +52,7 @@ class AgentMetrics:
     unhealthy: dict[int, str] = field(default_factory=dict)  # local rank → why (set by a progress watchdog)
     stopped_reason: str | None = None  # why the workers are stopped until they run again (a restart under way)
     stopped_since: float | None = None
+    incidents: Incidents = field(default_factory=lambda: Incidents())
 
     def set_state(self, state: WorkerState) -> None:
         self.state = state
@@ -70,6 +86,10 @@ class AgentMetrics:
         self.recovery_sum += seconds
         self.recovery_count += 1
         put_metric(f"workers.{self.role}.recovery.duration.ms", int(seconds * 1000))
+
+    def incident(self, incident: Incident) -> None:
+        self.incidents.ended.append(incident)
+        put_metric(f"workers.{self.role}.incident.lost.ms", int(incident.lost * 1000))
 
     def set_alive(self, count: int) -> None:
         self.workers_alive = count

@@ -13,11 +13,13 @@ import anyio
 from .. import events
 from ..rendezvous.api import RendezvousHandler
 from .figures import AgentMetrics
+from .incidents.ledger import Incident
+from .incidents.parent import Incidents
 from .policy import Action, Budget, Decision
 from .processes import GroupOutcome
 from .rootcause import FailureRecord
 from .spawn.parent import WorkerProcess
-from .status_events import AgentSnapshot, record_agent, record_started, record_workers
+from .status_events import AgentSnapshot, record_agent, record_incident, record_started, record_workers
 from .workers import WorkerGroup, WorkerSpec, WorkerState
 
 __all__ = ["Recorder"]
@@ -37,6 +39,8 @@ class Recorder:
         group: WorkerGroup,
         metrics: AgentMetrics,
         max_repeated_failures: int = 0,
+        *,
+        prewarm: bool = False,
     ) -> None:
         self.spec = spec
         self.handler = handler
@@ -45,6 +49,10 @@ class Recorder:
         self.budget = Budget(spec.max_restarts, max_repeated=max_repeated_failures)
         self.attempt_started = 0.0  # the current attempt's start, on the event loop's clock
         self.started_at = time.monotonic()  # the start of torch's total_run_time
+        self.incidents = Incidents(spec.local_world_size, self._incident)
+        self._prewarm = prewarm
+        self._pids: set[int] = set()  # the last attempt's workers: those still there are survivors
+        self._ended_at = 0.0  # when the last attempt's workers were stopped (time.monotonic())
 
     def __repr__(self) -> str:
         return f"<Recorder state={self.group.state.value} {self.budget!r}>"
@@ -71,6 +79,7 @@ class Recorder:
 
     def rendezvous_done(self, seconds: float) -> None:
         self.metrics.rendezvous_done(seconds)
+        self.incidents.rendezvous_done()
         if events.active() is not None:
             record_agent(self.snapshot(), "RENDEZVOUS", duration_ms=seconds * 1000)
 
@@ -83,12 +92,17 @@ class Recorder:
         """The workers were spawned: their pids are torch's worker ids, and its START events carry them."""
         pids = {process.local_rank: process.pid for process in processes}
         self.group.workers = [replace(w, id=pids.get(w.local_rank)) for w in self.group.workers]
+        kept = len(self._pids & set(pids.values()))
+        fresh = "pre-warmed" if self._prewarm else "cold"
+        self.incidents.started("survivors" if kept == len(pids) else fresh if not kept else f"survivors, {fresh}")
+        self._pids = set(pids.values())
         if events.active() is not None:
             record_started(self.snapshot())
 
     def attempt_ended(self, workers: GroupOutcome | None) -> None:
         """The attempt's workers are gone: ``workers`` is how they exited, ``None`` when the watcher stopped them."""
         self.metrics.set_alive(0)
+        self._ended_at = time.monotonic()
         if workers is not None and events.active() is not None:
             record_workers(self.snapshot(), workers)
 
@@ -101,12 +115,20 @@ class Recorder:
         action, role, now = decision.action, self.spec.role, anyio.current_time()
         if action is Action.RESTART_MEMBERSHIP:
             self.metrics.restarted("membership", f"membership change: {reason}", now)
+            self.incidents.fault(f"membership change: {reason}", "membership",
+                                 notice=getattr(reason, "noticed", self._ended_at), seen=False)  # fmt: skip
+            self.incidents.stopped(self._ended_at)
             logger.info("[%s] membership change (%s): restarting workers", role, reason)
         elif action is Action.RESTART_FAILURE:
             self.group.state = WorkerState.FAILED
             failed = None if workers is None else workers.first_failure
             rank, exitcode = failed and failed.global_rank, failed and failed.exitcode
             self.metrics.restarted("failure", f"worker rank {rank} failed (exitcode {exitcode})", now)
+            # The exit's time, from the wall clock the agent noted it by to the monotonic one.
+            noticed = self._ended_at if failed is None else time.monotonic() - max(time.time() - failed.timestamp, 0)
+            self.incidents.fault(f"worker rank {rank} failed (exitcode {exitcode})", "failure",
+                                 notice=min(noticed, self._ended_at), seen=True)  # fmt: skip
+            self.incidents.stopped(self._ended_at)
             logger.warning(
                 "[%s] worker rank %s failed (exitcode %s); restart %d of %d:%s",
                 role, rank, exitcode, self.budget.failure_restarts, self.spec.max_restarts, report(),
@@ -123,9 +145,20 @@ class Recorder:
 
     def finished(self, state: WorkerState, cause: FailureRecord | None = None) -> None:
         """The run is over (after the exit barrier, when it succeeded): torch's agent-level event; a failed job's
-        carries its root cause (``raw_error``: rank, node, host, exit code, message)."""
+        carries its root cause (``raw_error``: rank, node, host, exit code, message). Every node logs what its
+        incidents cost."""
+        line = self.incidents.close()
+        if line is not None:
+            logger.warning("[%s] %s", self.spec.role, line)
         if events.active() is not None:
             raw = None if cause is None else json.dumps({"root_cause": {
                 "rank": cause.failure.global_rank, "node": cause.node, "host": cause.host,
                 "exitcode": cause.failure.exitcode, "message": cause.failure.message}})  # fmt: skip
             record_agent(self.snapshot(), state.value, raw_error=raw)
+
+    def _incident(self, incident: Incident) -> None:
+        """An incident ended (:mod:`aelastic.agent.incidents`): its line, its figures and its event."""
+        logger.warning("[%s] %s", self.spec.role, incident.describe())
+        self.metrics.incident(incident)
+        if events.active() is not None:
+            record_incident(self.snapshot(), incident)

@@ -19,9 +19,10 @@ from ..events import EventMetadataValue, EventSource
 from .workers import Worker
 
 if TYPE_CHECKING:
+    from .incidents.ledger import Incident
     from .processes import GroupOutcome
 
-__all__ = ["AgentSnapshot", "record_agent", "record_started", "record_workers"]
+__all__ = ["AgentSnapshot", "record_agent", "record_incident", "record_started", "record_workers"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,3 +116,13 @@ def record_workers(snapshot: AgentSnapshot, outcome: GroupOutcome) -> None:
             worker_pid=None if exit is None else exit.pid,
         )
         events.record(f"torchelastic.worker.status.{state}", EventSource.WORKER, metadata)
+
+
+def record_incident(snapshot: AgentSnapshot, incident: Incident) -> None:
+    """``aelastic.incident``: one fault's cost on this node, in torch's agent-event schema with ``state``
+    ``INCIDENT``, ``duration_ms`` the time lost, and the incident's fields (its cause, each phase's seconds as
+    ``<phase>_s``, how the workers started, what was restored, the steps redone) beside torch's keys."""
+    if events.active() is not None:
+        metadata = _metadata(snapshot, "INCIDENT", duration_ms=incident.lost * 1000)
+        metadata.update(incident.to_json())
+        events.record("aelastic.incident", EventSource.AGENT, metadata)

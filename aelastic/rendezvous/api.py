@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import abc
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -213,13 +214,14 @@ class RendezvousStatistics:
 class MembershipChange(str):
     """Why a round must be redone, as :meth:`RendezvousHandler.wait_for_membership_change` says it (the text is for
     people); ``lost``: members left the round (found dead, or gone to restart), rather than nodes waiting to join
-    or the rendezvous closed."""
+    or the rendezvous closed; ``noticed``: when this node learned of it (``time.monotonic()``)."""
 
     lost: bool
+    noticed: float
 
     def __new__(cls, text: str, *, lost: bool = False) -> MembershipChange:
         change = super().__new__(cls, text)
-        change.lost = lost
+        change.lost, change.noticed = lost, time.monotonic()
         return change
 
 

@@ -20,6 +20,9 @@ requested signal (SIGKILL by default) and the group takes the ordinary failure p
   watchdog is armed by the first call; a worker that never calls it is not watched. To keep the cost of a call
   per step negligible, a call within a tenth of the timeout of the last one sent sends nothing, so a silent worker
   is killed between 0.9 and 1 times the timeout after its last call.
+* :func:`step` marks a training step complete, for the agent's incident records (what a fault cost, the steps
+  redone); :func:`busy` marks a block that only looks hung from outside, for ``--hang-timeout``
+  (``docs/howto/incidents.md``).
 * :func:`restartable` wraps the training function so that a worker keeps its process when another fails: the
   function is called again for the next round (``docs/howto/survivors.md``).
 
@@ -41,6 +44,7 @@ from .._lazy import lazy_exports
 from ..errors import TimerServerUnavailableError
 
 if TYPE_CHECKING:
+    from ._progress import busy, step
     from ._restart import RestartRequested, restartable
     from ._timers import HEARTBEAT_SCOPE, WATCHDOG_ENV, expires, heartbeat
 
@@ -49,6 +53,8 @@ _LAZY = {
     "WATCHDOG_ENV": "._timers",
     "expires": "._timers",
     "heartbeat": "._timers",
+    "busy": "._progress",
+    "step": "._progress",
     "RestartRequested": "._restart",
     "restartable": "._restart",
 }
@@ -58,9 +64,11 @@ __all__ = [
     "WATCHDOG_ENV",
     "RestartRequested",
     "TimerServerUnavailableError",
+    "busy",
     "expires",
     "heartbeat",
     "restartable",
+    "step",
 ]
 
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _LAZY)

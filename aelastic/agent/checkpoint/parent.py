@@ -35,7 +35,7 @@ import os
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import anyio
 import anyio.abc
@@ -151,6 +151,14 @@ class _Standbys:
             self.on_slots(worker.local_rank, rank.rank, slots)
 
 
+class Progress(Protocol):
+    """What the keeper tells of the workers' saves and restores (:class:`aelastic.agent.incidents.parent.Incidents`)."""
+
+    def marked(self, local_rank: int, step: int) -> None: ...
+    def restore_began(self) -> None: ...
+    def restored(self, step: int, source: str) -> None: ...
+
+
 class Keeper:
     """The agent's in-memory checkpoints (see the module doc): a link service named ``checkpoint``. Open it with
     :func:`open_keeper`."""
@@ -179,6 +187,7 @@ class Keeper:
         self._counts = {"saves": 0, "loads": 0, "pushed": 0, "persisted": 0}
         self._standbys = _Standbys()
         self._commits = anyio.Event()  # set at the next commit
+        self.progress: Progress | None = None  # told of saves and restores (the node's incident records)
 
     def __repr__(self) -> str:
         return f"<Keeper own={self._held.steps()} restore_step={self._round.plan.step} {self._held!r}>"
@@ -275,7 +284,13 @@ class Keeper:
         if op == "commit":
             return self._commit(worker, int(message["slot"]), int(message["step"]), int(message["size"]),
                                 int(message.get("host", 0)))  # fmt: skip
+        if op == "loaded":  # a load's copies are over
+            if self.progress is not None:
+                self.progress.restored(int(message["step"]), str(message["source"]))
+            return {}, ()
         if op == "load":
+            if self.progress is not None:
+                self.progress.restore_began()
             rank = message.get("rank")
             return await self._load(worker.global_rank if rank is None else int(rank), worker.global_rank)
         raise LinkRefusal(f"no checkpoint operation {op!r}")
@@ -315,6 +330,8 @@ class Keeper:
         rank.commit(slot, header, "memory")
         self._counts["saves"] += 1
         self._round.committed.add(rank.rank)
+        if self.progress is not None:
+            self.progress.marked(worker.local_rank, step)
         self._commits.set()
         self._commits = anyio.Event()
         self._standbys.committed(worker, rank, host)

@@ -382,6 +382,7 @@ def load(*, into: Any = None, map_location: str | torch.device | None = None, ra
         mapping.release()
         own.read_done()
     own.last = info
+    own.request("load", "loaded", step=info.step, source=info.source)  # the restore's end, for the incident records
     return state
 
 

@@ -1,0 +1,99 @@
+"""The agent's side of incident records (see :mod:`aelastic.agent.incidents`): the node's :class:`Incidents`, a link
+service named ``progress``.
+
+Times are ``time.monotonic()``: one clock for every process of the host, so a worker's marks and the agent's own
+observations compare directly (never across hosts).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final
+
+from ..link.parent import LinkRefusal
+from ..spawn.parent import WorkerProcess
+from .ledger import Incident, Ledger, summary
+
+__all__ = ["Incidents"]
+
+
+class Incidents:
+    """One node's incidents (:class:`~.ledger.Ledger`), fed by the agent and by its workers; ``on_incident`` is
+    called with each incident as it ends. The workers also say here when they are busy in a way that looks like a
+    hang from outside (:meth:`busy`)."""
+
+    name: Final = "progress"
+
+    def __init__(self, local_ranks: int, on_incident: Callable[[Incident], None]) -> None:
+        self.ledger = Ledger(local_ranks)
+        self.on_incident = on_incident
+        self.started_at = time.monotonic()
+        self._busy: dict[int, str] = {}  # pid -> what the worker said it is busy with
+
+    def __repr__(self) -> str:
+        return f"<Incidents {self.ledger!r} busy={len(self._busy)}>"
+
+    def _ended(self, incident: Incident | None) -> None:
+        if incident is not None:
+            self.on_incident(incident)
+
+    # --- what the agent saw ------------------------------------------------------------------------------------
+
+    def fault(self, cause: str, kind: str, *, notice: float, seen: bool) -> None:
+        """A fault, noticed at ``notice``; ``seen``: the agent saw the fault itself (a local worker's exit), else
+        it learned of it from the rendezvous, and the time since the last step is its detection."""
+        ledger = self.ledger
+        fault = notice if seen else min(notice, ledger.last_step_time(default=notice))
+        self._busy.clear()  # a survivor re-enters its training function: whatever it was busy with is over
+        self._ended(ledger.fault(cause, kind, fault, notice))
+
+    def stopped(self, at: float) -> None:
+        self.ledger.stopped(at)
+
+    def rendezvous_done(self) -> None:
+        self.ledger.rendezvous_done(time.monotonic())
+
+    def started(self, how: str) -> None:
+        self._ended(self.ledger.started(time.monotonic(), how))
+
+    def close(self) -> str | None:
+        """The run is over: the summary line (``None`` when nothing happened)."""
+        now = time.monotonic()
+        self._ended(self.ledger.close(now))
+        return summary(self.ledger.incidents, now - self.started_at)
+
+    # --- what the checkpoint keeper saw ------------------------------------------------------------------------
+
+    def marked(self, local_rank: int, step: int, at: float | None = None) -> None:
+        self._ended(self.ledger.step(local_rank, step, time.monotonic() if at is None else at))
+
+    def restore_began(self) -> None:
+        self.ledger.restore_began(time.monotonic())
+
+    def restored(self, step: int, source: str) -> None:
+        self.ledger.restored(time.monotonic(), step, source)
+
+    # --- the workers' marks (aelastic.worker.step, aelastic.worker.busy) ---------------------------------------
+
+    def busy(self, pid: int) -> str | None:
+        """What worker ``pid`` said it is busy with (``None``: nothing)."""
+        return self._busy.get(pid)
+
+    async def handle(
+        self, worker: WorkerProcess, op: str, message: Mapping[str, Any], fds: list[int]
+    ) -> tuple[dict[str, Any], Sequence[int]]:
+        for fd in fds:  # no operation takes any
+            os.close(fd)
+        if op == "step":
+            self.marked(worker.local_rank, int(message["step"]), float(message["at"]))
+        elif op == "busy":
+            what = message.get("what")
+            if what is None:
+                self._busy.pop(worker.pid, None)
+            else:
+                self._busy[worker.pid] = str(what)
+        else:
+            raise LinkRefusal(f"no progress operation {op!r}")
+        return {}, ()
