@@ -418,7 +418,7 @@ class ElasticAgent:
         pipe = commands[0].env.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE")  # ours, or the user's own
         world = self.group.workers[0].world_size
         return HangWatch(self.options.timeouts.hang, info.store, info.rank, info.world_size, world, dumper, pipe,
-                         supervisor.kill)  # fmt: skip
+                         supervisor.kill, self.recorder.incidents)  # fmt: skip
 
     async def _before_kill(self, dumper: StackDumper, survivors: Sequence[WorkerProcess]) -> None:
         """The workers still alive when a stop's grace ran out: their stacks, before SIGKILL."""

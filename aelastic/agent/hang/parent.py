@@ -30,7 +30,7 @@ import socket
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 
 import anyio
 
@@ -67,6 +67,13 @@ def flight_recorder_env(base: Mapping[str, str], pipe_prefix: Path, dump_prefix:
     return env
 
 
+class Marks(Protocol):
+    """What the workers said of themselves (:class:`aelastic.agent.incidents.parent.Incidents`)."""
+
+    def busy(self, pid: int) -> str | None: ...
+    def hung(self, idle: float) -> None: ...
+
+
 class HangWatch:
     """One attempt's hang detection on one node; see the module doc.
 
@@ -77,6 +84,8 @@ class HangWatch:
         dumper: the attempt's stack dumper (the failure report's notes go through it).
         pipe_prefix: the workers' ``TORCH_NCCL_DEBUG_INFO_PIPE_FILE`` (``None``: none).
         kill: SIGKILLs a worker by pid (the supervisor's: it bounds how long the worker may outlive it).
+        marks: what the workers said of themselves (``aelastic.worker.busy``: a rank idle while a device or a
+            remote service works for it counts as progress), told when a hang is declared (the incident records).
     """
 
     def __init__(
@@ -89,8 +98,11 @@ class HangWatch:
         dumper: StackDumper,
         pipe_prefix: str | None,
         kill: Callable[[int], None],
+        marks: Marks | None = None,
     ) -> None:
         self.timeout = timeout
+        self.marks = marks
+        self._idle_since = 0.0  # when this node's workers last made progress, once idle (anyio's clock)
         self.store = store.prefixed(_PREFIX)
         self.node, self.nodes, self.world_size = node, nodes, world_size
         self.dumper = dumper
@@ -125,10 +137,13 @@ class HangWatch:
                 for worker in workers:
                     times = tree_times(worker.pid)
                     if times.state not in ("", "Z"):
-                        progress.observe(worker.pid, times.cpu, now, times.io)
+                        busy = self.marks is not None and self.marks.busy(worker.pid) is not None
+                        progress.observe(worker.pid, times.cpu, now, times.io, busy=busy)
                         live.append(worker.pid)
-                idle = progress.idle_for(live, now) >= self.timeout
+                idle_for = progress.idle_for(live, now)
+                idle = idle_for >= self.timeout
                 if idle and agreeing is None:
+                    self._idle_since = now - idle_for
                     await self.store.set(f"idle/{self.node}", b"idle")
                     agreeing = anyio.CancelScope()
                     tg.start_soon(self._agree, agreeing)
@@ -146,6 +161,8 @@ class HangWatch:
 
     async def _diagnose(self, workers: Sequence[WorkerProcess]) -> None:
         reason = f"no rank of the job made progress (CPU time, bytes read or written) for {self.timeout:g} s"
+        if self.marks is not None:
+            self.marks.hung(anyio.current_time() - self._idle_since)
         logger.warning("hang: %s: dumping every rank's stack", reason)
         self._ask_flight_recorder(workers)
         stacks = await self.dumper.dump(workers, f"hang: {reason}", report=())

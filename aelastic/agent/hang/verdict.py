@@ -43,11 +43,13 @@ class Progress:
         self._last: dict[int, tuple[float, int, float]] = {}  # pid -> (CPU seconds, bytes, time) of its last sample
         self._since: dict[int, float] = {}  # pid -> when it last made progress (or was first sampled)
 
-    def observe(self, pid: int, cpu: float, now: float, io: int = 0) -> None:
-        """A sample of ``pid``'s CPU seconds and bytes moved at ``now``."""
+    def observe(self, pid: int, cpu: float, now: float, io: int = 0, *, busy: bool = False) -> None:
+        """A sample of ``pid``'s CPU seconds and bytes moved at ``now``; ``busy``: the worker said it is busy
+        (``aelastic.worker.busy``), which counts as progress whatever its process shows."""
         last = self._last.get(pid)
         if (
-            last is None
+            busy
+            or last is None
             or cpu - last[0] >= max(MIN_MOVE, IDLE_SHARE * (now - last[2]))
             or io - last[1] >= max(1, IO_RATE * (now - last[2]))
         ):

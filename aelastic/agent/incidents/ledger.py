@@ -22,7 +22,6 @@ complete on the node when every local rank marked it. Without marks the incident
 from __future__ import annotations
 
 import itertools
-import statistics
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -184,7 +183,8 @@ class Ledger:
     def _ordinary(self) -> float:
         done = list(self._completed)
         intervals = [(b[1] - a[1]) / max(b[0] - a[0], 1) for a, b in itertools.pairwise(done)]
-        return statistics.median(intervals) if intervals else 0.0
+        intervals.sort()  # their median (the statistics module costs the agent's start 2 ms of imports)
+        return (intervals[(len(intervals) - 1) // 2] + intervals[len(intervals) // 2]) / 2 if intervals else 0.0
 
     def _close(self, end: float, *, complete: bool = True) -> Incident:
         inc = self._open

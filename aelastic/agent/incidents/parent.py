@@ -31,6 +31,7 @@ class Incidents:
         self.on_incident = on_incident
         self.started_at = time.monotonic()
         self._busy: dict[int, str] = {}  # pid -> what the worker said it is busy with
+        self._hung_since: float | None = None  # a hang was declared: since when no worker made progress
 
     def __repr__(self) -> str:
         return f"<Incidents {self.ledger!r} busy={len(self._busy)}>"
@@ -46,8 +47,15 @@ class Incidents:
         it learned of it from the rendezvous, and the time since the last step is its detection."""
         ledger = self.ledger
         fault = notice if seen else min(notice, ledger.last_step_time(default=notice))
+        if seen and self._hung_since is not None:  # the worker was killed as hung: the hang began long before
+            cause, kind, fault = f"{cause}, killed as hung", "hang", min(self._hung_since, notice)
+        self._hung_since = None
         self._busy.clear()  # a survivor re-enters its training function: whatever it was busy with is over
         self._ended(ledger.fault(cause, kind, fault, notice))
+
+    def hung(self, idle: float) -> None:
+        """A hang was declared: no worker made progress for ``idle`` seconds; the failure that follows is its."""
+        self._hung_since = time.monotonic() - idle
 
     def stopped(self, at: float) -> None:
         self.ledger.stopped(at)
