@@ -115,7 +115,7 @@ class ElasticAgent:
         self.group = WorkerGroup(spec)
         metrics = AgentMetrics(spec.role, spec.max_restarts)
         self.recorder = Recorder(spec, handler, self.group, metrics, options.restarts.max_repeated_failures,
-                                 prewarm=standbys is not None)  # fmt: skip
+                                 handed_off=None if standbys is None else lambda: standbys.handed_off)  # fmt: skip
         incidents = self.recorder.incidents
         # What the workers may ask over their links (aelastic.agent.link).
         self.services: dict[str, LinkService] = {incidents.name: incidents}

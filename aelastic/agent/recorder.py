@@ -40,7 +40,7 @@ class Recorder:
         metrics: AgentMetrics,
         max_repeated_failures: int = 0,
         *,
-        prewarm: bool = False,
+        handed_off: Callable[[], int] | None = None,
     ) -> None:
         self.spec = spec
         self.handler = handler
@@ -50,7 +50,8 @@ class Recorder:
         self.attempt_started = 0.0  # the current attempt's start, on the event loop's clock
         self.started_at = time.monotonic()  # the start of torch's total_run_time
         self.incidents = Incidents(spec.local_world_size, self._incident)
-        self._prewarm = prewarm
+        self._handed_off = handed_off  # the workers started from standbys so far (--prewarm)
+        self._handed = 0
         self._pids: set[int] = set()  # the last attempt's workers: those still there are survivors
         self._ended_at = 0.0  # when the last attempt's workers were stopped (time.monotonic())
 
@@ -93,8 +94,11 @@ class Recorder:
         pids = {process.local_rank: process.pid for process in processes}
         self.group.workers = [replace(w, id=pids.get(w.local_rank)) for w in self.group.workers]
         kept = len(self._pids & set(pids.values()))
-        fresh = "pre-warmed" if self._prewarm else "cold"
-        self.incidents.started("survivors" if kept == len(pids) else fresh if not kept else f"survivors, {fresh}")
+        handed, self._handed = self._handed, self._handed if self._handed_off is None else self._handed_off()
+        warm = self._handed - handed
+        counts = {"kept": kept, "pre-warmed": warm, "cold": len(pids) - kept - warm}  # kept: survivors
+        how = [name if count == len(pids) else f"{count} {name}" for name, count in counts.items() if count]
+        self.incidents.started(", ".join(how))
         self._pids = set(pids.values())
         if events.active() is not None:
             record_started(self.snapshot())

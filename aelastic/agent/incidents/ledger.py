@@ -41,7 +41,7 @@ class Incident:
     cause: str  # "worker rank 3 failed (exitcode -9)", "membership change: node 1 left", ...
     kind: str  # the counters' label: "failure", "membership", "hang"
     phases: Mapping[str, float]
-    start: str  # how the workers started again: "cold", "pre-warmed", "survivors", "mixed"
+    start: str  # how the workers started again: "cold", "pre-warmed", "kept" (survivors), or "1 kept, 1 cold"
     restored: str | None  # "step 41 from memory"; None when nothing was restored
     redone_steps: int | None  # None without step marks
     complete: bool  # False: the job ended (or failed again) before it was back where it was
