@@ -27,12 +27,13 @@ from typing import Any, Final
 
 import anyio
 
+from .agent.incidents import INCIDENT_KEY
 from .agent.rootcause import CAUSE_KEY, FailureRecord
 from .config import LIST_LIMIT, parse_nnodes, parse_rdzv_conf
 from .errors import ConfigurationError, RendezvousConnectionError, StoreConnectionError
 from .rendezvous.api import RendezvousParameters
 from .rendezvous.backends.base import StateReader, Versioned
-from .rendezvous.dynamic import round_prefix
+from .rendezvous.dynamic import job_prefix, round_prefix
 from .rendezvous.known import state_of
 from .rendezvous.registry import check_parameters, lookup, readable_backends
 from .rendezvous.state import update_timers
@@ -164,6 +165,7 @@ class RendezvousView:
     time: TimeLeft
     reason: str
     last_failure: dict[str, Any] | None = None  # the root cause of the run's last failed round, as its agents named it
+    last_incident: dict[str, Any] | None = None  # the last incident that ended on a node, and that node's summary
 
     def to_json(self) -> dict[str, Any]:
         """The view as JSON's objects, the time left's fields among the view's own."""
@@ -216,6 +218,11 @@ class RendezvousView:
             f = self.last_failure
             lines.append(f"  last failure (round {f['round']}): rank {f['rank']} on node {f['node']} ({f['host']}): "
                          f"exitcode {f['exitcode']}: {f['message']}")  # fmt: skip
+        if self.last_incident is not None:
+            i = self.last_incident
+            lines.append(f"  last incident ({i['node']}): {i['incident']}")
+            if i.get("summary"):
+                lines.append(f"    that node so far: {i['summary']}")
         return "\n".join(lines)
 
 
@@ -291,6 +298,7 @@ def describe(
     watch: Watch | None = None,
     now: float | None = None,
     last_failure: dict[str, Any] | None = None,
+    last_incident: dict[str, Any] | None = None,
 ) -> RendezvousView:
     """The view of ``state`` (None: no node opened the run yet) at ``now``, with time left from ``timers`` (a
     node's own, on its monotonic clock) or from ``watch`` (a viewer's, on its clock); with neither, or without
@@ -333,6 +341,7 @@ def describe(
         ),
         reason=waiting_reason(state if exists else None, settings, timers, now),
         last_failure=last_failure,
+        last_incident=last_incident,
     )
 
 
@@ -382,6 +391,12 @@ class RendezvousReader:
                 return {"round": round, "rank": failure.global_rank, "node": record.node, "host": record.host,
                         "kind": record.kind, "exitcode": failure.exitcode, "message": failure.message}  # fmt: skip
         return None
+
+    async def last_incident(self, run_id: str) -> dict[str, Any] | None:
+        """The last incident that ended on any node of the run, as :mod:`aelastic.agent.incidents` publishes it
+        (its node, its line, that node's summary so far); None if there was none."""
+        data = await self.backend.read_key(f"{job_prefix(run_id)}/{INCIDENT_KEY}")
+        return None if data is None else dict(json.loads(data))
 
 
 @asynccontextmanager
@@ -458,8 +473,9 @@ async def _show(
             async with open_reader(params) as reader:
                 state = state_or_none(await reader.read())
                 failure = await reader.last_failure(params.run_id, state)
+                incident = await reader.last_incident(params.run_id)
         view = describe(state, settings, run_id=params.run_id, backend=params.backend, endpoint=params.endpoint,
-                        last_failure=failure)  # fmt: skip
+                        last_failure=failure, last_incident=incident)  # fmt: skip
         print(json.dumps(view.to_json(), indent=2) if as_json else view.render(limit), flush=True)
         return 0
     watch = Watch(settings)
@@ -476,8 +492,9 @@ async def _show(
             if terminal or state != shown:
                 with _answer_within(params, read_seconds):
                     failure = await reader.last_failure(params.run_id, state)
-                view = describe(state, settings, run_id=params.run_id, backend=params.backend,
-                                endpoint=params.endpoint, watch=watch, now=now, last_failure=failure)  # fmt: skip
+                    incident = await reader.last_incident(params.run_id)
+                view = describe(state, settings, run_id=params.run_id, backend=params.backend, endpoint=params.endpoint,
+                                watch=watch, now=now, last_failure=failure, last_incident=incident)  # fmt: skip
                 if as_json:
                     text = json.dumps(view.to_json())
                 else:

@@ -8,12 +8,16 @@ import json
 import random
 import re
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import anyio
+import httpx
 import pytest
 import test_agent_e2e
-from test_agent_e2e import Job, c10d, common
+from test_agent_e2e import Job, c10d, common, free_port
 
 from aelastic.agent.figures import AgentMetrics
 from aelastic.agent.incidents.ledger import PHASES, Ledger, summary
@@ -168,6 +172,9 @@ def main():
             os.kill(os.getpid(), signal.SIGKILL)
         ckpt.save({"w": state["w"], "step": step}, step=step)
         print(json.dumps({"step": step, "at": time.monotonic(), "attempt": attempt}), file=log, flush=True)
+    report("done")
+    while not os.path.exists(os.path.join(OUT, "go")):  # the test reads the agents' /metrics meanwhile
+        time.sleep(0.05)
     dist.destroy_process_group()
 
 main()
@@ -191,12 +198,17 @@ async def test_a_killed_worker_s_incident_adds_up_to_the_time_its_step_log_lost_
     fault = random.Random().randrange(8, 16)
     print("the fault's step:", fault)
     script = job.script("train.py", TRAIN)
-    agents = []
+    agents, ports = [], []
     for node in range(2):
-        logs = tmp_path / f"logs{node}"
+        logs, port = tmp_path / f"logs{node}", free_port()
         flags = [*c10d(rendezvous_store, "2"), *common(1, "--max-restarts", "1", "--prewarm"),
-                 "--event-log-handler", "file", "--log-dir", str(logs)]  # fmt: skip
+                 "--event-log-handler", "file", "--log-dir", str(logs), "--metrics-port", str(port)]  # fmt: skip
         agents.append(await job.agent(*flags, script, job.out, "30", str(fault), "0.1"))
+        ports.append(port)
+    await job.wait_records("done", 2)  # both workers trained every step: each node's incident has ended
+    async with httpx.AsyncClient() as http:
+        pages = [(await http.get(f"http://127.0.0.1:{port}/metrics")).text for port in ports]
+    (job.out / "go").touch()
     for agent in agents:
         assert await agent.wait(test_agent_e2e.DEADLINE + 30) == 0, agent.output
     causes = []
@@ -226,7 +238,23 @@ async def test_a_killed_worker_s_incident_adds_up_to_the_time_its_step_log_lost_
         assert incident["start_s"] > 0, line[0]
         assert incident["restore_s"] >= 0, line[0]
         causes.append(line[1])
+        scraped = re.search(r'aelastic_incident_lost_seconds_total\{role="default"\} (\S+)', pages[node])
+        assert scraped is not None, pages[node]
+        assert float(scraped[1]) == pytest.approx(lost, abs=0.0006), pages[node]
+        for phase in PHASES:
+            series = rf'aelastic_incident_phase_seconds_sum{{phase="{phase}",role="default"}} (\S+)'
+            assert float(re.search(series, pages[node])[1]) == pytest.approx(incident[f"{phase}_s"], abs=1e-5)  # type: ignore[index]
         print(f"node {node}: {line[0]}; the step log says {outside:.3f} s")
     # The other node hears of the loss from the rendezvous, or first from its own worker's failed collective.
     assert "worker rank 1 failed (exitcode -9)" in causes, causes
     assert any(c.startswith(("membership change", "worker rank 0 failed")) for c in causes), causes
+    argv = [sys.executable, "-m", "aelastic", "status", "--rdzv-backend", "c10d", "--rdzv-endpoint", rendezvous_store,
+            "--rdzv-id", "e2e"]  # fmt: skip
+    with anyio.fail_after(test_agent_e2e.DEADLINE):
+        result = await anyio.run_process(argv, check=False)  # the store is served by this test's event loop
+    shown = subprocess.CompletedProcess(argv, result.returncode, result.stdout.decode(), result.stderr.decode())
+    assert shown.returncode == 0, shown.stderr
+    last = re.search(r"last incident \(node \d \(.+\)\): incident 1 \((.+)\): \d+\.\d+ s lost", shown.stdout)
+    assert last is not None, shown.stdout
+    assert last[1] in causes, shown.stdout
+    assert "that node so far: 1 incident (1 " in shown.stdout, shown.stdout

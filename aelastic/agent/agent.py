@@ -166,7 +166,8 @@ class ElasticAgent:
                 self.recorder.init()
                 began = anyio.current_time()
                 info = await self.handler.next_rendezvous()
-                self.recorder.rendezvous_done(anyio.current_time() - began)
+                self.recorder.rendezvous_done(anyio.current_time() - began, info)
+                await self.recorder.incidents.publish()  # one that ended with the last attempt's start
                 check = self.features.node_check
                 if check is not None and not await check.admit(info, self.handler):
                     continue  # a member was left out, or the membership changed: the next round, no attempt

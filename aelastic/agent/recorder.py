@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -11,7 +12,7 @@ from dataclasses import replace
 import anyio
 
 from .. import events
-from ..rendezvous.api import RendezvousHandler
+from ..rendezvous.api import RendezvousHandler, RendezvousInfo
 from .figures import AgentMetrics
 from .incidents.ledger import Incident
 from .incidents.parent import Incidents
@@ -78,9 +79,10 @@ class Recorder:
         self.group.state = WorkerState.INIT
         self.metrics.set_state(WorkerState.INIT)
 
-    def rendezvous_done(self, seconds: float) -> None:
+    def rendezvous_done(self, seconds: float, info: RendezvousInfo) -> None:
         self.metrics.rendezvous_done(seconds)
         self.incidents.rendezvous_done()
+        self.incidents.joined(info.job_store, f"node {info.rank} ({socket.gethostname()})")
         if events.active() is not None:
             record_agent(self.snapshot(), "RENDEZVOUS", duration_ms=seconds * 1000)
 

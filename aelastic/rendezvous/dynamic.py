@@ -100,6 +100,11 @@ def round_prefix(run_id: str, round: int) -> str:
     return f"torch.rendezvous.{run_id}.{round}"
 
 
+def job_prefix(run_id: str) -> str:
+    """The prefix of the keys the run's nodes share across rounds (:attr:`RendezvousInfo.job_store`)."""
+    return f"aelastic.job.{run_id}"
+
+
 class DynamicRendezvousHandler(Liveness, RendezvousHandler):
     """torch's ``DynamicRendezvousHandler`` semantics, event driven. Open it with :func:`open_dynamic_rendezvous`.
 
@@ -384,7 +389,7 @@ class DynamicRendezvousHandler(Liveness, RendezvousHandler):
             "rendezvous %s round %d complete: %s is rank %d of %d",
             settings.run_id, state.round, node.id, rank, state.world_size,
         )  # fmt: skip
-        job_store = self.backend.store.prefixed(f"aelastic.job.{settings.run_id}")
+        job_store = self.backend.store.prefixed(job_prefix(settings.run_id))
         return RendezvousInfo(round_store, rank, state.world_size, bootstrap, state.round, job_store)
 
     async def num_nodes_waiting(self) -> int:

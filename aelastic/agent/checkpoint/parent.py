@@ -157,6 +157,7 @@ class Progress(Protocol):
     def marked(self, local_rank: int, step: int) -> None: ...
     def restore_began(self) -> None: ...
     def restored(self, step: int, source: str) -> None: ...
+    async def publish(self) -> None: ...
 
 
 class Keeper:
@@ -282,8 +283,11 @@ class Keeper:
         if op == "reserve":
             return await self._reserve(worker, int(message["size"]), message.get("mapped", {}))
         if op == "commit":
-            return self._commit(worker, int(message["slot"]), int(message["step"]), int(message["size"]),
-                                int(message.get("host", 0)))  # fmt: skip
+            reply = self._commit(worker, int(message["slot"]), int(message["step"]), int(message["size"]),
+                                 int(message.get("host", 0)))  # fmt: skip
+            if self.progress is not None:
+                await self.progress.publish()  # an incident this step ended
+            return reply
         if op == "loaded":  # a load's copies are over
             if self.progress is not None:
                 self.progress.restored(int(message["step"]), str(message["source"]))

@@ -7,3 +7,8 @@ restores) and by the workers' own marks over their links (the ``progress`` servi
 recorded as an ``aelastic.incident`` event and counted in ``/metrics``; the job's end logs one summary line on
 every node.
 """
+
+from typing import Final
+
+# In the job's store (RendezvousInfo.job_store): the last incident that ended on any node, for aelastic status.
+INCIDENT_KEY: Final = "aelastic/last_incident"

@@ -7,16 +7,23 @@ observations compare directly (never across hosts).
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
+from ...errors import StoreError
+from ...store.api import Store
 from ..link.parent import LinkRefusal
 from ..spawn.parent import WorkerProcess
+from . import INCIDENT_KEY
 from .ledger import Incident, Ledger, summary
 
 __all__ = ["Incidents"]
+
+logger = logging.getLogger(__name__)
 
 
 class Incidents:
@@ -32,13 +39,33 @@ class Incidents:
         self.started_at = time.monotonic()
         self._busy: dict[int, str] = {}  # pid -> what the worker said it is busy with
         self._hung_since: float | None = None  # a hang was declared: since when no worker made progress
+        self._job: tuple[Store, str] | None = None  # the job's store, and who this node is in the round
+        self._unpublished: Incident | None = None  # the last incident that ended, until the job's store has it
 
     def __repr__(self) -> str:
         return f"<Incidents {self.ledger!r} busy={len(self._busy)}>"
 
     def _ended(self, incident: Incident | None) -> None:
         if incident is not None:
+            self._unpublished = incident
             self.on_incident(incident)
+
+    def joined(self, job_store: Store | None, node: str) -> None:
+        """A round completed: where its incidents are published (:meth:`publish`), and this node's name in it."""
+        self._job = None if job_store is None else (job_store, node)
+
+    async def publish(self) -> None:
+        """Put the last incident that ended, with this node's summary so far, in the job's store (once)."""
+        incident, self._unpublished = self._unpublished, None
+        if incident is None or self._job is None:
+            return
+        store, node = self._job
+        total = summary(self.ledger.incidents, time.monotonic() - self.started_at)
+        record = {"node": node, "incident": incident.describe(), "summary": total}
+        try:
+            await store.set(INCIDENT_KEY, json.dumps(record).encode())
+        except StoreError as exc:  # the store is gone or going: the log has the line
+            logger.debug("could not publish incident %d: %s", incident.number, exc)
 
     # --- what the agent saw ------------------------------------------------------------------------------------
 
@@ -96,6 +123,7 @@ class Incidents:
             os.close(fd)
         if op == "step":
             self.marked(worker.local_rank, int(message["step"]), float(message["at"]))
+            await self.publish()
         elif op == "busy":
             what = message.get("what")
             if what is None:
