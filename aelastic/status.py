@@ -21,7 +21,7 @@ import math
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any, Final
 
@@ -40,6 +40,7 @@ from .rendezvous.state import update_timers
 from .rendezvous.values import NodeDesc, NodeTimers, RendezvousSettings, RendezvousState, StateView
 
 __all__ = [
+    "History",
     "NodeView",
     "RendezvousReader",
     "RendezvousView",
@@ -147,6 +148,15 @@ class TimeLeft:
 
 
 @dataclass(frozen=True, slots=True)
+class History:
+    """What the run's agents left of its past: the root cause of its last failed round, as they named it, and the
+    last incident that ended on a node, with that node's summary (its fields are the view's own in JSON)."""
+
+    last_failure: dict[str, Any] | None = None
+    last_incident: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class RendezvousView:
     """What ``aelastic status`` prints; :meth:`render` for people, :meth:`to_json` for machines."""
 
@@ -164,14 +174,13 @@ class RendezvousView:
     reserve: tuple[NodeView, ...]
     time: TimeLeft
     reason: str
-    last_failure: dict[str, Any] | None = None  # the root cause of the run's last failed round, as its agents named it
-    last_incident: dict[str, Any] | None = None  # the last incident that ended on a node, and that node's summary
+    history: History = field(default_factory=lambda: History())
 
     def to_json(self) -> dict[str, Any]:
         """The view as JSON's objects, the time left's fields among the view's own."""
         out: dict[str, Any] = {}
         for key, value in asdict(self).items():
-            out.update(value if key == "time" else {key: value})
+            out.update(value if key in ("time", "history") else {key: value})
         return out
 
     def render(self, limit: int | None = LIST_LIMIT) -> str:
@@ -214,12 +223,12 @@ class RendezvousView:
         if time.join_seconds_left is not None:
             lines.append(f"  join timeout: {time.join_seconds_left:.1f}s left")
         lines.append(f"  time: {time.timing}")
-        if self.last_failure is not None:
-            f = self.last_failure
+        if self.history.last_failure is not None:
+            f = self.history.last_failure
             lines.append(f"  last failure (round {f['round']}): rank {f['rank']} on node {f['node']} ({f['host']}): "
                          f"exitcode {f['exitcode']}: {f['message']}")  # fmt: skip
-        if self.last_incident is not None:
-            i = self.last_incident
+        if self.history.last_incident is not None:
+            i = self.history.last_incident
             lines.append(f"  last incident ({i['node']}): {i['incident']}")
             if i.get("summary"):
                 lines.append(f"    that node so far: {i['summary']}")
@@ -340,8 +349,7 @@ def describe(
             timing=timing + _windows(settings),
         ),
         reason=waiting_reason(state if exists else None, settings, timers, now),
-        last_failure=last_failure,
-        last_incident=last_incident,
+        history=History(last_failure, last_incident),
     )
 
 
