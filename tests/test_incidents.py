@@ -10,6 +10,7 @@ import re
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,8 @@ import test_agent_e2e
 from test_agent_e2e import Job, c10d, common, free_port
 
 from aelastic.agent.figures import AgentMetrics
-from aelastic.agent.incidents.ledger import PHASES, Ledger, summary
+from aelastic.agent.incidents.ledger import PHASES, Incident, Ledger, summary
+from aelastic.agent.incidents.parent import Incidents
 
 job = test_agent_e2e.job
 rendezvous_store = test_agent_e2e.rendezvous_store
@@ -123,6 +125,24 @@ def test_a_second_fault_during_the_recovery_cuts_the_first_incident_and_no_secon
     assert line is not None
     assert line.startswith("2 incidents (1 failure, 1 membership) cost 2.000 s of 200 s (goodput 99.00 %)")
     assert summary([], total=200.0) is None
+
+
+def test_a_worker_killed_as_hung_is_a_hang_whose_detection_runs_from_its_last_progress() -> None:
+    ended: list[Incident] = []
+    incidents = Incidents(1, ended.append)
+    now = time.monotonic()
+    incidents.marked(0, 0, at=now - 6.5)
+    incidents.marked(0, 1, at=now - 6.0)  # then rank 0 made no progress: the hang's verdict 5 s after it went idle
+    incidents.hung(idle=5.0)
+    incidents.fault("worker rank 0 failed (exitcode -9)", "failure", notice=now, seen=True)
+    incidents.stopped(now + 0.1)
+    incidents.rendezvous_done()
+    incidents.started("cold")
+    incidents.marked(0, 2, at=now + 1.0)  # an ordinary step (0.5 s) after the start
+    (incident,) = ended
+    assert (incident.kind, incident.cause) == ("hang", "worker rank 0 failed (exitcode -9), killed as hung")
+    assert incident.phases["detection"] == pytest.approx(5.0, abs=0.05)
+    assert incident.phases["redone"] == pytest.approx(1.0, abs=0.05)  # the second before it went idle
 
 
 def test_the_metrics_endpoint_has_each_phase_the_causes_and_the_goodput() -> None:
