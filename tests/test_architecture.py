@@ -315,10 +315,11 @@ WORKER_SIDE = {"aelastic.agent.errors": "record() runs in the worker and reads i
 
 
 def _child_side(module: str) -> bool:
-    """Code that runs in a worker's (or a helper's) interpreter: the worker package, the agent's helpers run by path,
-    the stack hook."""
+    """Code that runs in a worker's (or a helper's) interpreter: the worker package, the frameworks' integrations,
+    the agent's helpers run by path, the stack hook."""
     parts = module.split(".")
-    return parts[:2] == ["aelastic", "worker"] or "child" in parts or parts[-1] == "sitecustomize"
+    worker_side = parts[:2] in (["aelastic", "worker"], ["aelastic", "integrations"])
+    return worker_side or "child" in parts or parts[-1] == "sitecustomize"
 
 
 def _environment_reads(module: str) -> Iterator[tuple[int, ast.expr]]:

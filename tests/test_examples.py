@@ -264,6 +264,39 @@ def crash_at_25_restores_24(start: Start, command: list[str]) -> None:
     assert steps == step_lines(clean.output)
 
 
+# --- lightning/train.py ----------------------------------------------------------------------------------------------
+
+
+def test_a_lightning_trainer_restores_from_memory_and_ends_with_the_fault_free_model(start: Start) -> None:
+    """examples/lightning: rank 1 raises during step 30 of the first attempt; both ranks restore step 30 (every rank
+    saved it after step 29's optimizer step: Lightning's global step counts them) from their agent's memory, and
+    the final parameters are bitwise a fault-free run's."""
+    pytest.importorskip("lightning")
+    command = [AELASTIC, "run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+               "examples/lightning/train.py"]  # fmt: skip
+    crashed = start(*command, "--crash-at-step", "30")
+    assert crashed.wait() == 0, crashed.output
+    clean = start(*command)
+    assert clean.wait() == 0, clean.output
+    assert "RuntimeError: a fault at step 30" in crashed.output, crashed.output
+    restored = re.findall(PREFIX + r"restored step (\d+) from (.+)$", crashed.output, re.M)
+    assert restored == [("30", "memory")] * 2, crashed.output
+    assert not re.search(PREFIX + "restored step", clean.output, re.M), clean.output
+    final = PREFIX + r"final parameters (\w+) after step 60$"
+    assert re.findall(final, crashed.output, re.M) == re.findall(final, clean.output, re.M) != [], crashed.output
+    assert re.search(r"incident 1 \(worker rank 1 failed \(exitcode 1\)\): .*restore \S+ s \(step 30 from memory\)",
+                     crashed.output), crashed.output  # fmt: skip
+
+
+def test_the_lightning_integration_without_lightning_says_which_extra_to_install() -> None:
+    blocked = "import sys; sys.modules['lightning'] = None; import aelastic.integrations.lightning"
+    result = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "ImportError: aelastic.integrations.lightning needs PyTorch Lightning: pip install 'aelastic[lightning]'"
+    ), result.stderr
+
+
 # --- asyncio_orchestrator.py, trio_orchestrator.py --------------------------------------------------------------------
 
 ORCHESTRATORS = ["asyncio_orchestrator.py", "trio_orchestrator.py"]

@@ -1,0 +1,99 @@
+"""A PyTorch Lightning Trainer with in-memory checkpoints: saved into the agent's memory every step, restored from it
+when the job restarts (``aelastic.integrations.lightning``; docs/howto/lightning.md).
+
+    aelastic run --standalone --nproc-per-node 2 --max-restarts 1 examples/lightning/train.py --crash-at-step 30
+
+A small regression model on synthetic data (fixed seeds, CPU, DDP over gloo). ``--crash-at-step N``: rank
+``--crash-rank`` raises during step N of the first attempt; the restarted workers print ``restored step S from
+memory`` (or ``... from <node>'s replica``, ``... from disk``) and go on from step S + 1. Rank 0 prints a digest of
+the final parameters: a run with a fault and one without print the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+import aelastic.checkpoint
+from aelastic.integrations.lightning import InMemoryCheckpoint
+
+
+class ResumableLoader(DataLoader):  # type: ignore[type-arg]
+    """A DataLoader that Lightning can resume in the middle of an epoch: its state is the batches it gave in the
+    current epoch, and a restored one skips them (a checkpoint of every step restores mid-epoch). torchdata's
+    StatefulDataLoader does the same for any dataset."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.given = self.skip = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"given": self.given}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.skip = state["given"]
+
+    def __iter__(self) -> Iterator[Any]:
+        self.given, skip, self.skip = 0, self.skip, 0
+        for index, batch in enumerate(super().__iter__()):
+            self.given = index + 1
+            if index >= skip:
+                yield batch
+
+
+class Regression(L.LightningModule):
+    def __init__(self, crash_at: int | None, crash_rank: int) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+        self.crash_at, self.crash_rank = crash_at, crash_rank
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        if first_attempt and self.global_step == self.crash_at and self.global_rank == self.crash_rank:
+            raise RuntimeError(f"a fault at step {self.global_step}")
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--crash-at-step", type=int, default=None)
+    parser.add_argument("--crash-rank", type=int, default=1)
+    args = parser.parse_args()
+    L.seed_everything(0, workers=True)
+    data = TensorDataset(torch.randn(4096, 16), torch.randn(4096, 1))
+    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0)
+    model = Regression(args.crash_at_step, args.crash_rank)
+    memory = InMemoryCheckpoint(every_n_steps=1)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    trainer = L.Trainer(
+        accelerator="cpu", devices=local, num_nodes=int(os.environ.get("WORLD_SIZE", "1")) // local,
+        strategy="ddp" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "auto", max_steps=args.steps,
+        callbacks=[memory], logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, use_distributed_sampler=False,
+    )  # fmt: skip
+    ckpt_path = memory.resume_path()
+    if ckpt_path is not None:
+        loaded = aelastic.checkpoint.last_loaded()
+        assert loaded is not None
+        print(f"restored step {loaded.step} from {loaded.source}", flush=True)
+    trainer.fit(model, ResumableLoader(data, batch_size=32, sampler=sampler), ckpt_path=ckpt_path)
+    if trainer.global_rank == 0:
+        digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
+        print(f"final parameters {digest[:16]} after step {trainer.global_step}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
