@@ -116,6 +116,10 @@ RECORDED = (
     ("job_etcd_soak", "Job etcd soak", "`python -m benchmarks.job_etcd_soak --minutes 10 --json "
      "benchmarks/out/job_etcd_soak.json` (not in CI)"),
     ("hang", "Hang detection", "`python -m benchmarks.hang --minutes 10 --json benchmarks/out/hang.json` (not in CI)"),
+    ("hang_verdicts", "Hang verdicts", "`python -m benchmarks.hang_verdicts --runs 20 --timeout 5 --json "
+     "benchmarks/out/hang_verdicts.json` (not in CI)"),
+    ("incidents", "Incident records", "`python -m benchmarks.incidents --minutes 10 --faults 5 --json "
+     "benchmarks/out/incidents.json` (not in CI)"),
     ("store_fuzz", "Store fuzz campaign", "`python -m benchmarks.store_fuzz --minutes 10 --json "
      "benchmarks/out/store_fuzz.json` (not in CI)"),
 )  # fmt: skip

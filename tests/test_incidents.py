@@ -168,6 +168,29 @@ def test_the_metrics_endpoint_has_each_phase_the_causes_and_the_goodput() -> Non
 
 # --- a real job ------------------------------------------------------------------------------------------------------
 
+MARKS = """
+import aelastic.worker
+attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+for step in range(12):  # no checkpoint: a restart begins again at step 0
+    time.sleep(0.05)
+    if attempt == 0 and step == 8:
+        raise RuntimeError("a fault at step 8")
+    aelastic.worker.step(step)
+aelastic.worker.step(-1)
+"""
+
+
+async def test_step_marks_count_the_steps_a_restart_without_a_checkpoint_does_again(job: Job) -> None:
+    script = job.script("marks.py", MARKS)
+    agent = await job.agent("--standalone", *common(1, "--max-restarts", "1"), script, job.out)
+    assert await agent.wait() == 1, agent.output  # the last mark's bad step is the script's error, after the incident
+    line = re.search(r"incident 1 \(worker rank 0 failed \(exitcode 1\)\): (\S+) s lost: .*start \S+ s \(cold\), "
+                     r"restore 0\.000 s, redone (\S+) s \(8 steps\)", agent.output)  # fmt: skip
+    assert line is not None, agent.output
+    assert float(line[2]) >= 8 * 0.05, line[0]  # steps 0-7 again
+    assert "aelastic.worker.step: n=-1: must be an int >= 0" in agent.output, agent.output
+
+
 TRAIN = """
 import signal
 import torch
