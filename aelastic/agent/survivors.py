@@ -7,7 +7,6 @@ Each move of a worker is its lifecycle's (:mod:`aelastic.agent.lifecycle`)."""
 from __future__ import annotations
 
 import logging
-import os
 import signal
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final
@@ -43,10 +42,8 @@ class Survivors:
         return f"<Survivors kept={sorted(self._kept)}>"
 
     async def handle(
-        self, identity: WorkerProcess, op: str, message: Mapping[str, Any], fds: list[int]
+        self, identity: WorkerProcess, op: str, message: Mapping[str, Any]
     ) -> tuple[dict[str, Any], Sequence[int]]:
-        for fd in fds:
-            os.close(fd)
         worker = self._find(identity.pid)
         if worker is None or not worker.lifecycle.free:
             raise LinkRefusal("this worker is being stopped")

@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -276,10 +275,8 @@ class Keeper:
     # --- the link service ----------------------------------------------------------------------------------------
 
     async def handle(
-        self, worker: WorkerProcess, op: str, message: Mapping[str, Any], fds: list[int]
+        self, worker: WorkerProcess, op: str, message: Mapping[str, Any]
     ) -> tuple[dict[str, Any], Sequence[int]]:
-        for fd in fds:  # no operation takes any
-            os.close(fd)
         if op == "reserve":
             return await self._reserve(worker, int(message["size"]), message.get("mapped", {}))
         if op == "commit":

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
@@ -117,10 +116,8 @@ class Incidents:
         return self._busy.get(pid)
 
     async def handle(
-        self, worker: WorkerProcess, op: str, message: Mapping[str, Any], fds: list[int]
+        self, worker: WorkerProcess, op: str, message: Mapping[str, Any]
     ) -> tuple[dict[str, Any], Sequence[int]]:
-        for fd in fds:  # no operation takes any
-            os.close(fd)
         if op == "step":
             self.marked(worker.local_rank, int(message["step"]), float(message["at"]))
             await self.publish()

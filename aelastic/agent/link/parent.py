@@ -37,10 +37,10 @@ class LinkService(Protocol):
     """A feature that answers workers' requests over their links."""
 
     async def handle(
-        self, worker: WorkerProcess, op: str, message: Mapping[str, Any], fds: list[int]
+        self, worker: WorkerProcess, op: str, message: Mapping[str, Any]
     ) -> tuple[dict[str, Any], Sequence[int]]:
-        """Answer ``op`` (the part after the service's name) from ``worker``; ``fds`` are the worker's, now owned
-        by the service. Returns the reply and the fds to pass (the caller closes none of them)."""
+        """Answer ``op`` (the part after the service's name) from ``worker``. Returns the reply and the fds to pass
+        (the caller closes none of them)."""
         ...
 
 
@@ -81,19 +81,17 @@ class WorkerLink:
             except OSError as exc:  # ECONNRESET: the worker died
                 logger.debug("link of rank %d: %s", identity().global_rank, exc)
                 return
+            for fd in fds:  # no request passes the agent any
+                os.close(fd)
             if not data:
-                for fd in fds:
-                    os.close(fd)
                 return
             try:
                 message = json.loads(data)
                 op, ident = str(message["op"]), message.get("id")
             except (ValueError, KeyError, TypeError, AttributeError):
-                for fd in fds:
-                    os.close(fd)
                 await self._send(json.dumps({"error": "not a request of the link's protocol"}).encode(), ())
                 continue
-            reply, passed = await self._answer(identity(), services, op, message, fds)
+            reply, passed = await self._answer(identity(), services, op, message)
             await self._send(json.dumps({**reply, "id": ident}).encode(), passed)
 
     async def _answer(
@@ -102,7 +100,6 @@ class WorkerLink:
         services: Mapping[str, LinkService],
         op: str,
         message: Mapping[str, Any],
-        fds: list[int],
     ) -> tuple[dict[str, Any], Sequence[int]]:
         if op == "exit":
             code = int(message.get("code", 1))
@@ -113,11 +110,9 @@ class WorkerLink:
         service_name, _, name = op.partition(".")
         service = services.get(service_name)
         if service is None:
-            for fd in fds:
-                os.close(fd)
             return {"error": f"this agent offers no {service_name!r} service"}, ()
         try:
-            return await service.handle(worker, name, message, fds)
+            return await service.handle(worker, name, message)
         except LinkRefusal as exc:
             return {"error": str(exc)}, ()
 
