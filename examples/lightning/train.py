@@ -12,6 +12,7 @@ the final parameters: a run with a fault and one without print the same.
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import os
 from collections.abc import Iterator
@@ -93,6 +94,13 @@ def main() -> None:
     if trainer.global_rank == 0:
         digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
         print(f"final parameters {digest[:16]} after step {trainer.global_step}", flush=True)
+    # Lightning leaves the process group to the interpreter's end, where gloo's threads can abort the process
+    # ("terminate called without an active exception", under torchrun too): free the DDP wrapper's cycles and
+    # destroy the group while Python is alive.
+    del trainer
+    gc.collect()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
