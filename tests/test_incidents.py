@@ -106,6 +106,13 @@ def test_without_step_marks_an_incident_ends_when_its_workers_start() -> None:
     )
 
 
+def test_marks_a_rank_never_completes_are_forgotten_beyond_a_bound() -> None:
+    ledger = Ledger(local_ranks=2)
+    for step in range(10_000):  # only local rank 0 marks: no step completes, and the agent keeps a bounded few
+        assert ledger.step(0, step, float(step)) is None
+    assert len(ledger._marks) <= 65
+
+
 def test_a_second_fault_during_the_recovery_cuts_the_first_incident_and_no_second_counts_twice() -> None:
     ledger = Ledger(local_ranks=1)
     steps(ledger, 0, 3, start=0.0, each=1.0, ranks=1)

@@ -35,7 +35,8 @@ def _tell(op: str, **fields: Any) -> None:
 
 
 def step(n: int) -> None:
-    """Step ``n`` is complete on this rank (``n``: the job's step count, the same on every rank).
+    """Step ``n`` is complete on this rank (``n``: the job's step count, the same on every rank). Call it on every
+    rank: a step is complete on a node when each of its workers said so.
 
     Raises:
         ConfigurationError: ``n`` is not an int >= 0.

@@ -31,6 +31,7 @@ __all__ = ["PHASES", "Incident", "Ledger", "summary"]
 
 PHASES: Final = ("detection", "stop", "rendezvous", "start", "restore", "redone")
 _RECENT: Final = 8  # the step intervals whose median is the ordinary step's time
+_PENDING: Final = 64  # steps some local ranks marked and others not yet: the oldest go beyond this
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +156,8 @@ class Ledger:
         ranks.add(local_rank)
         self._marks[step] = (ranks, max(latest, at))
         if len(ranks) < self.local_ranks:
+            if len(self._marks) > _PENDING:  # a rank that never marks (the marks are every rank's to make)
+                del self._marks[min(self._marks)]
             return None
         del self._marks[step]
         for old in [s for s in self._marks if s < step]:  # marks a rank will not complete: it moved on
