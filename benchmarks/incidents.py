@@ -11,7 +11,8 @@ halfway through a step. Each rank logs the time it completes each step (``time.m
 clock), in its agent's file.
 
 * From each node's step log: a step is done when the node's ranks logged it; a fault cost the node from the last
-  step done before it to the next step done after it, less the median step (the work it holds was due anyway);
+  step done before it to the next step done after it, less an ordinary step (the work it holds was due anyway: the
+  median of the last 8 steps before the fault, as the incident records define it);
   the goodput is 1 - (their sum) / (the job's time, from the agents' start to their exit).
 * From each node: its incident lines (their phases add up to their loss), and its summary line at the end.
 
@@ -69,24 +70,25 @@ SUMMARY = re.compile(r"(\d+) incidents? \((.+)\) cost (\d+\.\d+) s of ([\d,]+) s
 
 
 def step_log_losses(path: Path, ranks: int) -> tuple[list[float], float]:
-    """Each fault's loss as one node's step log shows it (``ranks``: the node's workers), and the median step."""
+    """Each fault's loss as one node's step log shows it (``ranks``: the node's workers), and the median of the
+    ordinary steps the losses were measured against."""
     logged: dict[tuple[int, int], list[float]] = {}  # (attempt, step) -> when each rank logged it
     for line in path.read_text().splitlines():
         entry = json.loads(line)
         logged.setdefault((entry["attempt"], entry["step"]), []).append(entry["at"])
     done = {key: max(times) for key, times in logged.items() if len(times) == ranks}  # every rank of the node
     attempts = sorted({a for a, _ in done})
-    intervals = []
-    for attempt in attempts:
-        mine = sorted((s, at) for (a, s), at in done.items() if a == attempt)
-        intervals += [b[1] - a[1] for a, b in itertools.pairwise(mine) if b[0] == a[0] + 1]
-    ordinary = statistics.median(intervals)
-    losses = []
+    losses, ordinaries = [], []
     for attempt in attempts[:-1]:
-        last_step = max(s for a, s in done if a == attempt)
+        mine = sorted((s, at) for (a, s), at in done.items() if a == attempt)
+        # An ordinary step, as the incident records define it: the median of the last 8 before the fault.
+        recent = [b[1] - a[1] for a, b in itertools.pairwise(mine[-9:]) if b[0] == a[0] + 1]
+        ordinary = statistics.median(recent)
+        last_step, last = mine[-1]
         back = min(at for (a, s), at in done.items() if a > attempt and s == last_step + 1)
-        losses.append(back - done[(attempt, last_step)] - ordinary)
-    return losses, ordinary
+        losses.append(back - last - ordinary)
+        ordinaries.append(ordinary)
+    return losses, statistics.median(ordinaries)
 
 
 def run_job(out: Path, nodes: int, steps: int, mib: int, faults: dict[str, list[int]]) -> tuple[list[str], float]:

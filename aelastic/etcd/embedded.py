@@ -455,11 +455,11 @@ class JobEtcd:
                 config = self._member_config(name, cluster, existing=True)
                 self.member = await self._hosting.start(config, self._tg)
                 await self._wait_ready(self.member)
+                self._hosting.heals += 1  # a member runs in the lost one's place; counted before others see it
                 await self.client.txn(
                     [], [PutOp(self._key("alive", name), b"", self._lease), PutOp(self._key("born", name), b""),
                          DeleteOp(heal)],
                 )  # fmt: skip
-                self._hosting.heals += 1
         except (EtcdError, TimeoutError) as exc:
             logger.error("the job's etcd: replacing a lost member on %s failed: %s", name, str(exc) or "timed out")
             self._hosting.failed = True
