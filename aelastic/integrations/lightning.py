@@ -12,7 +12,8 @@ agent's memory, restored from it when the job restarts.
 
 :class:`InMemoryCheckpoint` is a callback: after every ``every_n_steps``-th optimizer step it takes the Trainer's
 own checkpoint (what ``trainer.save_checkpoint`` writes: the model, the optimizers and schedulers, the loops'
-progress, the callbacks' state) on every rank and saves it with ``aelastic.checkpoint.save(step=global_step)``,
+progress, the callbacks' state; not the hyper-parameters, which the script passes again) on every rank and saves it
+with ``aelastic.checkpoint.save(step=global_step)``,
 which copies its tensors into the agent's memory (nothing is pickled, nothing goes to disk; with
 ``--checkpoint-dir`` the agent persists it in the background). :meth:`InMemoryCheckpoint.resume_path` asks the
 agent for the step the job restores and returns a path for ``ckpt_path`` that the callback's checkpoint I/O (it
@@ -46,6 +47,9 @@ if TYPE_CHECKING:
 __all__ = ["MEMORY_PATH", "InMemoryCheckpoint"]
 
 MEMORY_PATH: Final = "aelastic://memory"  # the ckpt_path that means: the checkpoint the agent restores
+# Left out of the checkpoint in memory: the hyper-parameters (``save_hyperparameters``) may hold any object, which
+# only pickling keeps, and a restart does not need them: the script builds its model and data with them again.
+_NOT_KEPT: Final = ("hyper_parameters", "datamodule_hyper_parameters")
 
 
 class InMemoryCheckpoint(pl.Callback):
@@ -82,6 +86,8 @@ class InMemoryCheckpoint(pl.Callback):
         if step % self.every_n_steps or agent_link() is None:  # under torchrun: nothing to save to
             return
         checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+        for key in _NOT_KEPT:
+            checkpoint.pop(key, None)
         aelastic.checkpoint.save(checkpoint, step=step)
 
     def take_restored(self) -> dict[str, Any]:

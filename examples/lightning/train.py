@@ -52,6 +52,7 @@ class ResumableLoader(DataLoader):  # type: ignore[type-arg]
 class Regression(L.LightningModule):
     def __init__(self, crash_at: int | None, crash_rank: int) -> None:
         super().__init__()
+        self.save_hyperparameters()  # as most modules do: the in-memory checkpoint leaves them out
         self.net = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
         self.crash_at, self.crash_rank = crash_at, crash_rank
 
