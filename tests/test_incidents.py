@@ -136,8 +136,8 @@ def test_a_second_fault_during_the_recovery_cuts_the_first_incident_and_no_secon
 
 def test_a_worker_killed_as_hung_is_a_hang_whose_detection_runs_from_its_last_progress() -> None:
     ended: list[Incident] = []
-    incidents = Incidents(1, ended.append)
     now = time.monotonic()
+    incidents = Incidents(1, ended.append, started_at=now - 10.0)
     incidents.marked(0, 0, at=now - 6.5)
     incidents.marked(0, 1, at=now - 6.0)  # then rank 0 made no progress: the hang's verdict 5 s after it went idle
     incidents.hung(idle=5.0)

@@ -9,25 +9,25 @@ import time
 from dataclasses import dataclass, field
 
 from ..metrics import put_metric
-from .incidents.ledger import Incident
+from .incidents.ledger import Incident, goodput
 from .workers import WorkerState
 
-__all__ = ["RESTART_CAUSES", "AgentMetrics", "Incidents"]
+__all__ = ["RESTART_CAUSES", "AgentMetrics", "IncidentFigures"]
 
 RESTART_CAUSES = ("failure", "membership")
 
 
 @dataclass
-class Incidents:
-    """The incidents that ended (:mod:`aelastic.agent.incidents`), in order, and the agent's start."""
+class IncidentFigures:
+    """The incidents that ended (:mod:`aelastic.agent.incidents`), in order, and the agent's start (the one the
+    incident records measure the goodput from)."""
 
     ended: list[Incident] = field(default_factory=list)
     started_at: float = field(default_factory=time.monotonic)
 
     def goodput(self, now: float) -> float:
         """The share of the time since the agent started that no incident lost."""
-        total = now - self.started_at
-        return 1.0 - sum(i.lost for i in self.ended) / total if total > 0 else 1.0
+        return goodput(self.ended, now - self.started_at)
 
 
 @dataclass
@@ -52,7 +52,7 @@ class AgentMetrics:
     unhealthy: dict[int, str] = field(default_factory=dict)  # local rank → why (set by a progress watchdog)
     stopped_reason: str | None = None  # why the workers are stopped until they run again (a restart under way)
     stopped_since: float | None = None
-    incidents: Incidents = field(default_factory=lambda: Incidents())
+    incidents: IncidentFigures = field(default_factory=IncidentFigures)
 
     def set_state(self, state: WorkerState) -> None:
         self.state = state

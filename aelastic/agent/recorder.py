@@ -50,7 +50,7 @@ class Recorder:
         self.budget = Budget(spec.max_restarts, max_repeated=max_repeated_failures)
         self.attempt_started = 0.0  # the current attempt's start, on the event loop's clock
         self.started_at = time.monotonic()  # the start of torch's total_run_time
-        self.incidents = Incidents(spec.local_world_size, self._incident)
+        self.incidents = Incidents(spec.local_world_size, self._incident, metrics.incidents.started_at)
         self._handed_off = handed_off  # the workers started from standbys so far (--prewarm)
         self._handed = 0
         self._pids: set[int] = set()  # the last attempt's workers: those still there are survivors
@@ -96,8 +96,8 @@ class Recorder:
         pids = {process.local_rank: process.pid for process in processes}
         self.group.workers = [replace(w, id=pids.get(w.local_rank)) for w in self.group.workers]
         kept = len(self._pids & set(pids.values()))
-        handed, self._handed = self._handed, self._handed if self._handed_off is None else self._handed_off()
-        warm = self._handed - handed
+        handed = self._handed if self._handed_off is None else self._handed_off()
+        warm, self._handed = handed - self._handed, handed
         counts = {"kept": kept, "pre-warmed": warm, "cold": len(pids) - kept - warm}  # kept: survivors
         how = [name if count == len(pids) else f"{count} {name}" for name, count in counts.items() if count]
         self.incidents.started(", ".join(how))

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-__all__ = ["PHASES", "Incident", "Ledger", "summary"]
+__all__ = ["PHASES", "Incident", "Ledger", "goodput", "summary"]
 
 PHASES: Final = ("detection", "stop", "rendezvous", "start", "restore", "redone")
 _RECENT: Final = 8  # the step intervals whose median is the ordinary step's time
@@ -117,8 +117,8 @@ class Ledger:
             begin = max(begin, self._closed_at)
         last_step, ordinary = (None, 0.0) if last is None else (last[0], self._ordinary())
         if previous is not None:  # cut short: the job is not back yet where the earlier fault found it
-            last_step = max(s for s in (last_step, previous.last_step, -1) if s is not None)
-            last_step, ordinary = (None if last_step < 0 else last_step), previous.ordinary
+            steps = [s for s in (last_step, previous.last_step) if s is not None]
+            last_step, ordinary = (max(steps) if steps else None), previous.ordinary
         self._open = _Open(len(self.incidents) + 1, cause, kind, last_step, ordinary)
         self._open.times.update(begin=min(begin, fault), fault=fault, notice=max(notice, fault))
         self._marks.clear()  # the steps of the attempt that failed: the next attempt marks its own
@@ -221,6 +221,11 @@ class Ledger:
         return incident
 
 
+def goodput(incidents: Iterable[Incident], total: float) -> float:
+    """The share of ``total`` seconds that ``incidents`` did not lose."""
+    return 1.0 - sum(i.lost for i in incidents) / total if total > 0 else 1.0
+
+
 def summary(incidents: Iterable[Incident], total: float) -> str | None:
     """The job's line at its end: what its incidents cost of ``total`` seconds, and where the time went; ``None``
     when there was none."""
@@ -228,7 +233,6 @@ def summary(incidents: Iterable[Incident], total: float) -> str | None:
     if not incidents:
         return None
     lost = sum(i.lost for i in incidents)
-    goodput = 100 * (1 - lost / total) if total > 0 else 0.0
     phases = ", ".join(f"{name} {sum(i.phases[name] for i in incidents):.3f} s" for name in PHASES)
     kinds: dict[str, int] = {}
     for incident in incidents:
@@ -236,4 +240,4 @@ def summary(incidents: Iterable[Incident], total: float) -> str | None:
     causes = ", ".join(f"{count} {kind}" for kind, count in kinds.items())
     n = len(incidents)
     return (f"{n} incident{'' if n == 1 else 's'} ({causes}) cost {lost:.3f} s of {total:,.0f} s "
-            f"(goodput {goodput:.2f} %): {phases}")  # fmt: skip
+            f"(goodput {100 * goodput(incidents, total):.2f} %): {phases}")  # fmt: skip

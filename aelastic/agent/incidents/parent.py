@@ -27,15 +27,15 @@ logger = logging.getLogger(__name__)
 
 class Incidents:
     """One node's incidents (:class:`~.ledger.Ledger`), fed by the agent and by its workers; ``on_incident`` is
-    called with each incident as it ends. The workers also say here when they are busy in a way that looks like a
-    hang from outside (:meth:`busy`)."""
+    called with each incident as it ends; the goodput counts from ``started_at``. The workers also say here when
+    they are busy in a way that looks like a hang from outside (:meth:`busy`)."""
 
     name: Final = "progress"
 
-    def __init__(self, local_ranks: int, on_incident: Callable[[Incident], None]) -> None:
+    def __init__(self, local_ranks: int, on_incident: Callable[[Incident], None], started_at: float) -> None:
         self.ledger = Ledger(local_ranks)
         self.on_incident = on_incident
-        self.started_at = time.monotonic()
+        self.started_at = started_at  # what the goodput counts from (time.monotonic())
         self._busy: dict[int, str] = {}  # pid -> what the worker said it is busy with
         self._hung_since: float | None = None  # a hang was declared: since when no worker made progress
         self._job: tuple[Store, str] | None = None  # the job's store, and who this node is in the round
