@@ -18,7 +18,9 @@ memory outlives the worker: after a failure, the restarted workers :func:`load` 
 the job saved, from their agents' memory, or from the replica another node's agent keeps of a lost node's ranks,
 or from ``--checkpoint-dir``. ``load(into=state)`` copies into the tensors of ``state`` in place (a model's
 ``state_dict()`` shares the model's parameters), as ``dcp.load`` does; without it the tensors are new.
-:func:`last_loaded` says what the last load restored and from where.
+:func:`last_loaded` says what the last load restored and from where; :func:`step_to_restore`, before a load, which
+step the job restores (``None``: nothing to restore); :func:`available`, whether there is an agent at all (a
+script that also runs under torchrun checkpoints its own way there).
 
 :class:`StorageWriter` and :class:`StorageReader` are the same storage for ``torch.distributed.checkpoint``
 (``dcp.save(state, storage_writer=StorageWriter())``, ``dcp.async_save``, ``dcp.load``), for jobs that checkpoint
@@ -39,18 +41,30 @@ from ._lazy import lazy_exports
 from .errors import CheckpointError
 
 if TYPE_CHECKING:
-    from .worker._checkpoint.api import LoadInfo, last_loaded, load, save
+    from .worker._checkpoint.api import LoadInfo, available, last_loaded, load, save, step_to_restore
     from .worker._checkpoint.dcp import StorageReader, StorageWriter
 
 _LAZY = {
     "LoadInfo": "aelastic.worker._checkpoint.api",
     "StorageReader": "aelastic.worker._checkpoint.dcp",
     "StorageWriter": "aelastic.worker._checkpoint.dcp",
+    "available": "aelastic.worker._checkpoint.api",
     "last_loaded": "aelastic.worker._checkpoint.api",
     "load": "aelastic.worker._checkpoint.api",
     "save": "aelastic.worker._checkpoint.api",
+    "step_to_restore": "aelastic.worker._checkpoint.api",
 }
 
-__all__ = ["CheckpointError", "LoadInfo", "StorageReader", "StorageWriter", "last_loaded", "load", "save"]
+__all__ = [
+    "CheckpointError",
+    "LoadInfo",
+    "StorageReader",
+    "StorageWriter",
+    "available",
+    "last_loaded",
+    "load",
+    "save",
+    "step_to_restore",
+]
 
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _LAZY)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import re
 import signal
 import subprocess
@@ -295,6 +296,95 @@ def test_the_lightning_integration_without_lightning_says_which_extra_to_install
     assert result.stderr.strip().splitlines()[-1] == (
         "ImportError: aelastic.integrations.lightning needs PyTorch Lightning: pip install 'aelastic[lightning]'"
     ), result.stderr
+
+
+# --- fsdp2/train.py ---------------------------------------------------------------------------------------------------
+
+FSDP2 = ["examples/fsdp2/train.py"]
+FSDP2_FINAL = PREFIX + r"final parameters (\w+) after step (\d+)$"
+FSDP2_RESTORED = PREFIX + r"rank (\d) of (\d): restored step (\d+) from (.+)$"
+
+
+LOSS_LINE = PREFIX + r"step (\d+) loss (\d+\.\d+)$"
+
+
+def losses(output: str) -> dict[int, float]:
+    """Rank 0's loss of each step."""
+    return {int(step): float(loss) for step, loss in re.findall(LOSS_LINE, output, re.M)}
+
+
+def test_fsdp2_restores_its_shards_from_memory_and_ends_with_the_fault_free_model(start: Start) -> None:
+    """examples/fsdp2: rank 1 raises at a random step of the first attempt; both ranks restore the last step every
+    rank saved through ``dcp.save`` (or ``dcp.async_save``, one save in flight) from their agent's memory, and the
+    final parameters are bitwise a fault-free run's."""
+    crash = random.Random().randrange(3, 25)
+    print("the fault's step:", crash)
+    command = [AELASTIC, "run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", *FSDP2, "--steps", "30"]
+    runs = {"sync": start(*command, "--crash-at-step", str(crash)),
+            "async": start(*command, "--crash-at-step", str(crash), "--async-save")}  # fmt: skip
+    for run in runs.values():
+        assert run.wait() == 0, run.output
+    clean = start(*command)
+    assert clean.wait() == 0, clean.output
+    for mode, run in runs.items():
+        restored = {(rank, world, int(step), source) for rank, world, step, source in
+                    re.findall(FSDP2_RESTORED, run.output, re.M)}  # fmt: skip
+        # async: the save of the step before the fault may still have been in flight
+        steps = {crash - 1} if mode == "sync" else {crash - 2, crash - 1}
+        assert {(rank, world) for rank, world, *_ in restored} == {("0", "2"), ("1", "2")}, run.output
+        assert {step for _, _, step, _ in restored} <= steps, run.output
+        assert len({step for _, _, step, _ in restored}) == 1, run.output
+        assert {source for *_, source in restored} == {"memory"}, run.output
+        assert re.findall(FSDP2_FINAL, run.output, re.M) == re.findall(FSDP2_FINAL, clean.output, re.M) != []
+    assert not re.search(FSDP2_RESTORED, clean.output, re.M), clean.output
+
+
+def test_fsdp2_a_lost_node_s_shards_restore_from_the_replica_resharded_and_the_loss_curve_goes_on(
+    start: Start, tmp_path: Path
+) -> None:
+    """examples/fsdp2 on two nodes of two ranks (``--nnodes 1:2``): node 1's agent is killed for good once node 0
+    holds the replica of its ranks; node 0's two ranks restore the four ranks' shards (their own from memory, the
+    lost ones from the replica), resharded by DCP to a world of 2, and no file of ``--checkpoint-dir`` is read. A
+    new node then joins: its ranks fetch the world of 2's shards from node 0, resharded to 4. Every step's loss is the
+    fault-free 4-rank run's (the same global batch each step, whatever the world)."""
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, multi_tenant=True, wait_for_workers=False)
+    flags = ["--nnodes", "1:2", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+             f"127.0.0.1:{store.port}", "--rdzv-id", "fsdp2", "--rdzv-conf",
+             "last_call_timeout=1,keep_alive_interval=0.5,keep_alive_max_attempt=2", "--max-restarts", "3",
+             "--checkpoint-dir", str(tmp_path / "checkpoints")]  # fmt: skip
+    train = [*FSDP2, "--steps", "300", "--step-time", "0.1"]
+    debug = ["env", "LOGLEVEL=DEBUG", AELASTIC]  # node 0 logs the replicas it holds
+    node0 = start(*debug, "run", *flags, *train)
+    node0.wait_for(r"rendezvous fsdp2 round 0 complete: \S+ is rank 0 of 1$")  # node 0 is group rank 0
+    node1 = start(AELASTIC, "run", *flags, *train)
+    node0.wait_for(r"holding rank 3's step ([5-9]|\d\d+), a replica")  # from step 5 on: node 1's ranks trained
+    node1.popen.kill()  # the node's loss: its agent SIGKILLed, its workers with it (parent-death signal)
+    shrunk = node0.wait_for(FSDP2_RESTORED, 2)
+    assert sorted((m[1], m[2]) for m in shrunk) == [("0", "2"), ("1", "2")], node0.output
+    assert {m[4] for m in shrunk} == {"memory, replica from 127.0.0.1"}, node0.output
+    node2 = start(AELASTIC, "run", *flags, *train)
+    grown = node2.wait_for(FSDP2_RESTORED, 2)
+    assert {m[2] for m in grown} == {"4"}, node2.output
+    assert len({m[1] for m in grown}) == 2, node2.output
+    assert len({m[4] for m in grown}) == 1, node2.output  # the world of 2's shards, fetched from node 0
+    assert re.fullmatch(r"replica from 127\.0\.0\.1:\d+", grown[0][4]), node2.output
+    assert node0.wait() == 0, node0.output
+    assert node2.wait() == 0, node2.output
+    for world in (4, 2):
+        restores = rf"this round restores step \d+ \(world {world}\) from memory"
+        assert re.search(restores, node0.output), node0.output
+    assert "from the checkpoint directory" not in node0.output + node2.output
+    assert "from disk" not in node0.output + node2.output
+    reference = start(AELASTIC, "run", "--standalone", "--nproc-per-node", "4", *FSDP2, "--steps", "300")
+    assert reference.wait() == 0, reference.output
+    expected = losses(reference.output)
+    printed = [(int(step), float(loss)) for output in (node0.output, node2.output)
+               for step, loss in re.findall(LOSS_LINE, output, re.M)]  # fmt: skip
+    assert {step for step, _ in printed} == set(range(300)), node0.output
+    wrong = [(step, loss, expected[step]) for step, loss in printed if loss != pytest.approx(expected[step], rel=1e-5)]
+    assert not wrong, wrong[:5]
 
 
 # --- asyncio_orchestrator.py, trio_orchestrator.py --------------------------------------------------------------------

@@ -66,6 +66,28 @@ def test_a_fault_in_a_step_costs_the_step_the_recovery_and_the_redone_steps_phas
     assert "restore 0.200 s (step 8 from memory)" in incident.describe()
 
 
+def test_a_step_the_failed_attempt_finishes_before_it_is_stopped_changes_no_phase() -> None:
+    """A survivor rank of the failed attempt may commit one more step between the fault and its stop (seen with DCP on
+    two nodes): that step is thrown away, and must not end the start or the restore before they began."""
+    ledger = Ledger(local_ranks=2)
+    last = steps(ledger, 0, 9, start=100.0, each=1.0)
+    ledger.fault("worker rank 1 failed (exitcode 1)", "failure", fault=110.4, notice=110.4)
+    assert ledger.step(0, 10, 110.6) is None  # rank 0 had not heard yet
+    assert ledger.step(1, 10, 110.6) is None
+    ledger.stopped(110.7)
+    ledger.rendezvous_done(110.8)
+    assert ledger.started(111.8, "cold") is None
+    ledger.restore_began(111.9)
+    ledger.restored(112.2, 9, "memory")
+    ledger.restored(112.3, 9, "memory")
+    assert ledger.step(0, 10, 113.3) is None
+    incident = ledger.step(1, 10, 113.3)  # step 10 done again: the job is back
+    assert incident is not None
+    assert incident.phases["start"] == pytest.approx(1.1)
+    assert incident.phases["restore"] == pytest.approx(0.4)
+    assert incident.lost == pytest.approx(113.3 - 1.0 - last)
+
+
 def test_a_fault_learned_from_the_rendezvous_counts_from_the_last_step_as_detection() -> None:
     ledger = Ledger(local_ranks=1)
     last = steps(ledger, 0, 4, start=0.0, each=0.5, ranks=1)

@@ -289,6 +289,8 @@ class Keeper:
             if self.progress is not None:
                 self.progress.restored(int(message["step"]), str(message["source"]))
             return {}, ()
+        if op == "point":  # the step this round restores, asked before a load that must know (dcp.load)
+            return {"step": self._round.plan.step}, ()
         if op == "load":
             if self.progress is not None:
                 self.progress.restore_began()

@@ -286,7 +286,7 @@ async def _take_push(conn: socket.socket, peer: str, holder: ReplicaHolder, requ
         header = await _receive_checkpoint(conn, slot, size)
         if (header.rank, header.step) != (rank, step):
             raise ReplicaError(f"a push of rank {rank}'s step {step} holds rank {header.rank}'s step {header.step}")
-        holder.received(slot, header, peer)
+        holder.received(slot, header, peer.rpartition(":")[0])  # the pushing node's host: its port is ephemeral
         await _send_frame(conn, {})
 
 

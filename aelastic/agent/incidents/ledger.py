@@ -152,6 +152,8 @@ class Ledger:
 
     def step(self, local_rank: int, step: int, at: float) -> Incident | None:
         """``local_rank`` completed ``step`` at ``at``; returns the incident this ends (the job is back)."""
+        if self._open is not None and "started" not in self._open.times:
+            return None  # a rank of the attempt that failed, finishing a step before it is stopped: thrown away
         ranks, latest = self._marks.get(step, (set(), at))
         ranks.add(local_rank)
         self._marks[step] = (ranks, max(latest, at))

@@ -36,7 +36,7 @@ from . import heap, premapped
 from .layout import DATA_OFFSET, HEADER_SIZE, Header, LayoutError, place
 from .tree import StateError, flatten, unflatten
 
-__all__ = ["LoadInfo", "last_loaded", "load", "save"]
+__all__ = ["LoadInfo", "available", "last_loaded", "load", "save", "step_to_restore"]
 
 logger = logging.getLogger(__name__)
 
@@ -386,7 +386,26 @@ def load(*, into: Any = None, map_location: str | torch.device | None = None, ra
     return state
 
 
+def available() -> bool:
+    """Whether this process was started by an aelastic agent, which holds its checkpoints (else every other call
+    raises :class:`CheckpointError`): a script that also runs under torchrun checkpoints its own way there."""
+    return agent_link() is not None
+
+
+def step_to_restore() -> int | None:
+    """The step the job restores from in this round (``None``: there is none: the job's first round, or no step that
+    every rank saved), for a script that must know before it loads (``dcp.load`` has nothing to say "none" with).
+
+    Raises:
+        CheckpointError: no agent, or the agent gone.
+    """
+    reply, _ = client("step_to_restore").request("step_to_restore", "point")
+    step = reply.get("step")
+    return None if step is None else int(step)
+
+
 def last_loaded() -> LoadInfo | None:
-    """What this process's last :func:`load` restored (``None``: nothing yet, or there was no checkpoint)."""
+    """What this process's last :func:`load` (or ``dcp.load`` through :class:`StorageReader`) restored (``None``:
+    nothing yet, or there was no checkpoint)."""
     found = _clients.get(os.getpid())
     return None if found is None else found.last

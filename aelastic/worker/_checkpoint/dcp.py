@@ -54,7 +54,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from ...errors import CheckpointError
-from .api import Mapping, client, copy_into, open_checkpoint, write_tail
+from .api import LoadInfo, Mapping, client, copy_into, open_checkpoint, write_tail
 from .layout import DATA_OFFSET, Header, place
 from .tree import StateError, dtype_from_name, dtype_name, flatten, unflatten
 
@@ -270,12 +270,15 @@ class StorageReader(_StorageReader):
         self._mappings: dict[int, Mapping] = {}
         self._metas: dict[int, dict[str, Any]] = {}
         self._storage: dict[MetadataIndex, dict[str, Any]] = {}
+        self._world = 0
+        self.sources: dict[int, str] = {}  # the last load's saved ranks, each with where it came from
 
     def __repr__(self) -> str:
         return f"<aelastic.checkpoint.StorageReader directory={self._directory} step={self._step}>"
 
     def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         self._close()
+        self.sources = {}
         if checkpoint_id is not None and os.path.isdir(checkpoint_id):
             self._directory = Path(checkpoint_id)
         elif checkpoint_id is not None:
@@ -290,19 +293,21 @@ class StorageReader(_StorageReader):
         if rank not in self._mappings:
             if self._directory is not None:
                 opened = _open_file(self._directory, rank, self._step)
+                self.sources[rank] = f"disk {self._directory}"
             else:
                 found = open_checkpoint("StorageReader", rank)
                 if found is None:
                     raise CheckpointError("aelastic.checkpoint.StorageReader: no checkpoint to load (no agent holds "
                                           "one, and --checkpoint-dir has none)")  # fmt: skip
-                mapping, header, meta, _ = found
+                mapping, header, meta, info = found
                 opened = mapping, header, meta
+                self.sources[rank] = info.source
             mapping, header, meta = opened
             if header.kind != "dcp":
                 mapping.release()
                 raise CheckpointError(f"aelastic.checkpoint.StorageReader: step {header.step} was saved with "
                                       "aelastic.checkpoint.save: load it with aelastic.checkpoint.load")  # fmt: skip
-            self._step = header.step
+            self._step, self._world = header.step, header.world
             self._mappings[rank], self._metas[rank] = mapping, meta
         return self._mappings[rank], self._metas[rank]
 
@@ -341,11 +346,22 @@ class StorageReader(_StorageReader):
                     raise CheckpointError(f"aelastic.checkpoint.StorageReader: {item.storage_index.fqn}: {sizes}")
                 target.copy_(tensor)
                 planner.commit_tensor(item, target)
+            self._report()
         finally:
             self._close()
         future: Future[None] = Future()
         future.set_result(None)
         return future
+
+    def _report(self) -> None:
+        """Tell :func:`~aelastic.checkpoint.last_loaded` (and the agent's incident records) what this load restored:
+        its step, the saved world, and each distinct source, in the order of the saved ranks read."""
+        if self._directory is not None or not self._mappings or self._step is None:
+            return  # a directory read needs no agent; a rank that read nothing has nothing to say
+        sources = ", ".join(dict.fromkeys(self.sources[rank] for rank in sorted(self.sources)))
+        own = client("StorageReader")
+        own.last = LoadInfo(self._step, 0, self._world, sources)
+        own.request("StorageReader", "loaded", step=self._step, source=sources)
 
     def _close(self) -> None:
         for mapping in self._mappings.values():

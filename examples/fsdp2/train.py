@@ -1,0 +1,138 @@
+"""FSDP2 (``fully_shard``) with ``torch.distributed.checkpoint`` into the agents' memory: every step saved by
+``dcp.save`` through aelastic's storage writer, restored by ``dcp.load`` through its reader, resharded by DCP's
+planner when the world's size changed (docs/howto/fsdp2.md).
+
+    aelastic run --standalone --nproc-per-node 2 --max-restarts 1 examples/fsdp2/train.py --crash-at-step 12
+
+A small regression model, each linear layer sharded across the ranks (CPU, gloo; NCCL on GPUs). Every step trains
+on the same global batch of 24 rows whatever the world's size (each rank takes its share), so the loss curve of a
+world that shrank or grew goes on as the first world's would have. ``--crash-at-step N``: rank ``--crash-rank``
+raises during step N of the first attempt. A restarted worker prints ``restored step S from memory`` (or ``...
+from replica from HOST:PORT`` when a lost node's shards came from the replica another agent kept, ``... from disk
+DIR``); rank 0 prints each step's loss and a digest of the final parameters. ``--async-save`` saves with
+``dcp.async_save`` (the copy into memory happens in the background; the next save waits for it).
+
+Under torchrun (no agent), ``--checkpoint-dir DIR --save-every N`` is DCP's own recipe: ``FileSystemWriter`` every
+N steps, read back on a restart; under aelastic the same flags persist the agents' memory there instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import time
+from concurrent.futures import Future
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.fsdp import fully_shard
+
+import aelastic.checkpoint
+
+GLOBAL_BATCH = 24  # divisible by every world size from 1 to 4: the same rows per step in each
+
+
+def batch(step: int, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's share of the step's global batch."""
+    x = torch.randn(GLOBAL_BATCH, 16, generator=torch.Generator().manual_seed(step))
+    y = torch.sin(x.sum(dim=1, keepdim=True))
+    share = GLOBAL_BATCH // world
+    return x[rank * share : (rank + 1) * share], y[rank * share : (rank + 1) * share]
+
+
+def build() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)
+    )
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    return model, torch.optim.Adam(model.parameters(), lr=1e-2)
+
+
+def state_of(model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int) -> dict[str, Any]:
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    return {"model": model_state, "optim": optimizer_state, "step": torch.tensor(step)}
+
+
+def restore(model: torch.nn.Module, optimizer: torch.optim.Optimizer, directory: str | None) -> int:
+    """The step to train next: after the restored one, or 0."""
+    if aelastic.checkpoint.available():  # under aelastic: the agents' memory (or their replicas, or --checkpoint-dir)
+        if aelastic.checkpoint.step_to_restore() is None:
+            return 0
+        reader: Any = aelastic.checkpoint.StorageReader()
+    elif directory is not None and os.path.exists(os.path.join(directory, ".metadata")):
+        reader = dcp.FileSystemReader(directory)  # torchrun: DCP's own files
+    else:
+        return 0
+    state = state_of(model, optimizer, -1)
+    dcp.load(state, storage_reader=reader)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    step = int(state["step"])
+    loaded = aelastic.checkpoint.last_loaded() if aelastic.checkpoint.available() else None
+    source = loaded.source if loaded is not None else f"disk {directory}"
+    print(f"rank {dist.get_rank()} of {dist.get_world_size()}: restored step {step} from {source}", flush=True)
+    return step + 1
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--crash-at-step", type=int, default=None)
+    parser.add_argument("--crash-rank", type=int, default=1)
+    parser.add_argument("--async-save", action="store_true")
+    parser.add_argument("--step-time", type=float, default=0.0, help="seconds each step sleeps (a longer job)")
+    parser.add_argument("--checkpoint-dir", default=None, help="without an agent: DCP's files (torchrun's recipe)")
+    parser.add_argument("--save-every", type=int, default=10, help="without an agent: steps between DCP's files")
+    args = parser.parse_args()
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+    model, optimizer = build()
+    start = restore(model, optimizer, args.checkpoint_dir)
+    pending: Future[Any] | None = None
+    # An async save runs DCP's collectives in a thread: on a group of their own, not beside the training's.
+    saving = dist.new_group(backend="gloo") if args.async_save else None
+    for step in range(start, args.steps):
+        if first_attempt and step == args.crash_at_step and rank == args.crash_rank:
+            raise RuntimeError(f"a fault at step {step}")
+        x, y = batch(step, rank, world)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        mean = loss.detach().clone()
+        dist.all_reduce(mean)
+        if rank == 0:
+            print(f"step {step} loss {float(mean) / world:.9f}", flush=True)
+        time.sleep(args.step_time)
+        if pending is not None:
+            pending.result()  # one save in flight at a time
+        state = state_of(model, optimizer, step)
+        if aelastic.checkpoint.available():
+            writer = aelastic.checkpoint.StorageWriter(step=step)
+            if args.async_save:
+                pending = dcp.async_save(state, storage_writer=writer, process_group=saving)
+            else:
+                dcp.save(state, storage_writer=writer)
+        elif args.checkpoint_dir is not None and (step + 1) % args.save_every == 0:
+            dcp.save(state, checkpoint_id=args.checkpoint_dir)
+    if pending is not None:
+        pending.result()
+    full, _ = get_state_dict(model, optimizer)
+    digest = hashlib.sha256()
+    for name in sorted(full):
+        digest.update(full[name].full_tensor().detach().numpy().tobytes())
+    if rank == 0:
+        print(f"final parameters {digest.hexdigest()[:16]} after step {args.steps - 1}", flush=True)
+    dist.destroy_process_group()  # else gloo's threads may abort the interpreter's teardown (under torchrun too)
+
+
+if __name__ == "__main__":
+    main()
