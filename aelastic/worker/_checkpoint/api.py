@@ -48,10 +48,13 @@ class LoadInfo(NamedTuple):
 
     Attributes:
         step: the checkpoint's step.
-        rank: the rank that saved it (this worker's own, unless the world's size changed since).
+        rank: the rank that saved it (this worker's own, unless the world's size changed since; 0 after a DCP
+            load, which reads every saved rank it needs).
         world: the world size when it was saved.
-        source: where it came from: ``"memory"`` (this node's agent), ``"replica from HOST:PORT"`` (another node's
-            agent held it), or ``"disk PATH"`` (``--checkpoint-dir``).
+        source: where it came from: ``"memory"`` (this node's agent), ``"replica from HOST"`` (the replica this
+            node's agent kept, pushed by HOST), ``"replica from HOST:PORT"`` (fetched from another node's agent), or
+            ``"disk PATH"`` (``--checkpoint-dir``); after a DCP load, each distinct source, in the order of the saved
+            ranks, joined by ``", "``.
     """
 
     step: int
