@@ -13,8 +13,8 @@ pickled (:func:`encode_metadata`), and is committed only in ``finish``, once eve
 complete when every rank, the coordinator included, has committed it. A load reads the global metadata from the
 coordinator's checkpoint and each item from the rank that wrote it, wherever that rank's checkpoint is (this node's
 agent, another node's, or the checkpoint directory), so a checkpoint saved in one world size loads into another
-through DCP's own resharding (:attr:`StorageReader.sources` says where each saved rank came from). Non-tensor values are DCP's own business (it hands them over as ``torch.save`` bytes,
-kept as they are).
+through DCP's own resharding (``StorageReader.sources`` says where each saved rank came from). Non-tensor values
+are DCP's own business (it hands them over as ``torch.save`` bytes, kept as they are).
 
 The step of a save is ``step=``, or the number at the end of ``checkpoint_id`` (``"step-120"``, ``".../120"``).
 """
