@@ -298,6 +298,40 @@ def test_the_lightning_integration_without_lightning_says_which_extra_to_install
     ), result.stderr
 
 
+# --- hf_trainer/train.py ----------------------------------------------------------------------------------------------
+
+
+def test_a_hugging_face_trainer_restores_from_memory_and_ends_with_the_fault_free_model(start: Start) -> None:
+    """examples/hf_trainer: rank 1 raises when step 20 begins in the first attempt; both ranks restore step 20 (the
+    20 optimizer steps done) from their agent's memory through the Trainer's own resume, which skips the batches
+    already trained and restores the random generators (dropout is on), and the final parameters are bitwise a
+    fault-free run's."""
+    pytest.importorskip("transformers")
+    command = [AELASTIC, "run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+               "examples/hf_trainer/train.py"]  # fmt: skip
+    crashed = start(*command, "--crash-at-step", "20")
+    assert crashed.wait() == 0, crashed.output
+    clean = start(*command)
+    assert clean.wait() == 0, clean.output
+    assert "RuntimeError: a fault at step 20" in crashed.output, crashed.output
+    restored = re.findall(PREFIX + r"restored step (\d+) from (.+)$", crashed.output, re.M)
+    assert restored == [("20", "memory")] * 2, crashed.output
+    assert not re.search(PREFIX + "restored", clean.output, re.M), clean.output
+    final = PREFIX + r"final parameters (\w+) after step 40$"
+    assert re.findall(final, crashed.output, re.M) == re.findall(final, clean.output, re.M) != [], crashed.output
+    assert not list(Path("/dev/shm").glob("aelastic-hf-*")), "a restored checkpoint's files were left behind"
+
+
+def test_the_hugging_face_integration_without_transformers_says_which_extra_to_install() -> None:
+    blocked = "import sys; sys.modules['transformers'] = None; import aelastic.integrations.huggingface"
+    result = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "ImportError: aelastic.integrations.huggingface needs Hugging Face transformers: "
+        "pip install 'aelastic[huggingface]'"
+    ), result.stderr
+
+
 # --- fsdp2/train.py ---------------------------------------------------------------------------------------------------
 
 FSDP2 = ["examples/fsdp2/train.py"]

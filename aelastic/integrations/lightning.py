@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any, Final
 import aelastic.checkpoint
 
 from ..errors import CheckpointError, ConfigurationError
-from ..worker._link import agent_link
 
 try:
     import lightning.pytorch as pl
@@ -69,7 +68,7 @@ class InMemoryCheckpoint(pl.Callback):
     def resume_path(self) -> str | None:
         """:data:`MEMORY_PATH` when the job restores a step from the agents' memory (or their replicas, or
         ``--checkpoint-dir``), else ``None`` (the first run, or no agent): the ``ckpt_path`` of ``trainer.fit``."""
-        if agent_link() is None:
+        if not aelastic.checkpoint.available():
             return None  # not started by an aelastic agent: nothing to restore, as under torchrun
         self._restored = aelastic.checkpoint.load()
         return None if self._restored is None else MEMORY_PATH
@@ -83,7 +82,7 @@ class InMemoryCheckpoint(pl.Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         step = trainer.global_step
-        if step % self.every_n_steps or agent_link() is None:  # under torchrun: nothing to save to
+        if step % self.every_n_steps or not aelastic.checkpoint.available():  # under torchrun: nothing to save to
             return
         checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
         for key in _NOT_KEPT:

@@ -1,0 +1,113 @@
+"""A Hugging Face Trainer with in-memory checkpoints: saved into the agent's memory every step, restored from it when
+the job restarts (``aelastic.integrations.huggingface``; docs/howto/huggingface.md).
+
+    aelastic run --standalone --nproc-per-node 2 --max-restarts 1 examples/hf_trainer/train.py --crash-at-step 20
+
+A tiny GPT-2 built from its configuration (nothing is downloaded) learns random token sequences (fixed seeds, CPU,
+DDP over gloo, dropout on). ``--crash-at-step N``: rank ``--crash-rank`` raises during step N of the first
+attempt; the restarted workers print ``restored step S from memory`` (or ``... from <node>'s replica``, ``... from
+disk``) and the Trainer goes on from step S + 1. Rank 0 prints a digest of the final parameters: a run with a
+fault and one without print the same.
+
+Under torchrun (no agent), ``--output-dir DIR --save-steps N`` is the Trainer's own recipe: a checkpoint on disk
+every N steps, resumed from the newest one on a restart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import hashlib
+import os
+from typing import Any
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer_utils import get_last_checkpoint
+
+import aelastic.checkpoint
+from aelastic.integrations.huggingface import InMemoryCheckpoint
+
+
+class Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Random sequences of tokens, the same for every run."""
+
+    def __init__(self, count: int, length: int, vocabulary: int) -> None:
+        self.ids = torch.randint(vocabulary, (count, length), generator=torch.Generator().manual_seed(0))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[index], "labels": self.ids[index]}
+
+
+class Crash(TrainerCallback):  # type: ignore[misc]
+    """Raises on one rank when a step begins, in the first attempt only."""
+
+    def __init__(self, step: int | None, rank: int) -> None:
+        self.step, self.rank = step, rank
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        if first_attempt and state.global_step == self.step and args.process_index == self.rank:
+            raise RuntimeError(f"a fault at step {state.global_step}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--crash-at-step", type=int, default=None)
+    parser.add_argument("--crash-rank", type=int, default=1)
+    parser.add_argument("--width", type=int, default=64, help="the model's hidden size (its state grows with it)")
+    parser.add_argument("--output-dir", default=None, help="the Trainer's own checkpoints (torchrun's recipe)")
+    parser.add_argument("--save-steps", type=int, default=10, help="without an agent: steps between checkpoints")
+    args = parser.parse_args()
+    memory = InMemoryCheckpoint(every_n_steps=1)
+    own_checkpoints = args.output_dir is not None and not aelastic.checkpoint.available()
+    training = TrainingArguments(
+        output_dir=args.output_dir or "/tmp/aelastic-hf-trainer",
+        max_steps=args.steps,
+        per_device_train_batch_size=4,
+        learning_rate=1e-3,
+        seed=0,
+        data_seed=0,
+        use_cpu=True,
+        ddp_backend="gloo",
+        logging_strategy="no",
+        report_to=[],
+        save_strategy="steps" if own_checkpoints else "no",
+        save_steps=args.save_steps,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        ddp_find_unused_parameters=False,
+    )
+    config = GPT2Config(vocab_size=128, n_positions=32, n_embd=args.width, n_layer=2, n_head=2, bos_token_id=0,
+                        eos_token_id=0)  # fmt: skip
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(config)
+    trainer = Trainer(model=model, args=training, train_dataset=Tokens(4096, 32, config.vocab_size),
+                      callbacks=[memory, Crash(args.crash_at_step, args.crash_rank)])  # fmt: skip
+    resume = memory.resume_path()
+    if resume is not None:
+        loaded = aelastic.checkpoint.last_loaded()
+        assert loaded is not None
+        print(f"restored step {loaded.step} from {loaded.source}", flush=True)
+    elif own_checkpoints and os.path.isdir(args.output_dir):
+        resume = get_last_checkpoint(args.output_dir)
+        if resume is not None:
+            print(f"restored {resume} from disk", flush=True)
+    trainer.train(resume_from_checkpoint=resume)
+    if trainer.is_world_process_zero():
+        digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
+        print(f"final parameters {digest[:16]} after step {trainer.state.global_step}", flush=True)
+    # The DDP wrapper's reducer holds the process group: freed at the interpreter's end, gloo's destructor joins its
+    # threads while holding the GIL one of them waits for (a hang, under torchrun too). Free it, then the group, now.
+    del trainer, model
+    gc.collect()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
