@@ -289,6 +289,32 @@ def test_a_lightning_trainer_restores_from_memory_and_ends_with_the_fault_free_m
                      crashed.output), crashed.output  # fmt: skip
 
 
+def test_a_fabric_loop_keeps_its_survivor_restores_from_memory_and_ends_with_the_fault_free_model(
+    start: Start,
+) -> None:
+    """examples/lightning/fabric.py: rank 1 raises at step 25 of the first attempt; rank 0 keeps its process (the
+    loop is ``restartable``: Fabric launches the next round's process group in it), the replacement starts cold,
+    both restore step 24 from memory, and the final parameters are bitwise a fault-free run's."""
+    pytest.importorskip("lightning")
+    command = [AELASTIC, "run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+               "examples/lightning/fabric.py"]  # fmt: skip
+    crashed = start(*command, "--crash-at-step", "25")
+    assert crashed.wait() == 0, crashed.output
+    clean = start(*command)
+    assert clean.wait() == 0, clean.output
+    assert "RuntimeError: a fault at step 25" in crashed.output, crashed.output
+    started = dict(re.findall(PREFIX + r"rank (\d) \(pid (\d+)\): starts$", crashed.output, re.M))
+    restored = re.findall(PREFIX + r"rank (\d) \(pid (\d+)\): restored step (\d+) from (.+)$", crashed.output, re.M)
+    assert sorted(rank for rank, *_ in restored) == ["0", "1"], crashed.output
+    assert {(step, source) for _, _, step, source in restored} == {("24", "memory")}, crashed.output
+    pids = {rank: pid for rank, pid, *_ in restored}
+    assert pids["0"] == started["0"], crashed.output  # the survivor kept its process
+    assert pids["1"] != started["1"], crashed.output  # the failed one was replaced
+    assert re.search(r"incident 1 .*start \S+ s \(1 kept, 1 cold\)", crashed.output), crashed.output
+    final = PREFIX + r"final parameters (\w+) after step 59$"
+    assert re.findall(final, crashed.output, re.M) == re.findall(final, clean.output, re.M) != [], crashed.output
+
+
 def test_the_lightning_integration_without_lightning_says_which_extra_to_install() -> None:
     blocked = "import sys; sys.modules['lightning'] = None; import aelastic.integrations.lightning"
     result = subprocess.run([sys.executable, "-c", blocked], capture_output=True, text=True, timeout=60)
