@@ -289,29 +289,36 @@ def test_a_lightning_trainer_restores_from_memory_and_ends_with_the_fault_free_m
                      crashed.output), crashed.output  # fmt: skip
 
 
-def test_a_fabric_loop_keeps_its_survivor_restores_from_memory_and_ends_with_the_fault_free_model(
-    start: Start,
+SURVIVOR_LOOPS = [  # (example, the framework it needs, the fault's step, the last step)
+    pytest.param("examples/lightning/fabric.py", "lightning", 25, 59, id="fabric"),
+    pytest.param("examples/hf_accelerate/train.py", "accelerate", 20, 39, id="accelerate"),
+]
+
+
+@pytest.mark.parametrize(("example", "framework", "crash", "last"), SURVIVOR_LOOPS)
+def test_a_framework_loop_keeps_its_survivor_restores_from_memory_and_ends_with_the_fault_free_model(
+    start: Start, example: str, framework: str, crash: int, last: int
 ) -> None:
-    """examples/lightning/fabric.py: rank 1 raises at step 25 of the first attempt; rank 0 keeps its process (the
-    loop is ``restartable``: Fabric launches the next round's process group in it), the replacement starts cold,
-    both restore step 24 from memory, and the final parameters are bitwise a fault-free run's."""
-    pytest.importorskip("lightning")
-    command = [AELASTIC, "run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
-               "examples/lightning/fabric.py"]  # fmt: skip
-    crashed = start(*command, "--crash-at-step", "25")
+    """A Fabric or Accelerate loop (``restartable``, ``save_state``/``load_state``): rank 1 raises at step ``crash``
+    of the first attempt; rank 0 keeps its process (the framework launches the next round's process group in it),
+    the replacement starts cold, both restore the step before from memory (the random generators too: the
+    Accelerate example's GPT-2 has dropout on), and the final parameters are bitwise a fault-free run's."""
+    pytest.importorskip(framework)
+    command = [AELASTIC, "run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", example]
+    crashed = start(*command, "--crash-at-step", str(crash))
     assert crashed.wait() == 0, crashed.output
     clean = start(*command)
     assert clean.wait() == 0, clean.output
-    assert "RuntimeError: a fault at step 25" in crashed.output, crashed.output
+    assert f"RuntimeError: a fault at step {crash}" in crashed.output, crashed.output
     started = dict(re.findall(PREFIX + r"rank (\d) \(pid (\d+)\): starts$", crashed.output, re.M))
     restored = re.findall(PREFIX + r"rank (\d) \(pid (\d+)\): restored step (\d+) from (.+)$", crashed.output, re.M)
     assert sorted(rank for rank, *_ in restored) == ["0", "1"], crashed.output
-    assert {(step, source) for _, _, step, source in restored} == {("24", "memory")}, crashed.output
+    assert {(step, source) for _, _, step, source in restored} == {(str(crash - 1), "memory")}, crashed.output
     pids = {rank: pid for rank, pid, *_ in restored}
     assert pids["0"] == started["0"], crashed.output  # the survivor kept its process
     assert pids["1"] != started["1"], crashed.output  # the failed one was replaced
     assert re.search(r"incident 1 .*start \S+ s \(1 kept, 1 cold\)", crashed.output), crashed.output
-    final = PREFIX + r"final parameters (\w+) after step 59$"
+    final = PREFIX + rf"final parameters (\w+) after step {last}$"
     assert re.findall(final, crashed.output, re.M) == re.findall(final, clean.output, re.M) != [], crashed.output
 
 

@@ -21,6 +21,11 @@ the batches already trained in the epoch, and goes on from the next step, exactl
 
 Outside an aelastic agent, :meth:`~InMemoryCheckpoint.resume_path` returns ``None`` and the callback saves nothing,
 so the same script runs under torchrun.
+
+An Accelerate loop saves and loads its state (the prepared model, optimizer and scheduler as themselves, beside
+plain values, and the random generators) with ``save_state`` and ``load_state``
+(:mod:`aelastic.integrations.stateful`; ``accelerator.save_state`` writes the model on the main process only), and
+resumes its data with ``accelerator.skip_first_batches``.
 """
 
 from __future__ import annotations
@@ -29,7 +34,6 @@ import atexit
 import dataclasses
 import json
 import os
-import random
 import shutil
 import tempfile
 from typing import Any
@@ -37,9 +41,9 @@ from typing import Any
 import aelastic.checkpoint
 
 from ..errors import ConfigurationError
+from .stateful import load_state, rng_states, save_state
 
 try:
-    import numpy as np
     import torch
     from transformers import TrainerCallback
     from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME
@@ -49,7 +53,7 @@ except ImportError:
         "aelastic.integrations.huggingface needs Hugging Face transformers: pip install 'aelastic[huggingface]'"
     ) from None
 
-__all__ = ["InMemoryCheckpoint"]
+__all__ = ["InMemoryCheckpoint", "load_state", "save_state"]
 
 _MEMORY = "/dev/shm"  # the restored checkpoint's files live in memory too
 
@@ -99,7 +103,7 @@ class InMemoryCheckpoint(TrainerCallback):
             "model": kwargs["model"].state_dict(),
             "optimizer": kwargs["optimizer"].state_dict(),
             "scheduler": None if scheduler is None else scheduler.state_dict(),
-            "rng": _rng_states(),
+            "rng": rng_states(),
             "trainer_state": json.dumps(dataclasses.asdict(state), indent=2, sort_keys=True),  # as its save_to_json
         }
         aelastic.checkpoint.save(checkpoint, step=state.global_step)
@@ -112,14 +116,3 @@ class InMemoryCheckpoint(TrainerCallback):
             shutil.rmtree(self._directory, ignore_errors=True)
             self._directory = None
 
-
-def _rng_states() -> dict[str, Any]:
-    """The random generators' states, as the Trainer's ``_save_rng_state`` writes them."""
-    states: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "cpu": torch.random.get_rng_state(),
-    }
-    if torch.cuda.is_available():  # under a launcher the Trainer is distributed: it restores every device's
-        states["cuda"] = torch.cuda.random.get_rng_state_all()
-    return states

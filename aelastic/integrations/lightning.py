@@ -24,7 +24,8 @@ Outside an aelastic agent, :meth:`~InMemoryCheckpoint.resume_path` returns ``Non
 so the same script runs under torchrun.
 
 A Fabric loop saves and loads its state, as it would pass it to ``fabric.save`` and ``fabric.load`` (modules and
-optimizers as themselves, beside plain values), with :func:`save_state` and :func:`load_state`::
+optimizers as themselves, beside plain values), with :mod:`aelastic.integrations.stateful`'s ``save_state`` and
+``load_state``::
 
     state = {"model": model, "optimizer": optimizer, "step": 0}
     load_state(state)                        # False on the first run; else the state is the restored step's
@@ -34,7 +35,7 @@ optimizers as themselves, beside plain values), with :func:`save_state` and :fun
         save_state(state, step=step)
 
 ``fabric.save`` writes on global rank 0 only, which suits a file every rank can read, not the agents' memory,
-where each rank's checkpoint is its own: :func:`save_state` saves on every rank.
+where each rank's checkpoint is its own: :func:`~aelastic.integrations.stateful.save_state` saves on every rank.
 """
 
 from __future__ import annotations
@@ -44,10 +45,10 @@ from typing import TYPE_CHECKING, Any, Final
 import aelastic.checkpoint
 
 from ..errors import CheckpointError, ConfigurationError
+from .stateful import load_state, save_state
 
 try:
     import lightning.pytorch as pl
-    import torch
     from lightning.fabric.plugins import CheckpointIO
 except ImportError:
     raise ImportError(
@@ -132,39 +133,3 @@ class _MemoryIO(CheckpointIO):
     def teardown(self) -> None:
         self.inner.teardown()
 
-
-def save_state(state: dict[str, Any], *, step: int) -> None:
-    """Save a Fabric loop's ``state`` (what ``fabric.save`` takes: modules and optimizers as themselves, their
-    ``state_dict()`` is saved) into the agent's memory as this rank's checkpoint of ``step``; nothing without an
-    agent (under torchrun).
-
-    Raises:
-        CheckpointError: as :func:`aelastic.checkpoint.save`.
-    """
-    if aelastic.checkpoint.available():
-        saved = {key: value.state_dict() if hasattr(value, "state_dict") else value for key, value in state.items()}
-        aelastic.checkpoint.save(saved, step=step)
-
-
-def load_state(state: dict[str, Any]) -> bool:
-    """Restore ``state`` (as :func:`save_state` took it) from the step the job restores: modules and optimizers load
-    their state in place (a module's tensors are filled, not replaced), other values are replaced; whether there was
-    one (``False``: the first run, or no agent).
-
-    Raises:
-        CheckpointError: as :func:`aelastic.checkpoint.load`.
-    """
-    if not aelastic.checkpoint.available():
-        return False
-    modules = {key: value.state_dict() for key, value in state.items() if isinstance(value, torch.nn.Module)}
-    restored = aelastic.checkpoint.load(into=modules)  # the modules' tensors, filled in place
-    if restored is None:
-        return False
-    for key, value in restored.items():
-        if key in modules:
-            continue
-        if hasattr(state.get(key), "load_state_dict"):
-            state[key].load_state_dict(value)
-        else:
-            state[key] = value
-    return True
