@@ -12,8 +12,10 @@ from replica from HOST:PORT`` when a lost node's shards came from the replica an
 DIR``); rank 0 prints each step's loss and a digest of the final parameters. ``--async-save`` saves with
 ``dcp.async_save`` (the copy into memory happens in the background; the next save waits for it).
 
-Under torchrun (no agent), ``--checkpoint-dir DIR --save-every N`` is DCP's own recipe: ``FileSystemWriter`` every
-N steps, read back on a restart; under aelastic the same flags persist the agents' memory there instead.
+``--save-every N``: a checkpoint every N steps (1; 0: none); ``--ballast-mib`` and ``--step-time`` make the
+checkpoint and the step larger (benchmarks/frameworks.py). Under torchrun (no agent), ``--checkpoint-dir DIR`` is
+DCP's own recipe: ``FileSystemWriter`` every N steps, read back on a restart; under aelastic the agents persist
+their memory there instead.
 """
 
 from __future__ import annotations
@@ -44,11 +46,13 @@ def batch(step: int, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]
     return x[rank * share : (rank + 1) * share], y[rank * share : (rank + 1) * share]
 
 
-def build() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+def build(ballast_mib: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)
     )
+    # Weights that do not train (as a frozen embedding): a larger checkpoint, the same arithmetic.
+    model.register_parameter("ballast", torch.nn.Parameter(torch.zeros(ballast_mib * 2**18), requires_grad=False))
     for layer in model:
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer)
@@ -88,13 +92,14 @@ def main() -> None:
     parser.add_argument("--crash-rank", type=int, default=1)
     parser.add_argument("--async-save", action="store_true")
     parser.add_argument("--step-time", type=float, default=0.0, help="seconds each step sleeps (a longer job)")
+    parser.add_argument("--ballast-mib", type=int, default=0, help="MiB of frozen weights (a larger checkpoint)")
+    parser.add_argument("--save-every", type=int, default=1, help="steps between checkpoints; 0: none")
     parser.add_argument("--checkpoint-dir", default=None, help="without an agent: DCP's files (torchrun's recipe)")
-    parser.add_argument("--save-every", type=int, default=10, help="without an agent: steps between DCP's files")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
-    model, optimizer = build()
+    model, optimizer = build(args.ballast_mib)
     start = restore(model, optimizer, args.checkpoint_dir)
     pending: Future[Any] | None = None
     # An async save runs DCP's collectives in a thread: on a group of their own, not beside the training's.
@@ -114,6 +119,8 @@ def main() -> None:
         time.sleep(args.step_time)
         if pending is not None:
             pending.result()  # one save in flight at a time
+        if not args.save_every or (step + 1) % args.save_every:
+            continue
         state = state_of(model, optimizer, step)
         if aelastic.checkpoint.available():
             writer = aelastic.checkpoint.StorageWriter(step=step)
@@ -121,7 +128,7 @@ def main() -> None:
                 pending = dcp.async_save(state, storage_writer=writer, process_group=saving)
             else:
                 dcp.save(state, storage_writer=writer)
-        elif args.checkpoint_dir is not None and (step + 1) % args.save_every == 0:
+        elif args.checkpoint_dir is not None:
             dcp.save(state, checkpoint_id=args.checkpoint_dir)
     if pending is not None:
         pending.result()

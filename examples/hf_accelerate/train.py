@@ -8,6 +8,10 @@ A tiny GPT-2 built from its configuration (nothing is downloaded) learns random 
 DDP over gloo, dropout on). ``--crash-at-step N``: rank ``--crash-rank`` raises at step N of the first attempt;
 every rank then prints ``rank R (pid P): restored step S from memory``, skips the batches of the epoch already
 trained, and rank 0 prints a digest of the final parameters: a run with a fault and one without print the same.
+
+For the benchmark (benchmarks/frameworks.py): ``--ballast-mib`` (a larger checkpoint), ``--step-time`` (a longer
+step), ``--save-every N`` (0: no checkpoint); under torchrun, ``--checkpoint-dir DIR`` is Accelerate's own recipe
+(``accelerator.save_state`` every N steps, ``load_state`` on a restart).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import time
 
 import torch
 from accelerate import Accelerator
@@ -28,6 +33,19 @@ from aelastic.integrations.huggingface import load_state, save_state
 from aelastic.worker import restartable
 
 
+class Progress:
+    """The step, for Accelerate's own checkpoints (``register_for_checkpointing``)."""
+
+    def __init__(self) -> None:
+        self.step = -1
+
+    def state_dict(self) -> dict[str, int]:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.step = state["step"]
+
+
 @restartable
 def train(args: argparse.Namespace) -> None:
     """One round: called again, in this process, when another worker fails or the world changes."""
@@ -39,6 +57,8 @@ def train(args: argparse.Namespace) -> None:
     config = GPT2Config(vocab_size=128, n_positions=32, n_embd=64, n_layer=2, n_head=2, bos_token_id=0,
                         eos_token_id=0)  # fmt: skip
     model = GPT2LMHeadModel(config)
+    # Weights that do not train (as a frozen embedding): a larger checkpoint, the same arithmetic.
+    model.register_parameter("ballast", torch.nn.Parameter(torch.zeros(args.ballast_mib * 2**18), requires_grad=False))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=1.0, end_factor=0.1, total_iters=args.steps)
     tokens = torch.randint(config.vocab_size, (4096, 32), generator=torch.Generator().manual_seed(0))
@@ -46,9 +66,15 @@ def train(args: argparse.Namespace) -> None:
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
     state = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "step": -1}
     who = f"rank {accelerator.process_index} (pid {os.getpid()})"
+    disk = args.checkpoint_dir is not None and not aelastic.checkpoint.available()
+    accelerator.register_for_checkpointing(progress := Progress())
     if load_state(state):
         loaded = aelastic.checkpoint.last_loaded()
         print(f"{who}: restored step {state['step']} from {loaded and loaded.source}", flush=True)
+    elif disk and os.path.isdir(args.checkpoint_dir):
+        accelerator.load_state(args.checkpoint_dir)  # torchrun's recipe: Accelerate's own files
+        state["step"] = progress.step
+        print(f"{who}: restored step {state['step']} from disk", flush=True)
     else:
         print(f"{who}: starts", flush=True)
     first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
@@ -64,8 +90,13 @@ def train(args: argparse.Namespace) -> None:
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad()
-            state["step"] = step
-            save_state(state, step=step)
+            time.sleep(args.step_time)
+            state["step"] = progress.step = step
+            if args.save_every and (step + 1) % args.save_every == 0:
+                if disk:
+                    accelerator.save_state(args.checkpoint_dir)
+                else:
+                    save_state(state, step=step)
             step += 1
             if step == args.steps:
                 break
@@ -83,6 +114,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--crash-at-step", type=int, default=None)
     parser.add_argument("--crash-rank", type=int, default=1)
+    parser.add_argument("--ballast-mib", type=int, default=0, help="MiB of frozen weights (a larger checkpoint)")
+    parser.add_argument("--step-time", type=float, default=0.0, help="seconds each step sleeps (a larger model)")
+    parser.add_argument("--save-every", type=int, default=1, help="steps between checkpoints; 0: none")
+    parser.add_argument("--checkpoint-dir", default=None, help="without an agent: Accelerate's own files there")
     train(parser.parse_args())
 
 

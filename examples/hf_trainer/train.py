@@ -9,8 +9,9 @@ attempt; the restarted workers print ``restored step S from memory`` (or ``... f
 disk``) and the Trainer goes on from step S + 1. Rank 0 prints a digest of the final parameters: a run with a
 fault and one without print the same.
 
-Under torchrun (no agent), ``--output-dir DIR --save-steps N`` is the Trainer's own recipe: a checkpoint on disk
-every N steps, resumed from the newest one on a restart.
+For the benchmark (benchmarks/frameworks.py): ``--ballast-mib`` (a larger checkpoint), ``--step-time`` (a longer
+step), ``--save-every N`` (0: no checkpoint); under torchrun, ``--checkpoint-dir DIR`` is the Trainer's own recipe (a
+checkpoint on disk every N steps, resumed from the newest one).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import argparse
 import gc
 import hashlib
 import os
+import time
 from typing import Any
 
 import torch
@@ -43,15 +45,17 @@ class Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
 
 
 class Crash(TrainerCallback):  # type: ignore[misc]
-    """Raises on one rank when a step begins, in the first attempt only."""
+    """Raises on one rank when a step begins, in the first attempt only; sleeps ``step_time`` in every step (the
+    compute of a larger model)."""
 
-    def __init__(self, step: int | None, rank: int) -> None:
-        self.step, self.rank = step, rank
+    def __init__(self, step: int | None, rank: int, step_time: float) -> None:
+        self.step, self.rank, self.step_time = step, rank, step_time
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
         if first_attempt and state.global_step == self.step and args.process_index == self.rank:
             raise RuntimeError(f"a fault at step {state.global_step}")
+        time.sleep(self.step_time)
 
 
 def main() -> None:
@@ -60,13 +64,15 @@ def main() -> None:
     parser.add_argument("--crash-at-step", type=int, default=None)
     parser.add_argument("--crash-rank", type=int, default=1)
     parser.add_argument("--width", type=int, default=64, help="the model's hidden size (its state grows with it)")
-    parser.add_argument("--output-dir", default=None, help="the Trainer's own checkpoints (torchrun's recipe)")
-    parser.add_argument("--save-steps", type=int, default=10, help="without an agent: steps between checkpoints")
+    parser.add_argument("--ballast-mib", type=int, default=0, help="MiB of frozen weights (a larger checkpoint)")
+    parser.add_argument("--step-time", type=float, default=0.0, help="seconds each step sleeps (a larger model)")
+    parser.add_argument("--save-every", type=int, default=1, help="steps between checkpoints; 0: none")
+    parser.add_argument("--checkpoint-dir", default=None, help="without an agent: the Trainer's own checkpoints")
     args = parser.parse_args()
-    memory = InMemoryCheckpoint(every_n_steps=1)
-    own_checkpoints = args.output_dir is not None and not aelastic.checkpoint.available()
+    memory = InMemoryCheckpoint(every_n_steps=max(args.save_every, 1))
+    own_checkpoints = args.checkpoint_dir is not None and args.save_every and not aelastic.checkpoint.available()
     training = TrainingArguments(
-        output_dir=args.output_dir or "/tmp/aelastic-hf-trainer",
+        output_dir=args.checkpoint_dir or "/tmp/aelastic-hf-trainer",
         max_steps=args.steps,
         per_device_train_batch_size=4,
         learning_rate=1e-3,
@@ -77,7 +83,7 @@ def main() -> None:
         logging_strategy="no",
         report_to=[],
         save_strategy="steps" if own_checkpoints else "no",
-        save_steps=args.save_steps,
+        save_steps=max(args.save_every, 1),
         disable_tqdm=True,
         dataloader_num_workers=0,
         ddp_find_unused_parameters=False,
@@ -86,15 +92,20 @@ def main() -> None:
                         eos_token_id=0)  # fmt: skip
     torch.manual_seed(0)
     model = GPT2LMHeadModel(config)
+    # Weights that do not train (as a frozen embedding): a larger checkpoint, the same arithmetic.
+    model.register_parameter("ballast", torch.nn.Parameter(torch.zeros(args.ballast_mib * 2**18), requires_grad=False))
+    callbacks = [Crash(args.crash_at_step, args.crash_rank, args.step_time)]
+    if args.save_every:
+        callbacks.append(memory)
     trainer = Trainer(model=model, args=training, train_dataset=Tokens(4096, 32, config.vocab_size),
-                      callbacks=[memory, Crash(args.crash_at_step, args.crash_rank)])  # fmt: skip
+                      callbacks=callbacks)  # fmt: skip
     resume = memory.resume_path()
     if resume is not None:
         loaded = aelastic.checkpoint.last_loaded()
         assert loaded is not None
         print(f"restored step {loaded.step} from {loaded.source}", flush=True)
-    elif own_checkpoints and os.path.isdir(args.output_dir):
-        resume = get_last_checkpoint(args.output_dir)
+    elif own_checkpoints and os.path.isdir(args.checkpoint_dir):
+        resume = get_last_checkpoint(args.checkpoint_dir)
         if resume is not None:
             print(f"restored {resume} from disk", flush=True)
     trainer.train(resume_from_checkpoint=resume)

@@ -7,6 +7,10 @@ A small regression model on synthetic data (fixed seeds, CPU, DDP over gloo). ``
 ``--crash-rank`` raises during step N of the first attempt; the restarted workers print ``restored step S from
 memory`` (or ``... from <node>'s replica``, ``... from disk``) and go on from step S + 1. Rank 0 prints a digest of
 the final parameters: a run with a fault and one without print the same.
+
+For the benchmark (benchmarks/frameworks.py): ``--ballast-mib`` (a larger checkpoint), ``--step-time`` (a longer
+step), ``--save-every N`` (0: no checkpoint); under torchrun, ``--checkpoint-dir DIR`` is Lightning's own recipe
+(``ModelCheckpoint`` every N steps, resumed from ``last.ckpt``).
 """
 
 from __future__ import annotations
@@ -15,11 +19,13 @@ import argparse
 import gc
 import hashlib
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import aelastic.checkpoint
@@ -50,16 +56,19 @@ class ResumableLoader(DataLoader):  # type: ignore[type-arg]
 
 
 class Regression(L.LightningModule):
-    def __init__(self, crash_at: int | None, crash_rank: int) -> None:
+    def __init__(self, crash_at: int | None, crash_rank: int, ballast_mib: int = 0, step_time: float = 0.0) -> None:
         super().__init__()
         self.save_hyperparameters()  # as most modules do: the in-memory checkpoint leaves them out
         self.net = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
-        self.crash_at, self.crash_rank = crash_at, crash_rank
+        # Weights that do not train (as a frozen embedding): a larger checkpoint, the same arithmetic.
+        self.ballast = torch.nn.Parameter(torch.zeros(ballast_mib * 2**18), requires_grad=False)
+        self.crash_at, self.crash_rank, self.step_time = crash_at, crash_rank, step_time
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
         if first_attempt and self.global_step == self.crash_at and self.global_rank == self.crash_rank:
             raise RuntimeError(f"a fault at step {self.global_step}")
+        time.sleep(self.step_time)  # the compute of a larger model
         x, y = batch
         return torch.nn.functional.mse_loss(self.net(x), y)
 
@@ -72,18 +81,29 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--crash-at-step", type=int, default=None)
     parser.add_argument("--crash-rank", type=int, default=1)
+    parser.add_argument("--ballast-mib", type=int, default=0, help="MiB of frozen weights (a larger checkpoint)")
+    parser.add_argument("--step-time", type=float, default=0.0, help="seconds each step sleeps (a larger model)")
+    parser.add_argument("--save-every", type=int, default=1, help="steps between checkpoints; 0: none")
+    parser.add_argument("--checkpoint-dir", default=None, help="without an agent: ModelCheckpoint's files there")
     args = parser.parse_args()
     L.seed_everything(0, workers=True)
     data = TensorDataset(torch.randn(4096, 16), torch.randn(4096, 1))
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0)
-    model = Regression(args.crash_at_step, args.crash_rank)
-    memory = InMemoryCheckpoint(every_n_steps=1)
+    model = Regression(args.crash_at_step, args.crash_rank, args.ballast_mib, args.step_time)
+    callbacks: list[L.Callback] = []
+    memory = InMemoryCheckpoint(every_n_steps=max(args.save_every, 1))
+    if args.save_every and aelastic.checkpoint.available():
+        callbacks.append(memory)
+    disk = args.checkpoint_dir is not None and args.save_every and not aelastic.checkpoint.available()
+    if disk:  # torchrun's recipe: Lightning's own checkpoint files
+        callbacks.append(ModelCheckpoint(dirpath=args.checkpoint_dir, every_n_train_steps=args.save_every,
+                                         save_last=True, save_top_k=0))  # fmt: skip
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     trainer = L.Trainer(
         accelerator="cpu", devices=local, num_nodes=int(os.environ.get("WORLD_SIZE", "1")) // local,
         strategy="ddp" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "auto", max_steps=args.steps,
-        callbacks=[memory], logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        callbacks=callbacks, logger=False, enable_checkpointing=bool(disk), enable_progress_bar=False,
         enable_model_summary=False, use_distributed_sampler=False,
     )  # fmt: skip
     ckpt_path = memory.resume_path()
@@ -91,6 +111,9 @@ def main() -> None:
         loaded = aelastic.checkpoint.last_loaded()
         assert loaded is not None
         print(f"restored step {loaded.step} from {loaded.source}", flush=True)
+    elif disk and os.path.exists(os.path.join(args.checkpoint_dir, "last.ckpt")):
+        ckpt_path = os.path.join(args.checkpoint_dir, "last.ckpt")
+        print(f"restored {ckpt_path} from disk", flush=True)
     trainer.fit(model, ResumableLoader(data, batch_size=32, sampler=sampler), ckpt_path=ckpt_path)
     if trainer.global_rank == 0:
         digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()

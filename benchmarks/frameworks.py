@@ -1,0 +1,183 @@
+"""What one fault costs a job in the frameworks people train with: each framework's example under torchrun with the
+framework's own disk checkpoint every 10 steps, beside aelastic with its integration's in-memory checkpoint every
+step; same machine, same run, alternating. Not run in CI (``tests/test_examples.py`` runs each example with a fault).
+
+    python -m benchmarks.frameworks [--repeats 3] [--frameworks lightning,fabric,...] [--mib 256] [--json PATH]
+
+The job: two nodes of one worker each (two launchers on this machine, ``--rdzv-backend c10d`` on a port the first
+one binds), each example (``examples/``) with ``--ballast-mib`` MiB of frozen weights per rank (a checkpoint of that
+size plus the model's own state) and steps of ``--step-time`` (0.3 s); rank 1 raises when step F begins in the
+first attempt, F drawn at random from 12..27 for each repetition (the same F for both systems).
+
+* torch: ``torchrun`` (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: without it most restarts fail, see
+  benchmarks/agent.py), ``--checkpoint-dir`` on local disk, ``--save-every 10``: the framework's own recipe
+  (Lightning's ``ModelCheckpoint``, ``fabric.save``, the HF Trainer's ``save_steps``, ``accelerator.save_state``,
+  DCP's ``FileSystemWriter``), resumed from the newest checkpoint.
+* aelastic: ``aelastic run --prewarm --prewarm-modules <the framework>``, the integration's checkpoint into the
+  agents' memory every step (``--save-every 1``); Fabric and Accelerate loops keep their survivors.
+
+Scenarios, per framework:
+
+* ``lost to a fault``: the job's wall time with the fault, less the median of its wall time without one (the same
+  system and flags): the restart, the restore and the steps done again, as the job's end sees them.
+* ``checkpoint blocks a step``: (the job's wall time with its checkpoints, less with none) / the checkpoints taken;
+  beside ``raw copy`` of the same bytes (``--mib``, half of it for FSDP2, whose ranks each hold a shard; one
+  ``copy_`` into touched memory, in a process of its own).
+
+Targets (issue 46): ``lost to a fault`` at most 0.2x torchrun's for every framework; a checkpoint blocks a step at
+most 1.5x the raw copy of its bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .agent import c10d_flags, environment, free_port
+from .run import aelastic_install
+
+ROOT = Path(__file__).resolve().parent.parent
+# name -> (example, the modules a standby imports ahead, steps)
+FRAMEWORKS = {
+    "lightning": ("examples/lightning/train.py", "lightning", 40),
+    "fabric": ("examples/lightning/fabric.py", "lightning", 40),
+    "hf_trainer": ("examples/hf_trainer/train.py", "transformers", 40),
+    "accelerate": ("examples/hf_accelerate/train.py", "accelerate,transformers", 40),
+    "fsdp2": ("examples/fsdp2/train.py", "torch.distributed.fsdp", 40),
+}
+SYSTEMS = ("torch", "aelastic")
+EVERY = 10  # the disk recipe's interval
+
+FLOOR = """\
+import json, sys, time
+import torch
+n = int(sys.argv[1]) << 18
+source, target = torch.rand(n), torch.zeros(n)
+best = float("inf")
+for _ in range(5):
+    began = time.perf_counter()
+    target.copy_(source)
+    best = min(best, time.perf_counter() - began)
+print(json.dumps(best))
+"""
+
+
+def launcher(system: str, framework: str) -> list[str]:
+    if system == "torch":
+        return [sys.executable, "-m", "torch.distributed.run"]
+    return [sys.executable, "-m", "aelastic", "run", "--prewarm", "--prewarm-modules", FRAMEWORKS[framework][1]]
+
+
+def job_once(system: str, framework: str, *, fault: int | None, every: int, mib: int, step_time: float) -> float:
+    """The wall time of one 2-node job, from the launchers' start to both exiting."""
+    example, _, steps = FRAMEWORKS[framework]
+    with tempfile.TemporaryDirectory(prefix="aelastic_frameworks_") as tmp:
+        flags = c10d_flags("2", f"frameworks-{random.getrandbits(32):x}", free_port())
+        args = [
+            *flags,
+            "--max-restarts",
+            "3",
+            example,
+            "--steps",
+            str(steps),
+            "--ballast-mib",
+            str(mib),
+            "--step-time",
+            str(step_time),
+            "--save-every",
+            str(every),
+            "--checkpoint-dir",
+            str(Path(tmp, "ck")),
+        ]
+        if fault is not None:
+            args += ["--crash-at-step", str(fault), "--crash-rank", "1"]
+        began = time.perf_counter()
+        procs = [subprocess.Popen([*launcher(system, framework), *args], cwd=ROOT, env=environment(system),
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for _ in range(2)]  # fmt: skip
+        errors = []
+        for proc in procs:
+            try:
+                _, stderr = proc.communicate(timeout=600)
+            except subprocess.TimeoutExpired:
+                for other in procs:
+                    other.kill()
+                raise RuntimeError(f"{system} {framework}: a launcher still ran after 600 s") from None
+            if proc.returncode != 0:
+                errors.append(stderr.decode(errors="replace")[-3000:])
+        took = time.perf_counter() - began
+        if errors:
+            raise RuntimeError(f"{system} {framework} (fault {fault}, every {every}) failed:\n{errors[0]}")
+        return took
+
+
+def floor(mib: int) -> float:
+    proc = subprocess.run([sys.executable, "-c", FLOOR, str(mib)], env=environment("torch"), capture_output=True,
+                          timeout=300, check=True)  # fmt: skip
+    return float(json.loads(proc.stdout))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.frameworks", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3, help="jobs with a fault per system and framework")
+    parser.add_argument("--frameworks", default=",".join(FRAMEWORKS), help="which (default: all)")
+    parser.add_argument("--mib", type=int, default=256, help="MiB of frozen weights per rank (default 256)")
+    parser.add_argument("--step-time", type=float, default=0.3, help="seconds per step (default 0.3)")
+    parser.add_argument("--json", type=Path, default=None, help="write the records here")
+    args = parser.parse_args(argv)
+    names = args.frameworks.split(",")
+    unknown = sorted(set(names) - set(FRAMEWORKS))
+    if unknown:
+        parser.error(f"--frameworks: {', '.join(unknown)}: not one of {', '.join(FRAMEWORKS)}")
+    rng = random.Random()
+    samples: dict[tuple[str, str, str], list[float]] = {}
+
+    def add(scenario: str, system: str, framework: str, value: float) -> None:
+        samples.setdefault((scenario, system, framework), []).append(value)
+
+    for framework in names:
+        copy = floor(args.mib // 2 if framework == "fsdp2" else args.mib)  # FSDP2 shards them over the 2 ranks
+        steps = FRAMEWORKS[framework][2]
+        walls: dict[tuple[str, str], list[float]] = {}
+        for rep in range(args.repeats):
+            fault = rng.randrange(12, 28)
+            for system in SYSTEMS if rep % 2 == 0 else SYSTEMS[::-1]:
+                every = EVERY if system == "torch" else 1
+                for kind, at in (("fault", fault), ("clean", None)):
+                    wall = job_once(system, framework, fault=at, every=every, mib=args.mib, step_time=args.step_time)
+                    walls.setdefault((system, kind), []).append(wall)
+                    print(f"{framework:<11} {system:<9} {kind:<6} fault={at} {wall:7.2f} s", flush=True)
+        for system in SYSTEMS:
+            every = EVERY if system == "torch" else 1
+            bare = job_once(system, framework, fault=None, every=0, mib=args.mib, step_time=args.step_time)
+            clean = statistics.median(walls[(system, "clean")])
+            for wall in walls[(system, "fault")]:
+                add("lost to a fault", system, framework, wall - clean)
+            add("checkpoint blocks a step", system, framework, max(0.0, clean - bare) / (steps // every))
+        add("checkpoint blocks a step", "raw copy", framework, copy)
+    records = [
+        {"scenario": scenario, "system": system, "param": framework, "unit": "s", "samples": values,
+         "better": "lower"}
+        for (scenario, system, framework), values in samples.items()
+    ]  # fmt: skip
+    print(f"frameworks benchmark ({aelastic_install()}): {args.repeats} fault(s) per system and framework, "
+          f"{args.mib} MiB per rank, {args.step_time} s steps")  # fmt: skip
+    print(f"{'scenario':<26} {'framework':<11} {'system':<9} {'median':>9}  aelastic/torch")
+    for r in records:
+        theirs = samples.get((r["scenario"], "torch", r["param"]))
+        median = statistics.median(r["samples"])
+        ratio = "" if r["system"] == "torch" or not theirs else f"{median / statistics.median(theirs):.3f}x"
+        print(f"{r['scenario']:<26} {r['param']:<11} {r['system']:<9} {median:>7.3f} s  {ratio}")
+    if args.json is not None:
+        args.json.write_text(json.dumps({"benchmark": "frameworks", "records": records}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
