@@ -20,7 +20,9 @@ Scenarios, per framework:
 
 * ``lost to a fault``: the job's wall time with the fault, less the median of its wall time without one (the same
   system and flags): the restart, the restore and the steps done again, as the job's end sees them.
-* ``checkpoint blocks a step``: (the job's wall time with its checkpoints, less with none) / the checkpoints taken;
+* ``checkpoint blocks a step``: in a job of one node of two workers (no replica pushed to another node beside the
+  training, whose traffic would share this machine's two cores), (the job's wall time with its checkpoints, less
+  with none: medians) / the checkpoints taken;
   beside ``raw copy`` of the same bytes (``--mib``, half of it for FSDP2, whose ranks each hold a shard; one
   ``copy_`` into touched memory, in a process of its own).
 
@@ -38,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from .agent import c10d_flags, environment, free_port
@@ -48,8 +51,9 @@ ROOT = Path(__file__).resolve().parent.parent
 FRAMEWORKS = {
     "lightning": ("examples/lightning/train.py", "lightning", 40),
     "fabric": ("examples/lightning/fabric.py", "lightning", 40),
-    "hf_trainer": ("examples/hf_trainer/train.py", "transformers", 40),
-    "accelerate": ("examples/hf_accelerate/train.py", "accelerate,transformers", 40),
+    # transformers imports its parts on first use: the standby imports the parts the script uses.
+    "hf_trainer": ("examples/hf_trainer/train.py", "transformers.trainer,transformers.models.gpt2.modeling_gpt2", 40),
+    "accelerate": ("examples/hf_accelerate/train.py", "accelerate,transformers.models.gpt2.modeling_gpt2", 40),
     "fsdp2": ("examples/fsdp2/train.py", "torch.distributed.fsdp", 40),
 }
 SYSTEMS = ("torch", "aelastic")
@@ -75,11 +79,16 @@ def launcher(system: str, framework: str) -> list[str]:
     return [sys.executable, "-m", "aelastic", "run", "--prewarm", "--prewarm-modules", FRAMEWORKS[framework][1]]
 
 
-def job_once(system: str, framework: str, *, fault: int | None, every: int, mib: int, step_time: float) -> float:
-    """The wall time of one 2-node job, from the launchers' start to both exiting."""
+def job_once(
+    system: str, framework: str, *, fault: int | None, every: int, mib: int, step_time: float, nodes: int = 2
+) -> float:
+    """The wall time of one job, from the launchers' start to every one exiting: ``nodes`` launchers of one worker
+    each on c10d, or (``nodes=1``) one launcher of two workers, ``--standalone``."""
     example, _, steps = FRAMEWORKS[framework]
     with tempfile.TemporaryDirectory(prefix="aelastic_frameworks_") as tmp:
-        flags = c10d_flags("2", f"frameworks-{random.getrandbits(32):x}", free_port())
+        flags = c10d_flags(str(nodes), f"frameworks-{random.getrandbits(32):x}", free_port())
+        if nodes == 1:
+            flags = ["--standalone", "--nproc-per-node", "2"]
         args = [
             *flags,
             "--max-restarts",
@@ -100,7 +109,7 @@ def job_once(system: str, framework: str, *, fault: int | None, every: int, mib:
             args += ["--crash-at-step", str(fault), "--crash-rank", "1"]
         began = time.perf_counter()
         procs = [subprocess.Popen([*launcher(system, framework), *args], cwd=ROOT, env=environment(system),
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for _ in range(2)]  # fmt: skip
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for _ in range(nodes)]  # fmt: skip
         errors = []
         for proc in procs:
             try:
@@ -123,12 +132,57 @@ def floor(mib: int) -> float:
     return float(json.loads(proc.stdout))
 
 
+Add = Callable[[str, str, str, float], None]
+
+
+def measure_lost(framework: str, args: argparse.Namespace, rng: random.Random, add: Add) -> None:
+    """``lost to a fault``: 2-node jobs with a fault and without, alternating the systems."""
+    walls: dict[tuple[str, str], list[float]] = {}
+    for rep in range(args.repeats):
+        fault = rng.randrange(12, 28)
+        for system in SYSTEMS if rep % 2 == 0 else SYSTEMS[::-1]:
+            every = EVERY if system == "torch" else 1
+            for kind, at in (("fault", fault), ("clean", None)):
+                wall = job_once(system, framework, fault=at, every=every, mib=args.mib, step_time=args.step_time)
+                walls.setdefault((system, kind), []).append(wall)
+                print(f"{framework:<11} {system:<9} {kind:<6} fault={at} {wall:7.2f} s", flush=True)
+    for system in SYSTEMS:
+        clean = statistics.median(walls[(system, "clean")])
+        for wall in walls[(system, "fault")]:
+            add("lost to a fault", system, framework, wall - clean)
+
+
+def measure_blocks(framework: str, args: argparse.Namespace, add: Add) -> None:
+    """``checkpoint blocks a step``: 1-node jobs (no replica pushed beside the training) with checkpoints and
+    without, beside the raw copy of the bytes."""
+    steps = FRAMEWORKS[framework][2]
+    for system in SYSTEMS:
+        every = EVERY if system == "torch" else 1
+        runs: dict[int, list[float]] = {}
+        for rep in range(args.repeats):
+            for interval in (every, 0) if rep % 2 == 0 else (0, every):
+                wall = job_once(system, framework, fault=None, every=interval, mib=args.mib,
+                                step_time=args.step_time, nodes=1)  # fmt: skip
+                runs.setdefault(interval, []).append(wall)
+                print(f"{framework:<11} {system:<9} every={interval} {wall:7.2f} s", flush=True)
+        extra = statistics.median(runs[every]) - statistics.median(runs[0])
+        add("checkpoint blocks a step", system, framework, max(0.0, extra) / (steps // every))
+    copy = floor(args.mib // 2 if framework == "fsdp2" else args.mib)  # FSDP2 shards it over the 2 ranks
+    add("checkpoint blocks a step", "raw copy", framework, copy)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.frameworks", description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3, help="jobs with a fault per system and framework")
     parser.add_argument("--frameworks", default=",".join(FRAMEWORKS), help="which (default: all)")
     parser.add_argument("--mib", type=int, default=256, help="MiB of frozen weights per rank (default 256)")
     parser.add_argument("--step-time", type=float, default=0.3, help="seconds per step (default 0.3)")
+    parser.add_argument(
+        "--part",
+        choices=("all", "lost", "blocks"),
+        default="all",
+        help="measure only one scenario; --json then keeps the file's records of the other",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the records here")
     args = parser.parse_args(argv)
     names = args.frameworks.split(",")
@@ -142,25 +196,10 @@ def main(argv: list[str] | None = None) -> int:
         samples.setdefault((scenario, system, framework), []).append(value)
 
     for framework in names:
-        copy = floor(args.mib // 2 if framework == "fsdp2" else args.mib)  # FSDP2 shards them over the 2 ranks
-        steps = FRAMEWORKS[framework][2]
-        walls: dict[tuple[str, str], list[float]] = {}
-        for rep in range(args.repeats):
-            fault = rng.randrange(12, 28)
-            for system in SYSTEMS if rep % 2 == 0 else SYSTEMS[::-1]:
-                every = EVERY if system == "torch" else 1
-                for kind, at in (("fault", fault), ("clean", None)):
-                    wall = job_once(system, framework, fault=at, every=every, mib=args.mib, step_time=args.step_time)
-                    walls.setdefault((system, kind), []).append(wall)
-                    print(f"{framework:<11} {system:<9} {kind:<6} fault={at} {wall:7.2f} s", flush=True)
-        for system in SYSTEMS:
-            every = EVERY if system == "torch" else 1
-            bare = job_once(system, framework, fault=None, every=0, mib=args.mib, step_time=args.step_time)
-            clean = statistics.median(walls[(system, "clean")])
-            for wall in walls[(system, "fault")]:
-                add("lost to a fault", system, framework, wall - clean)
-            add("checkpoint blocks a step", system, framework, max(0.0, clean - bare) / (steps // every))
-        add("checkpoint blocks a step", "raw copy", framework, copy)
+        if args.part in ("all", "lost"):
+            measure_lost(framework, args, rng, add)
+        if args.part in ("all", "blocks"):
+            measure_blocks(framework, args, add)
     records = [
         {"scenario": scenario, "system": system, "param": framework, "unit": "s", "samples": values,
          "better": "lower"}
@@ -175,7 +214,12 @@ def main(argv: list[str] | None = None) -> int:
         ratio = "" if r["system"] == "torch" or not theirs else f"{median / statistics.median(theirs):.3f}x"
         print(f"{r['scenario']:<26} {r['param']:<11} {r['system']:<9} {median:>7.3f} s  {ratio}")
     if args.json is not None:
-        args.json.write_text(json.dumps({"benchmark": "frameworks", "records": records}, indent=1))
+        kept = []
+        if args.part != "all" and args.json.exists():  # the other scenario's records, or other frameworks'
+            measured = {(r["scenario"], r["param"]) for r in records}
+            kept = [r for r in json.loads(args.json.read_text())["records"]
+                    if (r["scenario"], r["param"]) not in measured]  # fmt: skip
+        args.json.write_text(json.dumps({"benchmark": "frameworks", "records": kept + records}, indent=1))
     return 0
 
 

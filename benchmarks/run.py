@@ -120,6 +120,8 @@ RECORDED = (
      "benchmarks/out/hang_verdicts.json` (not in CI)"),
     ("incidents", "Incident records", "`python -m benchmarks.incidents --minutes 10 --faults 5 --json "
      "benchmarks/out/incidents.json` (not in CI)"),
+    ("frameworks", "Frameworks: what a fault and a checkpoint cost", "`python -m benchmarks.frameworks --json "
+     "benchmarks/out/frameworks.json` (not in CI)"),
     ("store_fuzz", "Store fuzz campaign", "`python -m benchmarks.store_fuzz --minutes 10 --json "
      "benchmarks/out/store_fuzz.json` (not in CI)"),
 )  # fmt: skip
