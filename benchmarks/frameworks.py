@@ -14,15 +14,18 @@ first attempt, F drawn at random from 12..27 for each repetition (the same F for
   (Lightning's ``ModelCheckpoint``, ``fabric.save``, the HF Trainer's ``save_steps``, ``accelerator.save_state``,
   DCP's ``FileSystemWriter``), resumed from the newest checkpoint.
 * aelastic: ``aelastic run --prewarm --prewarm-modules <the framework>``, the integration's checkpoint into the
-  agents' memory every step (``--save-every 1``); Fabric and Accelerate loops keep their survivors.
+  agents' memory every step (``--save-every 1``), and in the 2-node jobs ``--checkpoint-dir`` too (the agents
+  persist every 50 steps and when a worker fails, in the background, as a job that may be requeued would); Fabric
+  and Accelerate loops keep their survivors.
 
 Scenarios, per framework:
 
 * ``lost to a fault``: the job's wall time with the fault, less the median of its wall time without one (the same
   system and flags): the restart, the restore and the steps done again, as the job's end sees them.
 * ``checkpoint blocks a step``: in a job of one node of two workers (no replica pushed to another node beside the
-  training, whose traffic would share this machine's two cores), (the job's wall time with its checkpoints, less
-  with none: medians) / the checkpoints taken;
+  training, whose traffic would share this machine's two cores; aelastic without ``--checkpoint-dir``, whose last
+  persist at the job's end blocks no step), (the job's wall time with its checkpoints, less with none: medians) /
+  the checkpoints taken;
   beside ``raw copy`` of the same bytes (``--mib``, half of it for FSDP2, whose ranks each hold a shard; one
   ``copy_`` into touched memory, in a process of its own).
 
@@ -80,31 +83,28 @@ def launcher(system: str, framework: str) -> list[str]:
 
 
 def job_once(
-    system: str, framework: str, *, fault: int | None, every: int, mib: int, step_time: float, nodes: int = 2
+    system: str,
+    framework: str,
+    *,
+    fault: int | None,
+    every: int,
+    mib: int,
+    step_time: float,
+    nodes: int = 2,
+    persist: bool = True,
 ) -> float:
     """The wall time of one job, from the launchers' start to every one exiting: ``nodes`` launchers of one worker
-    each on c10d, or (``nodes=1``) one launcher of two workers, ``--standalone``."""
+    each on c10d, or (``nodes=1``) one launcher of two workers, ``--standalone``; ``persist``: aelastic gets
+    ``--checkpoint-dir`` too (its agents then persist the memory there, in the background)."""
     example, _, steps = FRAMEWORKS[framework]
     with tempfile.TemporaryDirectory(prefix="aelastic_frameworks_") as tmp:
         flags = c10d_flags(str(nodes), f"frameworks-{random.getrandbits(32):x}", free_port())
         if nodes == 1:
             flags = ["--standalone", "--nproc-per-node", "2"]
-        args = [
-            *flags,
-            "--max-restarts",
-            "3",
-            example,
-            "--steps",
-            str(steps),
-            "--ballast-mib",
-            str(mib),
-            "--step-time",
-            str(step_time),
-            "--save-every",
-            str(every),
-            "--checkpoint-dir",
-            str(Path(tmp, "ck")),
-        ]
+        args = [*flags, "--max-restarts", "3", example, "--steps", str(steps), "--ballast-mib", str(mib),
+                "--step-time", str(step_time), "--save-every", str(every)]  # fmt: skip
+        if persist or system == "torch":
+            args += ["--checkpoint-dir", str(Path(tmp, "ck"))]
         if fault is not None:
             args += ["--crash-at-step", str(fault), "--crash-rank", "1"]
         began = time.perf_counter()
@@ -162,7 +162,7 @@ def measure_blocks(framework: str, args: argparse.Namespace, add: Add) -> None:
         for rep in range(args.repeats):
             for interval in (every, 0) if rep % 2 == 0 else (0, every):
                 wall = job_once(system, framework, fault=None, every=interval, mib=args.mib,
-                                step_time=args.step_time, nodes=1)  # fmt: skip
+                                step_time=args.step_time, nodes=1, persist=False)  # fmt: skip
                 runs.setdefault(interval, []).append(wall)
                 print(f"{framework:<11} {system:<9} every={interval} {wall:7.2f} s", flush=True)
         extra = statistics.median(runs[every]) - statistics.median(runs[0])
