@@ -21,6 +21,7 @@ their memory there instead.
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import os
 import time
@@ -104,6 +105,7 @@ def main() -> None:
     pending: Future[Any] | None = None
     # An async save runs DCP's collectives in a thread: on a group of their own, not beside the training's.
     saving = dist.new_group(backend="gloo") if args.async_save else None
+    state: dict[str, Any] = {}
     for step in range(start, args.steps):
         if first_attempt and step == args.crash_at_step and rank == args.crash_rank:
             raise RuntimeError(f"a fault at step {step}")
@@ -138,7 +140,12 @@ def main() -> None:
         digest.update(full[name].full_tensor().detach().numpy().tobytes())
     if rank == 0:
         print(f"final parameters {digest.hexdigest()[:16]} after step {args.steps - 1}", flush=True)
-    dist.destroy_process_group()  # else gloo's threads may abort the interpreter's teardown (under torchrun too)
+    # The sharded model and its states hold the process group: freed first, then the group, while Python is alive
+    # (else gloo's threads may abort the interpreter's teardown: "terminate called without an active exception",
+    # under torchrun too).
+    del model, optimizer, full, state
+    gc.collect()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
