@@ -265,28 +265,39 @@ def crash_at_25_restores_24(start: Start, command: list[str]) -> None:
     assert steps == step_lines(clean.output)
 
 
-# --- lightning/train.py ----------------------------------------------------------------------------------------------
+# --- lightning/, hf_trainer/, hf_accelerate/: the frameworks' integrations ----------------------------------------
 
 
-def test_a_lightning_trainer_restores_from_memory_and_ends_with_the_fault_free_model(start: Start) -> None:
-    """examples/lightning: rank 1 raises during step 30 of the first attempt; both ranks restore step 30 (every rank
-    saved it after step 29's optimizer step: Lightning's global step counts them) from their agent's memory, and
-    the final parameters are bitwise a fault-free run's."""
-    pytest.importorskip("lightning")
-    command = [AELASTIC, "run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
-               "examples/lightning/train.py"]  # fmt: skip
-    crashed = start(*command, "--crash-at-step", "30")
+TRAINERS = [  # (example, the framework it needs, the fault's step: the step restored, the last step)
+    pytest.param("examples/lightning/train.py", "lightning", 30, 60, id="lightning"),
+    pytest.param("examples/hf_trainer/train.py", "transformers", 20, 40, id="hf_trainer"),
+]
+
+
+@pytest.mark.parametrize(("example", "framework", "crash", "last"), TRAINERS)
+def test_a_trainer_restores_from_memory_and_ends_with_the_fault_free_model(
+    start: Start, example: str, framework: str, crash: int, last: int
+) -> None:
+    """A Lightning or Hugging Face Trainer with the integration's callback: rank 1 raises when step ``crash`` begins
+    in the first attempt; both ranks restore step ``crash`` (every rank saved it after the optimizer step before:
+    the Trainers' global step counts them) from their agent's memory through the Trainer's own resume (the batches
+    already trained skipped; the HF example's random generators restored, its dropout on), and the final
+    parameters are bitwise a fault-free run's."""
+    pytest.importorskip(framework)
+    command = [AELASTIC, "run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", example]
+    crashed = start(*command, "--crash-at-step", str(crash))
     assert crashed.wait() == 0, crashed.output
     clean = start(*command)
     assert clean.wait() == 0, clean.output
-    assert "RuntimeError: a fault at step 30" in crashed.output, crashed.output
+    assert f"RuntimeError: a fault at step {crash}" in crashed.output, crashed.output
     restored = re.findall(PREFIX + r"restored step (\d+) from (.+)$", crashed.output, re.M)
-    assert restored == [("30", "memory")] * 2, crashed.output
-    assert not re.search(PREFIX + "restored step", clean.output, re.M), clean.output
-    final = PREFIX + r"final parameters (\w+) after step 60$"
+    assert restored == [(str(crash), "memory")] * 2, crashed.output
+    assert not re.search(PREFIX + "restored", clean.output, re.M), clean.output
+    final = PREFIX + rf"final parameters (\w+) after step {last}$"
     assert re.findall(final, crashed.output, re.M) == re.findall(final, clean.output, re.M) != [], crashed.output
-    assert re.search(r"incident 1 \(worker rank 1 failed \(exitcode 1\)\): .*restore \S+ s \(step 30 from memory\)",
-                     crashed.output), crashed.output  # fmt: skip
+    incident = rf"incident 1 \(worker rank 1 failed \(exitcode 1\)\): .*restore \S+ s \(step {crash} from memory\)"
+    assert re.search(incident, crashed.output), crashed.output
+    assert not list(Path("/dev/shm").glob("aelastic-hf-*")), "a restored checkpoint's files were left behind"
 
 
 SURVIVOR_LOOPS = [  # (example, the framework it needs, the fault's step, the last step)
@@ -329,30 +340,6 @@ def test_the_lightning_integration_without_lightning_says_which_extra_to_install
     assert result.stderr.strip().splitlines()[-1] == (
         "ImportError: aelastic.integrations.lightning needs PyTorch Lightning: pip install 'aelastic[lightning]'"
     ), result.stderr
-
-
-# --- hf_trainer/train.py ----------------------------------------------------------------------------------------------
-
-
-def test_a_hugging_face_trainer_restores_from_memory_and_ends_with_the_fault_free_model(start: Start) -> None:
-    """examples/hf_trainer: rank 1 raises when step 20 begins in the first attempt; both ranks restore step 20 (the
-    20 optimizer steps done) from their agent's memory through the Trainer's own resume, which skips the batches
-    already trained and restores the random generators (dropout is on), and the final parameters are bitwise a
-    fault-free run's."""
-    pytest.importorskip("transformers")
-    command = [AELASTIC, "run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
-               "examples/hf_trainer/train.py"]  # fmt: skip
-    crashed = start(*command, "--crash-at-step", "20")
-    assert crashed.wait() == 0, crashed.output
-    clean = start(*command)
-    assert clean.wait() == 0, clean.output
-    assert "RuntimeError: a fault at step 20" in crashed.output, crashed.output
-    restored = re.findall(PREFIX + r"restored step (\d+) from (.+)$", crashed.output, re.M)
-    assert restored == [("20", "memory")] * 2, crashed.output
-    assert not re.search(PREFIX + "restored", clean.output, re.M), clean.output
-    final = PREFIX + r"final parameters (\w+) after step 40$"
-    assert re.findall(final, crashed.output, re.M) == re.findall(final, clean.output, re.M) != [], crashed.output
-    assert not list(Path("/dev/shm").glob("aelastic-hf-*")), "a restored checkpoint's files were left behind"
 
 
 def test_the_hugging_face_integration_without_transformers_says_which_extra_to_install() -> None:

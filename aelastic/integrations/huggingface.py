@@ -40,7 +40,7 @@ from typing import Any
 
 import aelastic.checkpoint
 
-from ..errors import ConfigurationError
+from .stateful import every_n_steps as checked_interval
 from .stateful import load_state, rng_states, save_state
 
 try:
@@ -67,9 +67,7 @@ class InMemoryCheckpoint(TrainerCallback):
     """
 
     def __init__(self, every_n_steps: int = 1) -> None:
-        if type(every_n_steps) is not int or every_n_steps < 1:
-            raise ConfigurationError(f"InMemoryCheckpoint: every_n_steps={every_n_steps!r}: must be an int >= 1")
-        self.every_n_steps = every_n_steps
+        self.every_n_steps = checked_interval(every_n_steps, "InMemoryCheckpoint")
         self._directory: str | None = None  # the restored checkpoint's files, until training runs again
 
     def resume_path(self) -> str | None:
@@ -115,4 +113,3 @@ class InMemoryCheckpoint(TrainerCallback):
         if self._directory is not None:
             shutil.rmtree(self._directory, ignore_errors=True)
             self._directory = None
-

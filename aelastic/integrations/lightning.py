@@ -44,7 +44,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 import aelastic.checkpoint
 
-from ..errors import CheckpointError, ConfigurationError
+from ..errors import CheckpointError
+from .stateful import every_n_steps as checked_interval
 from .stateful import load_state, save_state
 
 try:
@@ -75,9 +76,7 @@ class InMemoryCheckpoint(pl.Callback):
     """
 
     def __init__(self, every_n_steps: int = 1) -> None:
-        if type(every_n_steps) is not int or every_n_steps < 1:
-            raise ConfigurationError(f"InMemoryCheckpoint: every_n_steps={every_n_steps!r}: must be an int >= 1")
-        self.every_n_steps = every_n_steps
+        self.every_n_steps = checked_interval(every_n_steps, "InMemoryCheckpoint")
         self._restored: dict[str, Any] | None = None  # what resume_path loaded, until Lightning reads it
 
     def resume_path(self) -> str | None:
@@ -132,4 +131,3 @@ class _MemoryIO(CheckpointIO):
 
     def teardown(self) -> None:
         self.inner.teardown()
-

@@ -24,7 +24,9 @@ import torch
 
 import aelastic.checkpoint
 
-__all__ = ["load_state", "rng_states", "save_state", "set_rng_states"]
+from ..errors import ConfigurationError
+
+__all__ = ["every_n_steps", "load_state", "rng_states", "save_state", "set_rng_states"]
 
 _RNG: Final = "aelastic.rng"  # the saved state's key of the random generators' states
 
@@ -92,3 +94,14 @@ def set_rng_states(states: dict[str, Any]) -> None:
         numpy.random.set_state(states["numpy"])
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.random.set_rng_state_all(states["cuda"])
+
+
+def every_n_steps(value: object, what: str) -> int:
+    """A framework callback's checkpoint interval, checked.
+
+    Raises:
+        ConfigurationError: ``value`` is not an int >= 1 (the message names ``what``).
+    """
+    if type(value) is not int or value < 1:
+        raise ConfigurationError(f"{what}: every_n_steps={value!r}: must be an int >= 1")
+    return value
