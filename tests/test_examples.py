@@ -268,6 +268,23 @@ def crash_at_25_restores_24(start: Start, command: list[str]) -> None:
 # --- lightning/, hf_trainer/, hf_accelerate/: the frameworks' integrations ----------------------------------------
 
 
+def with_a_fault_and_without(start: Start, example: str, crash: int) -> tuple[Proc, Proc]:
+    """``example`` on one node of two workers, rank 1 raising at step ``crash`` of the first attempt, then without a
+    fault; both ended with 0."""
+    command = [AELASTIC, "run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", example]
+    crashed = start(*command, "--crash-at-step", str(crash))
+    assert crashed.wait() == 0, crashed.output
+    clean = start(*command)
+    assert clean.wait() == 0, clean.output
+    assert f"RuntimeError: a fault at step {crash}" in crashed.output, crashed.output
+    return crashed, clean
+
+
+def assert_same_final_parameters(crashed: Proc, clean: Proc, last: int) -> None:
+    final = PREFIX + rf"final parameters (\w+) after step {last}$"
+    assert re.findall(final, crashed.output, re.M) == re.findall(final, clean.output, re.M) != [], crashed.output
+
+
 TRAINERS = [  # (example, the framework it needs, the fault's step: the step restored, the last step)
     pytest.param("examples/lightning/train.py", "lightning", 30, 60, id="lightning"),
     pytest.param("examples/hf_trainer/train.py", "transformers", 20, 40, id="hf_trainer"),
@@ -284,17 +301,11 @@ def test_a_trainer_restores_from_memory_and_ends_with_the_fault_free_model(
     already trained skipped; the HF example's random generators restored, its dropout on), and the final
     parameters are bitwise a fault-free run's."""
     pytest.importorskip(framework)
-    command = [AELASTIC, "run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", example]
-    crashed = start(*command, "--crash-at-step", str(crash))
-    assert crashed.wait() == 0, crashed.output
-    clean = start(*command)
-    assert clean.wait() == 0, clean.output
-    assert f"RuntimeError: a fault at step {crash}" in crashed.output, crashed.output
+    crashed, clean = with_a_fault_and_without(start, example, crash)
     restored = re.findall(PREFIX + r"restored step (\d+) from (.+)$", crashed.output, re.M)
     assert restored == [(str(crash), "memory")] * 2, crashed.output
     assert not re.search(PREFIX + "restored", clean.output, re.M), clean.output
-    final = PREFIX + rf"final parameters (\w+) after step {last}$"
-    assert re.findall(final, crashed.output, re.M) == re.findall(final, clean.output, re.M) != [], crashed.output
+    assert_same_final_parameters(crashed, clean, last)
     incident = rf"incident 1 \(worker rank 1 failed \(exitcode 1\)\): .*restore \S+ s \(step {crash} from memory\)"
     assert re.search(incident, crashed.output), crashed.output
     assert not list(Path("/dev/shm").glob("aelastic-hf-*")), "a restored checkpoint's files were left behind"
@@ -315,12 +326,7 @@ def test_a_framework_loop_keeps_its_survivor_restores_from_memory_and_ends_with_
     the replacement starts cold, both restore the step before from memory (the random generators too: the
     Accelerate example's GPT-2 has dropout on), and the final parameters are bitwise a fault-free run's."""
     pytest.importorskip(framework)
-    command = [AELASTIC, "run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", example]
-    crashed = start(*command, "--crash-at-step", str(crash))
-    assert crashed.wait() == 0, crashed.output
-    clean = start(*command)
-    assert clean.wait() == 0, clean.output
-    assert f"RuntimeError: a fault at step {crash}" in crashed.output, crashed.output
+    crashed, clean = with_a_fault_and_without(start, example, crash)
     started = dict(re.findall(PREFIX + r"rank (\d) \(pid (\d+)\): starts$", crashed.output, re.M))
     restored = re.findall(PREFIX + r"rank (\d) \(pid (\d+)\): restored step (\d+) from (.+)$", crashed.output, re.M)
     assert sorted(rank for rank, *_ in restored) == ["0", "1"], crashed.output
@@ -329,8 +335,7 @@ def test_a_framework_loop_keeps_its_survivor_restores_from_memory_and_ends_with_
     assert pids["0"] == started["0"], crashed.output  # the survivor kept its process
     assert pids["1"] != started["1"], crashed.output  # the failed one was replaced
     assert re.search(r"incident 1 .*start \S+ s \(1 kept, 1 cold\)", crashed.output), crashed.output
-    final = PREFIX + rf"final parameters (\w+) after step {last}$"
-    assert re.findall(final, crashed.output, re.M) == re.findall(final, clean.output, re.M) != [], crashed.output
+    assert_same_final_parameters(crashed, clean, last)
 
 
 def test_the_lightning_integration_without_lightning_says_which_extra_to_install() -> None:
