@@ -109,7 +109,8 @@ RECORDED = (
     ("faults", "Fault scenarios", "the fault suite, `pytest tests/faults` and `pytest -m torchrun_compare "
      "tests/faults` (samples accumulate over runs)"),
     ("slurm", "Slurm test cluster", "the real-Slurm tests, `pytest tests/slurm` and `AELASTIC_SLURM_TORCHRUN=1 "
-     "pytest tests/slurm/test_node_loss.py` (torchrun in the same template; samples accumulate over runs)"),
+     "pytest tests/slurm/test_node_loss.py` (torchrun in the same template; samples accumulate over runs, the "
+     "powered-off job-etcd rows from 2026-11-30 on, when held survivors stopped waiting out their grace)"),
     ("cuda_checkpoint", "GPU checkpoints", "`python -m benchmarks.cuda_checkpoint --json "
      "benchmarks/out/cuda_checkpoint.json` on a machine with a GPU (not in CI)"),
     ("soak", "Soak", "`python -m benchmarks.soak --minutes 10 --json benchmarks/out/soak.json` (not in CI)"),
@@ -120,8 +121,8 @@ RECORDED = (
      "benchmarks/out/hang_verdicts.json` (not in CI)"),
     ("incidents", "Incident records", "`python -m benchmarks.incidents --minutes 10 --faults 5 --json "
      "benchmarks/out/incidents.json` (not in CI)"),
-    ("frameworks", "Frameworks: what a fault and a checkpoint cost", "`python -m benchmarks.frameworks --json "
-     "benchmarks/out/frameworks.json` (not in CI)"),
+    ("frameworks", "Frameworks: what a fault and a checkpoint cost", "`python -m benchmarks.frameworks --part lost "
+     "--json benchmarks/out/frameworks.json`, then `--part blocks` (each part keeps the other's rows; not in CI)"),
     ("store_fuzz", "Store fuzz campaign", "`python -m benchmarks.store_fuzz --minutes 10 --json "
      "benchmarks/out/store_fuzz.json` (not in CI)"),
 )  # fmt: skip

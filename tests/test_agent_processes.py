@@ -19,6 +19,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
@@ -30,11 +31,11 @@ import pytest
 from helpers.console import Sink
 from helpers.procs import alive, wait_gone
 
-from aelastic.agent.attempt import StopSignal
+from aelastic.agent.attempt import Interrupt, StopSignal
 from aelastic.agent.callables.parent import bootstrap_args, read_result, write_payload
 from aelastic.agent.errors import ProcessFailure
 from aelastic.agent.logs import ConsoleSinks, LogSpec
-from aelastic.agent.processes import GroupOutcome, run_workers
+from aelastic.agent.processes import GroupOutcome, open_supervisor, run_workers
 from aelastic.agent.procfs import dies_of, process_state
 from aelastic.agent.reaper.parent import open_reaper
 from aelastic.agent.restart.parent import RestartChannel
@@ -202,7 +203,15 @@ async def test_stopped_worker_is_killed_after_grace() -> None:
 
         async def stop_then_release() -> None:
             (match,) = await sink.wait_for(r"^\[default0\]:pid (\d+)$")
-            os.kill(int(match.group(1)), signal.SIGSTOP)
+            pid = int(match.group(1))
+            os.kill(pid, signal.SIGSTOP)
+            # Stopped once the kernel delivered it: until then a SIGTERM sent meanwhile comes first (the lower number)
+            # and ends the worker. No event says so: a bounded poll.
+            with anyio.fail_after(DEADLINE):
+                while True:
+                    if process_state(pid) == "T":
+                        break
+                    await anyio.sleep(0.01)
             await gate.open()
 
         tg.start_soon(stop_then_release)
@@ -211,6 +220,32 @@ async def test_stopped_worker_is_killed_after_grace() -> None:
                 [command(0, sleeper), command(1, gate.code(4))], spec(sink), grace=0.3, reaper=None
             )
     assert exitcodes(outcome) == {0: -signal.SIGKILL, 1: 4}
+
+
+async def test_a_worker_ended_before_a_membership_change_is_heard_ends_the_attempt_as_its_failure() -> None:
+    """Both news in one wakeup: a peer's rendezvous says a member left (the news of this very death: its peers'
+    collectives failed), and the kernel has ended the worker, not yet reaped. The death is the attempt's end."""
+    sink = Sink()
+    interrupt = Interrupt()
+    sleeper = "import os, time; print('pid', os.getpid(), flush=True); time.sleep(120)"
+    async with anyio.create_task_group() as tg:
+
+        async def kill_then_interrupt() -> None:
+            (match,) = await sink.wait_for(r"^\[default1\]:pid (\d+)$")
+            pid = int(match.group(1))
+            os.kill(pid, signal.SIGKILL)
+            # Blocks (a moment) until it has ended: on purpose, so that no task of the supervisor runs meanwhile.
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # noqa: ASYNC222
+            interrupt.set(peers_lost=True)
+
+        tg.start_soon(kill_then_interrupt)
+        with anyio.fail_after(DEADLINE):
+            async with open_supervisor(grace=DEADLINE, reaper=None) as supervisor:
+                outcome = await supervisor.run([command(0, sleeper), command(1, sleeper)], spec(sink),
+                                               interrupt=interrupt)  # fmt: skip
+    assert outcome.first_failure is not None, outcome
+    assert (outcome.first_failure.local_rank, outcome.first_failure.exitcode) == (1, -signal.SIGKILL)
+    assert exitcodes(outcome) == {0: -signal.SIGTERM, 1: -signal.SIGKILL}
 
 
 REPORTS_ITS_STOP = """
@@ -579,7 +614,7 @@ async def test_a_verdict_leaves_the_restart_channel_to_the_next_round_before_the
         verdicts.append(await channel.wait_verdict())
 
     try:
-        channel.abort("a peer failed", 10.0)
+        channel.abort("a peer failed", lost=False)
         async with anyio.create_task_group() as tg:
             tg.start_soon(link)
             await channel.reported.wait()
@@ -642,10 +677,10 @@ def test_an_abort_the_worker_reads_after_its_call_reported_its_end_does_not_end_
     agent_side, listened = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     session = _Session(cast("AgentLink", _VerdictLink()), listened)
 
-    def abort(reason: str) -> tuple[str, float, int]:
-        channel.abort(reason, 2.0)
+    def abort(reason: str) -> tuple[str, float, int, bool]:
+        channel.abort(reason, lost=True)
         event = json.loads(worker_end.recv(1 << 16))
-        return event["reason"], event["grace"], event["verdicts"]
+        return event["reason"], event["grace"], event["verdicts"], event["lost"]
 
     try:
         first = _Call(session)
@@ -670,6 +705,84 @@ def test_an_abort_the_worker_reads_after_its_call_reported_its_end_does_not_end_
         worker_end.close()
         agent_side.close()
         listened.close()
+
+
+@pytest.mark.torch
+def test_a_call_held_in_torch_distributed_after_an_abort_for_lost_members_says_so() -> None:
+    """An abort for lost members finds the call blocked in a C call under torch.distributed (here torch elastic's
+    store barrier, waiting for a member that never comes, as a collective waits for a powered-off peer): the worker
+    tells its agent where it is held, for the abort's verdict count, instead of letting the grace run out."""
+    from torch.distributed import TCPStore
+    from torch.distributed.elastic.utils.store import barrier
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    other = TCPStore("127.0.0.1", store.port, is_master=False)  # a client is one thread's: the member that never came
+    agent_side, listened = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    session = _Session(cast("AgentLink", _VerdictLink()), listened)
+    raised: list[BaseException] = []
+
+    def call() -> None:
+        session.enter()
+        try:
+            barrier(store, 2, "held", barrier_timeout=DEADLINE)
+            for _ in range(10**9):  # Python again: the abort surfaces here
+                pass
+        except RestartRequested as exc:
+            raised.append(exc)
+        finally:
+            session.leave()
+
+    def blocked_in_barrier(thread: threading.Thread) -> bool:
+        """Whether the call waits in the store inside the barrier: its frame there, its thread asleep in the kernel."""
+        frame = sys._current_frames().get(thread.ident or 0)
+        if frame is None or frame.f_code.co_name != "barrier" or other.add("held/num_members", 0) < 1:
+            return False
+        status = Path(f"/proc/self/task/{thread.native_id}/status").read_text()
+        return re.search(r"^State:\s+S ", status, re.M) is not None
+
+    thread = threading.Thread(target=call, daemon=True)
+    try:
+        thread.start()
+        deadline, seen = time.monotonic() + DEADLINE, 0
+        while seen < 3:  # three looks in a row: not a moment's wait for the GIL on its way there
+            assert time.monotonic() < deadline, "the call never blocked in the barrier"
+            seen = seen + 1 if blocked_in_barrier(thread) else 0
+            time.sleep(0.02)
+        session._abort("members left the round", 2.0, 0, True)
+        agent_side.settimeout(DEADLINE)
+        held = json.loads(agent_side.recv(1 << 16))
+        assert held["event"] == "held", held
+        assert held["verdicts"] == 0, held
+        assert re.fullmatch(r"barrier \(.*/torch/distributed/elastic/utils/store\.py:\d+\)", held["where"]), held
+        barrier(other, 2, "held")  # the member that never came: the call returns, and the abort ends it
+        thread.join(DEADLINE)
+        assert [type(exc) for exc in raised] == [RestartRequested]
+    finally:
+        with suppress(Exception):
+            other.set("held/last_member", "")
+        thread.join(DEADLINE)
+        agent_side.close()
+        listened.close()
+
+
+async def test_the_agent_stops_waiting_for_a_report_when_the_worker_says_it_is_held() -> None:
+    """After an abort for lost members, a survivor's "held" message ends the agent's wait for its report at once (it
+    is replaced); one left over from an earlier abort (another verdict count) does not."""
+    channel = RestartChannel()
+    worker_end = socket.socket(fileno=channel.worker_fd)
+    channel.worker_fd = -1
+    try:
+        channel.abort("members left the round", lost=True)
+        assert json.loads(worker_end.recv(1 << 16))["lost"] is True
+        worker_end.send(json.dumps({"event": "held", "where": "stale", "verdicts": channel.verdicts - 1}).encode())
+        worker_end.send(json.dumps({"event": "held", "where": "all_reduce", "verdicts": channel.verdicts}).encode())
+        with anyio.fail_after(channel.grace / 2):  # long before the grace ends
+            await channel.wait_report()
+        assert channel.held == "all_reduce"
+        assert channel.report is None
+    finally:
+        channel.close()
+        worker_end.close()
 
 
 _PTRACE_SEIZE = 0x4206  # attaches without stopping the tracee: a debugger's, whose tracer sees signals first

@@ -384,6 +384,7 @@ GLOBAL_STATE = {
     ("aelastic.worker._timers", "_last_heartbeat"): "a worker's watchdog: when it last beat",
     ("aelastic.worker._checkpoint.api", "_clients"): "a worker's one checkpoint client per agent",
     ("aelastic.worker._checkpoint.heap", "_warmed"): "a worker's heap, warmed by the standby it started in",
+    ("aelastic.worker._checkpoint.heap", "_kept"): "a restartable worker's heap, kept for its next rounds",
     ("aelastic.worker._checkpoint.premapped", "_mapped"): "a worker's slots, mapped by the standby it started in",
 }
 _MUTATORS = frozenset(

@@ -233,6 +233,47 @@ async def test_a_requeued_job_restores_from_the_checkpoint_directory(job: Job) -
     assert sources == [("0", 40, f"disk {directory / names[0]}"), ("1", 40, f"disk {directory / names[1]}")]
 
 
+AFTER_A_FAILURE = """
+import glob
+import torch
+import aelastic.checkpoint as ckpt
+
+directory = sys.argv[2]
+dist = init_gloo()
+rank = dist.get_rank()
+attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+restored = ckpt.load()
+start = 0 if restored is None else restored["step"] + 1
+for step in range(start, 6):
+    dist.barrier()
+    if attempt == 0 and step == 5 and rank == 1:
+        raise RuntimeError("fault at step 5")
+    ckpt.save({"w": torch.full((4,), float(step)), "step": step}, step=step)
+    if attempt == 1:  # the restart saved again: the failure's write comes now, of this step
+        deadline, written = time.monotonic() + 30, []
+        while len(written) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)  # a file appearing has no event to await here; a bounded poll
+            written = glob.glob(os.path.join(directory, "step-000000000005.*"))
+        report("persisted", step=step, names=sorted(os.path.basename(name) for name in written))
+        dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+async def test_after_a_failure_the_latest_step_is_written_once_the_restart_saved_again(job: Job) -> None:
+    """The write after a failure (hundreds of megabytes, in a real job) waits for the restart: each rank's step is
+    written once the rank saved in the next attempt: the restart's first step is in the directory while the job runs
+    (written at the failure, the step before it would be, and the restart's only at the end)."""
+    directory = job.tmp_path / "checkpoints"
+    script = job.script("after_a_failure.py", AFTER_A_FAILURE)
+    agent = await job.agent("--standalone", *common(2, "--max-restarts", "1"), "--checkpoint-dir", str(directory),
+                            "--checkpoint-persist-every", "1000", script, job.out, str(directory))  # fmt: skip
+    assert await agent.wait(test_agent_e2e.DEADLINE + 15) == 0, agent.output
+    persisted = {r["RANK"]: (r["step"], r["names"]) for r in job.records("persisted")}
+    names = ["step-000000000005.rank-000000.ckpt", "step-000000000005.rank-000001.ckpt"]
+    assert persisted == {"0": (5, names), "1": (5, names)}, (persisted, agent.output)
+
+
 # --- bad input: one clear error each, the previous checkpoint intact --------------------------------------------------
 
 BAD = """

@@ -8,16 +8,19 @@ import collections
 import json
 import math
 import os
+import socket
 import subprocess
 import sys
 import threading
 from pathlib import Path
 from typing import Any
 
+import anyio
 import numpy
 import pytest
 import torch
 
+from aelastic.agent.checkpoint import replicas
 from aelastic.agent.checkpoint.persist import (
     CopyStopped,
     file_name,
@@ -35,7 +38,10 @@ from aelastic.agent.checkpoint.plan import (
     restore_point,
     saved_rank,
 )
+from aelastic.agent.checkpoint.slots import Slot
 from aelastic.worker._checkpoint import premapped
+from aelastic.worker._checkpoint.api import Mapping
+from aelastic.worker._checkpoint.dcp import _Staged, _walk
 from aelastic.worker._checkpoint.layout import ALIGN, DATA_OFFSET, Header, LayoutError, place
 from aelastic.worker._checkpoint.tree import StateError, flatten, unflatten
 
@@ -345,3 +351,59 @@ def test_slots_mapped_ahead_go_to_a_worker_of_their_rank_only_and_fill_in_resuma
     assert premapped.take(3) == {}  # taken once
     for _, mapping in taken.values():
         mapping.close()
+
+
+def test_a_staged_state_keeps_its_shape_and_the_save_finds_each_tensor_where_it_lies() -> None:
+    """``dcp.async_save`` through aelastic's writer (``dcp._walk``, ``_Staged``): the state comes back with the same
+    structure, each tensor replaced in order; a tensor counts as lying in the staged slot only whole, contiguous and
+    inside the staged bytes."""
+    state = {"model": {"w": torch.ones(2, 3), "b": torch.zeros(3)}, "optim": [torch.full((4,), 2.0), (1, "x")]}
+    seen: list[torch.Tensor] = []
+
+    def twice(tensor: torch.Tensor) -> torch.Tensor:
+        seen.append(tensor)
+        return tensor * 2
+
+    leaves, walked = _walk(state, twice)
+    assert leaves == 5
+    assert [t.tolist() for t in seen] == [[[1.0] * 3] * 2, [0.0] * 3, [2.0] * 4]
+    assert walked["model"]["w"].tolist() == [[2.0] * 3] * 2
+    assert walked["optim"][0].tolist() == [4.0] * 4
+    assert walked["optim"][1] == (1, "x")
+    assert isinstance(walked["optim"][1], tuple)
+
+    fd = os.memfd_create("staged")
+    try:
+        os.ftruncate(fd, 1 << 20)
+        mapping = Mapping.open(fd, 1 << 20, shared=True, writable=True, populate=True)
+    finally:
+        os.close(fd)
+    matrix = mapping.view(DATA_OFFSET, torch.empty(64, 64))
+    staged = _Staged(mapping, DATA_OFFSET + matrix.numel() * 4)
+    assert staged.offset_of(matrix) == DATA_OFFSET
+    assert staged.offset_of(matrix[8:16]) == DATA_OFFSET + 8 * 64 * 4  # a chunk of rows: contiguous, in place
+    assert staged.offset_of(matrix[:, :8]) is None  # columns: not contiguous
+    assert staged.offset_of(torch.empty(64, 64)) is None  # elsewhere in memory
+    assert staged.offset_of(mapping.view(staged.end, torch.empty(4))) is None  # past the staged bytes
+    del matrix
+    mapping.close()
+
+
+@pytest.mark.anyio
+async def test_a_replica_push_cancelled_midway_lets_go_of_the_slot_s_mapping() -> None:
+    """The agent ends (the job is over) while a peer's checkpoint arrives: the receive is cancelled, and the slot's
+    mapping closes (it raised ``BufferError`` before, a slice of it held by the traceback, and ended the agent)."""
+    slot = Slot(0)
+    slot.ahead(1 << 20)
+    ours, peer = socket.socketpair()
+    try:
+        ours.setblocking(False)
+        peer.send(b"x" * 1000)  # a part of the 4096 bytes announced
+        with anyio.move_on_after(0.2) as waited:
+            await replicas._receive_checkpoint(ours, slot, 4096)
+        assert waited.cancelled_caught
+        assert os.pread(slot.fd, 1000, 0) == b"x" * 1000
+    finally:
+        ours.close()
+        peer.close()
+        slot.close()

@@ -9,7 +9,7 @@ import sys
 import time
 from urllib.parse import urlsplit
 
-from etcd3 import Client as Etcd3Client  # type: ignore[import-untyped]
+from helpers.etcd import client as etcd_client
 
 
 def test_etcd_command_serves_until_interrupted() -> None:
@@ -23,7 +23,7 @@ def test_etcd_command_serves_until_interrupted() -> None:
         url = urlsplit(line.split()[-1])
         assert url.hostname is not None
         assert url.port is not None
-        client = Etcd3Client(url.hostname, url.port)
+        client = etcd_client(url.hostname, url.port)
         client.put("k", "v")
         assert client.range("k").kvs[0].value == b"v"
         proc.send_signal(signal.SIGINT)

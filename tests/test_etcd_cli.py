@@ -7,11 +7,10 @@ import socket
 import sys
 import uuid
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import anyio
 import pytest
-from etcd3 import Client as Etcd3Client  # type: ignore[import-untyped]
+from helpers.etcd import reader
 
 pytestmark = pytest.mark.anyio
 
@@ -51,8 +50,7 @@ async def test_two_agents_run_a_gloo_job_over_etcd(etcd_endpoint: str, anyio_bac
     output = "".join(out for _, out, _ in results)
     for rank in (0, 1):  # each worker all-reduced a one over gloo and got the world size
         assert f"rank {rank} world_size 2 tensor([2])" in output, output
-    parts = urlsplit(etcd_endpoint)
-    etcd3 = Etcd3Client(parts.hostname, parts.port)
+    etcd3 = reader(etcd_endpoint)
     assert etcd3.range(f"{prefix}/{run_id}/state").kvs  # the rendezvous ran on etcd, under the prefix asked for
     assert not etcd3.range(f"{prefix}/{run_id}/alive/", prefix=True).kvs  # and both agents revoked their leases
 

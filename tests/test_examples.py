@@ -285,57 +285,62 @@ def assert_same_final_parameters(crashed: Proc, clean: Proc, last: int) -> None:
     assert re.findall(final, crashed.output, re.M) == re.findall(final, clean.output, re.M) != [], crashed.output
 
 
-TRAINERS = [  # (example, the framework it needs, the fault's step: the step restored, the last step)
-    pytest.param("examples/lightning/train.py", "lightning", 30, 60, id="lightning"),
-    pytest.param("examples/hf_trainer/train.py", "transformers", 20, 40, id="hf_trainer"),
+FRAMEWORKS = [  # (example, the framework it needs, the fault's step, the step restored, the last step)
+    # The Trainers count a step once its optimizer step is done: the one before the fault's is saved as the fault's.
+    pytest.param("examples/lightning/train.py", "lightning", 30, 30, 60, id="lightning"),
+    pytest.param("examples/lightning/fabric.py", "lightning", 25, 24, 59, id="fabric"),
+    pytest.param("examples/hf_trainer/train.py", "transformers", 20, 20, 40, id="hf_trainer"),
+    pytest.param("examples/hf_accelerate/train.py", "accelerate", 20, 19, 39, id="accelerate"),
 ]
 
 
-@pytest.mark.parametrize(("example", "framework", "crash", "last"), TRAINERS)
-def test_a_trainer_restores_from_memory_and_ends_with_the_fault_free_model(
-    start: Start, example: str, framework: str, crash: int, last: int
+@pytest.mark.parametrize(("example", "framework", "crash", "restored_step", "last"), FRAMEWORKS)
+def test_a_framework_keeps_its_survivor_restores_from_memory_and_ends_with_the_fault_free_model(
+    start: Start, example: str, framework: str, crash: int, restored_step: int, last: int
 ) -> None:
-    """A Lightning or Hugging Face Trainer with the integration's callback: rank 1 raises when step ``crash`` begins
-    in the first attempt; both ranks restore step ``crash`` (every rank saved it after the optimizer step before:
-    the Trainers' global step counts them) from their agent's memory through the Trainer's own resume (the batches
-    already trained skipped; the HF example's random generators restored, its dropout on), and the final
-    parameters are bitwise a fault-free run's."""
-    pytest.importorskip(framework)
-    crashed, clean = with_a_fault_and_without(start, example, crash)
-    restored = re.findall(PREFIX + r"restored step (\d+) from (.+)$", crashed.output, re.M)
-    assert restored == [(str(crash), "memory")] * 2, crashed.output
-    assert not re.search(PREFIX + "restored", clean.output, re.M), clean.output
-    assert_same_final_parameters(crashed, clean, last)
-    incident = rf"incident 1 \(worker rank 1 failed \(exitcode 1\)\): .*restore \S+ s \(step {crash} from memory\)"
-    assert re.search(incident, crashed.output), crashed.output
-    assert not list(Path("/dev/shm").glob("aelastic-hf-*")), "a restored checkpoint's files were left behind"
-
-
-SURVIVOR_LOOPS = [  # (example, the framework it needs, the fault's step, the last step)
-    pytest.param("examples/lightning/fabric.py", "lightning", 25, 59, id="fabric"),
-    pytest.param("examples/hf_accelerate/train.py", "accelerate", 20, 39, id="accelerate"),
-]
-
-
-@pytest.mark.parametrize(("example", "framework", "crash", "last"), SURVIVOR_LOOPS)
-def test_a_framework_loop_keeps_its_survivor_restores_from_memory_and_ends_with_the_fault_free_model(
-    start: Start, example: str, framework: str, crash: int, last: int
-) -> None:
-    """A Fabric or Accelerate loop (``restartable``, ``save_state``/``load_state``): rank 1 raises at step ``crash``
-    of the first attempt; rank 0 keeps its process (the framework launches the next round's process group in it),
-    the replacement starts cold, both restore the step before from memory (the random generators too: the
-    Accelerate example's GPT-2 has dropout on), and the final parameters are bitwise a fault-free run's."""
+    """A Lightning or Hugging Face Trainer with the integration's callback, or a Fabric or Accelerate loop
+    (``save_state``/``load_state``), each under ``restartable``: rank 1 raises at step ``crash`` of the first
+    attempt; rank 0 keeps its process (a new Trainer, or the framework's launch, starts the next round's process
+    group in it), the replacement starts cold, both restore the last step saved from memory (through the Trainer's
+    own resume: the batches already trained skipped, the random generators restored, the HF examples' dropout on),
+    and the final parameters are bitwise a fault-free run's."""
     pytest.importorskip(framework)
     crashed, clean = with_a_fault_and_without(start, example, crash)
     started = dict(re.findall(PREFIX + r"rank (\d) \(pid (\d+)\): starts$", crashed.output, re.M))
     restored = re.findall(PREFIX + r"rank (\d) \(pid (\d+)\): restored step (\d+) from (.+)$", crashed.output, re.M)
     assert sorted(rank for rank, *_ in restored) == ["0", "1"], crashed.output
-    assert {(step, source) for _, _, step, source in restored} == {(str(crash - 1), "memory")}, crashed.output
+    assert {(step, source) for _, _, step, source in restored} == {(str(restored_step), "memory")}, crashed.output
+    assert not re.search(PREFIX + ".*restored", clean.output, re.M), clean.output
     pids = {rank: pid for rank, pid, *_ in restored}
     assert pids["0"] == started["0"], crashed.output  # the survivor kept its process
     assert pids["1"] != started["1"], crashed.output  # the failed one was replaced
-    assert re.search(r"incident 1 .*start \S+ s \(1 kept, 1 cold\)", crashed.output), crashed.output
+    incident = rf"incident 1 .*start \S+ s \(1 kept, 1 cold\), restore \S+ s \(step {restored_step} from memory\)"
+    assert re.search(incident, crashed.output), crashed.output
     assert_same_final_parameters(crashed, clean, last)
+    assert not list(Path("/dev/shm").glob("aelastic-hf-*")), "a restored checkpoint's files were left behind"
+    assert "There were missing keys" not in crashed.output, crashed.output  # the HF Trainer's, of a partial load
+
+
+def test_a_model_the_hf_trainer_makes_anew_gets_the_weights_restored_into_the_one_before() -> None:
+    """A Trainer with ``model_init`` makes its model again as training starts, after the restore copied the weights
+    into the model the callback saw: the callback hands them on when training begins."""
+    pytest.importorskip("transformers")
+    import torch
+
+    from aelastic.integrations.huggingface import InMemoryCheckpoint
+
+    memory = InMemoryCheckpoint()
+    restored, anew = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    memory.on_init_end(None, None, None, model=restored)
+    memory._restored_into = restored  # what resume_path did, without an agent to restore from
+    memory.on_train_begin(None, None, None, model=anew)
+    assert all(
+        torch.equal(a, b) for a, b in zip(anew.state_dict().values(), restored.state_dict().values(), strict=True)
+    )
+    with torch.no_grad():
+        anew.weight.zero_()
+    memory.on_train_begin(None, None, None, model=anew)  # once only: a later training's model is its own
+    assert not anew.weight.any()
 
 
 def test_the_lightning_integration_without_lightning_says_which_extra_to_install() -> None:

@@ -3,11 +3,9 @@ worker is killed, its agents' figures checked against the lost time the workers'
 
 from __future__ import annotations
 
-import itertools
 import json
 import random
 import re
-import statistics
 import subprocess
 import sys
 import time
@@ -23,6 +21,7 @@ from test_agent_e2e import Job, c10d, common, free_port
 from aelastic.agent.figures import AgentMetrics
 from aelastic.agent.incidents.ledger import PHASES, Incident, Ledger, summary
 from aelastic.agent.incidents.parent import Incidents
+from benchmarks.steplog import lost_to_the_fault, read
 
 job = test_agent_e2e.job
 rendezvous_store = test_agent_e2e.rendezvous_store
@@ -243,7 +242,7 @@ def main():
         if attempt == 0 and rank == 1 and step == fault_step:
             os.kill(os.getpid(), signal.SIGKILL)
         ckpt.save({"w": state["w"], "step": step}, step=step)
-        print(json.dumps({"step": step, "at": time.monotonic(), "attempt": attempt}), file=log, flush=True)
+        print(json.dumps({"step": step, "at": time.monotonic(), "round": attempt}), file=log, flush=True)
     report("done")
     while not os.path.exists(os.path.join(OUT, "go")):  # the test reads the agents' /metrics meanwhile
         time.sleep(0.05)
@@ -251,17 +250,6 @@ def main():
 
 main()
 """
-
-
-def lost_in_step_log(path: Path) -> float:
-    """The time a fault cost, as the worker's own step log shows it: from the last step done before the fault to
-    the next step done after it, less one ordinary step."""
-    lines = [json.loads(line) for line in path.read_text().splitlines()]
-    before = [line for line in lines if line["attempt"] == 0]
-    ordinary = statistics.median(b["at"] - a["at"] for a, b in itertools.pairwise(before[-9:]))
-    last = before[-1]
-    back = next(line for line in lines if line["attempt"] > 0 and line["step"] == last["step"] + 1)
-    return back["at"] - last["at"] - ordinary
 
 
 async def test_a_killed_worker_s_incident_adds_up_to_the_time_its_step_log_lost_on_every_node(
@@ -285,7 +273,7 @@ async def test_a_killed_worker_s_incident_adds_up_to_the_time_its_step_log_lost_
         assert await agent.wait(test_agent_e2e.DEADLINE + 30) == 0, agent.output
     causes = []
     for node, agent in enumerate(agents):
-        outside = lost_in_step_log(job.out / f"steps-{agent.process.pid}.log")
+        outside = lost_to_the_fault(read(job.out / f"steps-{agent.process.pid}.log"))
         line = re.search(r"incident 1 \((.+)\): (\d+\.\d+) s lost: (.*)", agent.output)
         assert line is not None, agent.output
         lost = float(line[2])

@@ -10,12 +10,12 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import anyio
 import anyio.abc
 import pytest
 from etcd3 import Client as Etcd3Client  # type: ignore[import-untyped]
+from helpers.etcd import reader
 
 from aelastic.store.server import open_store_server
 
@@ -93,8 +93,7 @@ async def test_sigkilled_node_leaves_the_etcd_rendezvous_when_its_lease_expires(
         with anyio.fail_after(60):
             events = [await node.next_event() for node in nodes]
         assert sorted(e["rank"] for e in events) == [0, 1, 2]
-        parts = urlsplit(etcd_endpoint)
-        etcd3 = Etcd3Client(parts.hostname, parts.port)
+        etcd3 = reader(etcd_endpoint)
         root = f"{prefix}/{run_id}/"
         victim, survivors = nodes[1], [nodes[0], nodes[2]]
         alive = {kv.key: kv.lease for kv in etcd3.range(f"{root}alive/", prefix=True).kvs}

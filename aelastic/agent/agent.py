@@ -195,7 +195,7 @@ class ElasticAgent:
                     await self._persist_checkpoints("the end")
                     return self._finish(WorkerState.FAILED, workers, first_cause(job), self._no_progress(decision))
                 if decision.action is Action.RESTART_FAILURE and self.features.checkpoints is not None:
-                    self.features.checkpoints.persist("a worker failed")  # in the background: the restart goes on
+                    self.features.checkpoints.persist("a worker failed", after_next_save=True)  # after the restart
                 if decision.action is Action.STOP_CLOSED:
                     self._closed(first_cause(job))
                 self._attempt += 1

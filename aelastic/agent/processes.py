@@ -62,7 +62,6 @@ from .link.parent import LinkService
 from .logs import LogSpec, Std, WorkerLog, pump
 from .procfs import dies_of, holds_device, process_state, wait_channel
 from .reaper.parent import Reaper
-from .restart.parent import ABORT_GRACE, LOST_ABORT_GRACE
 from .shares import quietly
 from .spawn.parent import (
     PipeReader,
@@ -70,7 +69,7 @@ from .spawn.parent import (
     WorkerHook,
     signal_group,
 )
-from .started import DRAIN_LIMIT, Child, GroupOutcome, LogOf, Tracked, WorkerExit
+from .started import DRAIN_LIMIT, Child, GroupOutcome, LogOf, Tracked, WorkerExit, failed_first
 from .survivors import Survivors
 
 if TYPE_CHECKING:
@@ -475,17 +474,16 @@ class Supervisor:
             if worker.exit.code != 0 and not first_failure:
                 first_failure.append(worker)
                 ending.set()
-                logger.info(
-                    "worker local_rank %d (pid %d) %s %d: ending the attempt",
-                    worker.command.local_rank, worker.pid,
-                    "reported exit" if worker.exit.reported else "exited with", worker.exit.code,
-                )  # fmt: skip
+                how = "reported exit" if worker.exit.reported else "exited with"
+                logger.info("worker local_rank %d (pid %d) %s %d: ending the attempt", worker.local_rank, worker.pid,
+                            how, worker.exit.code)  # fmt: skip
                 waiters.cancel()
 
         async def wait_interrupt(event: anyio.Event, waiters: anyio.CancelScope) -> None:
             await event.wait()
-            ending.set()
-            waiters.cancel()
+            if not await failed_first(workers):  # else that worker's waiter ends the attempt, as a failure
+                ending.set()
+                waiters.cancel()
 
         try:
             async with anyio.create_task_group() as waiters:
@@ -508,8 +506,7 @@ class Supervisor:
             if (first_failure and keep_on_failure) or interrupted:
                 reason = "a membership change" if interrupted else f"local rank {first_failure[0].local_rank} failed"
                 lost = interrupted and interrupt is not None and interrupt.peers_lost
-                grace = LOST_ABORT_GRACE if lost else ABORT_GRACE
-                self.survivors.keep([w for w in workers if w.survives], reason, grace)
+                self.survivors.keep([w for w in workers if w.survives], reason, lost=lost)
             # A peer's failure stops the others with SIGTERM (torch does); a cancellation with what was asked.
             signum = signal.SIGTERM if first_failure or interrupted else self.requested
             await self.stop([w for w in workers if not self.survivors.holds(w)], signum, hooks.before_kill)

@@ -5,8 +5,10 @@ channel), and how it ended (:class:`WorkerExit`, and an attempt's :class:`GroupO
 from __future__ import annotations
 
 import os
+import select
 import subprocess
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final, NamedTuple
 
 import anyio
@@ -21,7 +23,7 @@ from .spawn.parent import PipeReader, WorkerCommand, WorkerProcess, output_fds, 
 if TYPE_CHECKING:
     from .prewarm.parent import Standbys
 
-__all__ = ["DRAIN_LIMIT", "Child", "GroupOutcome", "LogOf", "Tracked", "WorkerExit"]
+__all__ = ["DRAIN_LIMIT", "Child", "GroupOutcome", "LogOf", "Tracked", "WorkerExit", "failed_first"]
 
 # After the stop, how long the pumps may wait for end of file on the workers' pipes. Every process of the workers'
 # groups is dead by then, so end of file is immediate unless a descendant moved to another group or session and
@@ -122,6 +124,14 @@ class Child:
     @property
     def pid(self) -> int:
         return self.popen.pid
+
+    def exited(self) -> bool:
+        """Whether the process has ended (its pidfd is readable), before or without the reaping."""
+        if self._pidfd < 0 or self.popen.returncode is not None:
+            return True
+        poller = select.poll()
+        poller.register(self._pidfd, select.POLLIN)
+        return bool(poller.poll(0))
 
     async def wait(self) -> int:
         """Wait for the exit and reap."""
@@ -254,6 +264,17 @@ class Tracked:
     def survives(self) -> bool:
         """Whether it can go on into the next round in its process: registered, alive, free and not failing."""
         return self.restart is not None and self.lifecycle.survivable
+
+
+async def failed_first(workers: Sequence[Tracked]) -> bool:
+    """Whether one of ``workers`` had ended, with a failure, when a membership change came: that exit, not the peers'
+    news (often the news of that very death: their collectives failed), is the attempt's end."""
+    for worker in workers:
+        if worker.process.exited():
+            await worker.ended.wait()
+            if worker.exit.code != 0:
+                return True
+    return False
 
 
 class LogOf:

@@ -78,10 +78,13 @@ class Survivors:
         channel = worker.restart
         assert channel is not None
         if channel.report is None:
-            with anyio.move_on_after(channel.grace):
-                await channel.reported.wait()
+            await channel.wait_report()
         if channel.report is None or not worker.survives:
-            if worker.running():
+            if worker.running() and channel.held:
+                logger.warning("worker local_rank %d (pid %d) is held in a collective with a lost peer (%s): "
+                               "killing it and starting another", worker.command.local_rank, worker.pid,
+                               channel.held)  # fmt: skip
+            elif worker.running():
                 logger.warning("worker local_rank %d (pid %d) did not let go of its round within %g s of the "
                                "abort: killing it and starting another", worker.command.local_rank, worker.pid,
                                channel.grace)  # fmt: skip
@@ -116,11 +119,12 @@ class Survivors:
         worker.on(Event.FAIL)
         channel.decide({"verdict": "fail"})
 
-    def keep(self, survivors: Sequence[Tracked], reason: str, grace: float) -> None:
-        """Abort ``survivors`` for the next attempt (they report, within ``grace``, then wait for it)."""
+    def keep(self, survivors: Sequence[Tracked], reason: str, *, lost: bool) -> None:
+        """Abort ``survivors`` for the next attempt (they report within their grace, then wait for it); ``lost``:
+        members left the round."""
         for worker in survivors:
             assert worker.restart is not None
-            worker.restart.abort(reason, grace)
+            worker.restart.abort(reason, lost=lost)
             worker.on(Event.KEEP)
             self._kept[worker.local_rank] = worker
         if survivors:

@@ -214,9 +214,9 @@ GROUPS: tuple[Group, ...] = (
              "among the local ranks)"),
         Flag(("--checkpoint-dir",), "checkpoint_dir", field="checkpoint.dir",
              help="write the latest complete in-memory checkpoint here (every --checkpoint-persist-every saves, "
-             "when a worker fails, on a forwarded scheduler signal, and at the end), atomically and without "
-             "blocking a step; aelastic.checkpoint.load() reads it when no agent's memory has one (a requeued job, "
-             "a replaced node) (default: none)"),
+             "after a worker failed, once the restart saved again, on a forwarded scheduler signal, and at the end), "
+             "atomically and without blocking a step; aelastic.checkpoint.load() reads it when no agent's memory "
+             "has one (a requeued job, a replaced node) (default: none)"),
         Flag(("--checkpoint-persist-every",), "checkpoint_persist_every", default=50, type=parse_positive,
              field="checkpoint.persist_every",
              help="write every N-th in-memory checkpoint to --checkpoint-dir (default: %(default)s)"),

@@ -77,17 +77,17 @@ class InMemoryCheckpoint(pl.Callback):
 
     def __init__(self, every_n_steps: int = 1) -> None:
         self.every_n_steps = checked_interval(every_n_steps, "InMemoryCheckpoint")
-        self._restored: dict[str, Any] | None = None  # what resume_path loaded, until Lightning reads it
+        self._module: pl.LightningModule | None = None  # the module being fitted, whose tensors a restore fills
 
     def resume_path(self) -> str | None:
         """:data:`MEMORY_PATH` when the job restores a step from the agents' memory (or their replicas, or
         ``--checkpoint-dir``), else ``None`` (the first run, or no agent): the ``ckpt_path`` of ``trainer.fit``."""
         if not aelastic.checkpoint.available():
             return None  # not started by an aelastic agent: nothing to restore, as under torchrun
-        self._restored = aelastic.checkpoint.load()
-        return None if self._restored is None else MEMORY_PATH
+        return None if aelastic.checkpoint.step_to_restore() is None else MEMORY_PATH
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._module = pl_module
         strategy = trainer.strategy
         if not isinstance(strategy.checkpoint_io, _MemoryIO):
             strategy.checkpoint_io = _MemoryIO(strategy.checkpoint_io, self)
@@ -103,11 +103,13 @@ class InMemoryCheckpoint(pl.Callback):
             checkpoint.pop(key, None)
         aelastic.checkpoint.save(checkpoint, step=step)
 
-    def take_restored(self) -> dict[str, Any]:
-        """The checkpoint :meth:`resume_path` loaded, handed to Lightning once."""
-        if self._restored is None:
+    def restore(self) -> dict[str, Any]:
+        """The checkpoint of the step the job restores, its model's tensors copied into the module's own (Lightning
+        then loads the module's state into itself: no copy), so that a restore allocates no second model."""
+        into = None if self._module is None else {"state_dict": self._module.state_dict()}
+        restored: dict[str, Any] | None = aelastic.checkpoint.load(into=into)
+        if restored is None:
             raise CheckpointError(f"{MEMORY_PATH}: no checkpoint to restore: ckpt_path must be resume_path()'s")
-        restored, self._restored = self._restored, None
         return restored
 
 
@@ -123,7 +125,7 @@ class _MemoryIO(CheckpointIO):
 
     def load_checkpoint(self, path: _PATH, map_location: Any | None = None, weights_only: bool | None = None) -> Any:
         if str(path) == MEMORY_PATH:
-            return self.owner.take_restored()
+            return self.owner.restore()
         return self.inner.load_checkpoint(path, map_location=map_location, weights_only=weights_only)
 
     def remove_checkpoint(self, path: _PATH) -> None:

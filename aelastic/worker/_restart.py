@@ -32,6 +32,11 @@ thread, where it surfaces at the next Python bytecode. A main thread blocked in 
 :data:`WAKE_SIGNAL`; a thread blocked in C otherwise, e.g. in a gloo collective, sees it once that call returns (a
 gloo collective returns when the failed peer's connections close; the agent kills a peer that hangs). A worker
 still held halfway through its grace writes its threads' stacks to stderr (the worker's log) first.
+Before the first call the wrapper freezes the garbage collector's view of the objects that exist (``gc.freeze``:
+what the imports made), so that the full collections a framework runs as each round starts are quick; garbage in
+reference cycles made before the first call is never collected then. It also has ``malloc`` keep large blocks in
+the process's heap (:mod:`aelastic.worker._checkpoint.heap`): a next round's state takes the memory the last one
+freed, already resident.
 The function must allow being called again in the same process: it keeps no object of the old process group, and it
 loads its state at the top of each call (``aelastic.checkpoint.load``).
 
@@ -40,7 +45,9 @@ Outside an agent (plain ``python``, torchrun), the function is called once, as w
 Protocol, over the worker's link (:mod:`aelastic.agent.link`): ``restart.register`` is answered with one fd, the
 worker's end of an events socket (``SOCK_SEQPACKET``, JSON messages: ``{"event": "abort", "reason": ..., "grace":
 seconds, "verdicts": n}``, which ends the call that follows the agent's n-th verdict: one read late, after that call
-reported its own end, is ignored);
+reported its own end, is ignored; ``"lost": true`` when members left the round). The worker answers on the same
+socket ``{"event": "held", "where": ..., "verdicts": n}`` when such an abort finds its call held in a collective (see
+:data:`HELD_AFTER`);
 ``restart.raised`` (``error``, ``distributed``: whether it comes from a collective, ``aborted``: whether the agent
 asked for it) is answered once the agent has decided: ``{"verdict": "restart", "env": {...}}`` or ``{"verdict":
 "fail"}``.
@@ -53,6 +60,7 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import functools
+import gc
 import json
 import logging
 import os
@@ -61,9 +69,11 @@ import socket
 import sys
 import threading
 import traceback
+import types
 from collections.abc import Callable
 from typing import Any, Final, NamedTuple, TypeVar
 
+from ._checkpoint import heap
 from ._link import AgentLink, LinkRefused, agent_link, before_yield
 
 __all__ = ["RestartRequested", "is_distributed_error", "restartable"]
@@ -76,6 +86,13 @@ T = TypeVar("T")
 PEER_FAILURE_MARKERS: Final = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "NCCL", "gloo",
                          "ProcessGroup", "c10d", "Timed out", "timed out")  # fmt: skip
 
+
+# After an abort for lost members, a call whose thread has not moved for this long, its innermost Python frame in
+# torch.distributed (a collective, a wait on one) or in autograd (a backward whose hooks wait on one), is held in
+# a collective with a peer that vanished without closing its connections: gloo's returns only when they close, or
+# at its timeout. The worker says so at once, and its agent replaces it instead of waiting out the abort's grace.
+HELD_AFTER: Final = 0.25
+HELD_IN: Final = (f"{os.sep}torch{os.sep}distributed{os.sep}", f"{os.sep}torch{os.sep}autograd{os.sep}")
 
 # Sent to the main thread with an abort, to end a wait of the function's that a signal interrupts. Ignored by
 # default and seldom used (out-of-band socket data): one that arrives after the call ended, or finds no handler,
@@ -172,10 +189,11 @@ class _Session:
                 return  # the agent is gone
             event = json.loads(data)
             if event.get("event") == "abort":
-                self._abort(str(event.get("reason", "")), float(event.get("grace", 10.0)), int(event["verdicts"]))
+                self._abort(str(event.get("reason", "")), float(event.get("grace", 10.0)), int(event["verdicts"]),
+                            bool(event.get("lost")))  # fmt: skip
 
-    def _abort(self, reason: str, grace: float, verdicts: int) -> None:
-        """End the call the agent gave ``verdicts`` verdicts before, if it runs."""
+    def _abort(self, reason: str, grace: float, verdicts: int, lost: bool) -> None:
+        """End the call the agent gave ``verdicts`` verdicts before, if it runs; ``lost``: members left the round."""
         with self.lock:
             ident = self.running
             if ident is None:
@@ -191,10 +209,30 @@ class _Session:
         timer = threading.Timer(grace / 2, self._report_held, args=(calls, reason, grace))
         timer.daemon = True
         timer.start()
+        if lost:
+            checked = threading.Timer(HELD_AFTER, self._say_if_held, args=(calls, verdicts, ident, _position(ident)))
+            checked.daemon = True
+            checked.start()
         # Outside the lock: the function's thread takes it on its way out, which a blocked abort must not hold up.
         dist = sys.modules.get("torch.distributed")
         if dist is not None and dist.is_available() and dist.is_initialized():
             _abort_groups(dist)
+
+    def _say_if_held(self, calls: int, verdicts: int, ident: int, then: tuple[types.FrameType, int] | None) -> None:
+        """Tell the agent that call ``calls`` (the one after ``verdicts`` verdicts) is held in a collective, if it has
+        not let go and its thread is where it was :data:`HELD_AFTER` ago, in one of :data:`HELD_IN`."""
+        with self.lock:
+            if self.asked >= calls:
+                return  # it let go
+        now = _position(ident)
+        if now is None or now != then:
+            return  # its call ended, or it moved: not held
+        frame = now[0]
+        if not any(part in frame.f_code.co_filename for part in HELD_IN):
+            return
+        where = f"{frame.f_code.co_name} ({frame.f_code.co_filename}:{frame.f_lineno})"
+        with contextlib.suppress(OSError):  # the agent is gone: nothing to tell
+            self.events.send(json.dumps({"event": "held", "where": where, "verdicts": verdicts}).encode())
 
     def _report_held(self, calls: int, reason: str, grace: float) -> None:
         with self.lock:
@@ -235,6 +273,12 @@ class _Session:
             return None
         env: dict[str, str] = reply["env"]
         return env
+
+
+def _position(ident: int) -> tuple[types.FrameType, int] | None:
+    """Where thread ``ident`` is: its innermost Python frame and the instruction in it."""
+    frame = sys._current_frames().get(ident)
+    return None if frame is None else (frame, frame.f_lasti)
 
 
 def _raise_in(ident: int, kind: type[BaseException] | None) -> None:
@@ -336,6 +380,11 @@ def restartable(fn: Callable[..., T]) -> Callable[..., T]:
         session = None if link is None else _register(link)
         if session is None:
             return fn(*args, **kwargs)
+        # What exists before the first call (the modules that imports made: hundreds of thousands of objects with
+        # torch and a framework) lasts as long as the process: out of the collector's way, the full collections that
+        # frameworks run as a round starts (Accelerate's free_memory) look at the rounds' objects only.
+        gc.freeze()
+        heap.keep()  # a next round allocates its state again: from the memory the last one freed, still resident
         while True:
             outcome = _call(session, fn, args, kwargs)
             if isinstance(outcome, _Returned):

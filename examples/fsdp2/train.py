@@ -21,9 +21,9 @@ their memory there instead.
 from __future__ import annotations
 
 import argparse
-import gc
 import hashlib
 import os
+import sys
 import time
 from concurrent.futures import Future
 from typing import Any
@@ -47,16 +47,34 @@ def batch(step: int, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]
     return x[rank * share : (rank + 1) * share], y[rank * share : (rank + 1) * share]
 
 
+class Net(torch.nn.Module):
+    """The regression network, beside weights that do not train (as an embedding's rows no batch looks up; FSDP2
+    gathers a module's weights only when it runs): a larger checkpoint, the same arithmetic and communication. The
+    weights are a matrix of 1 MiB rows, as an embedding's are: DCP's planner takes time in the length of a sharded
+    dimension (an arange of it)."""
+
+    def __init__(self, ballast_mib: int) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)
+        )
+        self.frozen = torch.nn.Module()
+        self.frozen.register_parameter(
+            "ballast", torch.nn.Parameter(torch.zeros(ballast_mib * 256, 1024), requires_grad=False)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
 def build(ballast_mib: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)
-    )
-    # Weights that do not train (as a frozen embedding): a larger checkpoint, the same arithmetic.
-    model.register_parameter("ballast", torch.nn.Parameter(torch.zeros(ballast_mib * 2**18), requires_grad=False))
-    for layer in model:
+    model = Net(ballast_mib)
+    for layer in model.net:
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer)
+    if ballast_mib:
+        fully_shard(model.frozen)
     fully_shard(model)
     return model, torch.optim.Adam(model.parameters(), lr=1e-2)
 
@@ -96,6 +114,7 @@ def main() -> None:
     parser.add_argument("--ballast-mib", type=int, default=0, help="MiB of frozen weights (a larger checkpoint)")
     parser.add_argument("--save-every", type=int, default=1, help="steps between checkpoints; 0: none")
     parser.add_argument("--checkpoint-dir", default=None, help="without an agent: DCP's files (torchrun's recipe)")
+    parser.add_argument("--step-log", default=None, help="rank 0 appends each step's end here (the benchmark's)")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -107,12 +126,13 @@ def main() -> None:
     saving = dist.new_group(backend="gloo") if args.async_save else None
     state: dict[str, Any] = {}
     for step in range(start, args.steps):
-        if first_attempt and step == args.crash_at_step and rank == args.crash_rank:
-            raise RuntimeError(f"a fault at step {step}")
         x, y = batch(step, rank, world)
         loss = torch.nn.functional.mse_loss(model(x), y)
         optimizer.zero_grad()
         loss.backward()
+        # After the gradients' reduce-scatter: every rank has finished the step before, its save included.
+        if first_attempt and step == args.crash_at_step and rank == args.crash_rank:
+            raise RuntimeError(f"a fault at step {step}")
         optimizer.step()
         mean = loss.detach().clone()
         dist.all_reduce(mean)
@@ -121,17 +141,20 @@ def main() -> None:
         time.sleep(args.step_time)
         if pending is not None:
             pending.result()  # one save in flight at a time
-        if not args.save_every or (step + 1) % args.save_every:
-            continue
-        state = state_of(model, optimizer, step)
-        if aelastic.checkpoint.available():
-            writer = aelastic.checkpoint.StorageWriter(step=step)
-            if args.async_save:
-                pending = dcp.async_save(state, storage_writer=writer, process_group=saving)
-            else:
-                dcp.save(state, storage_writer=writer)
-        elif args.checkpoint_dir is not None:
-            dcp.save(state, checkpoint_id=args.checkpoint_dir)
+        if args.save_every and (step + 1) % args.save_every == 0:
+            state = state_of(model, optimizer, step)
+            if aelastic.checkpoint.available():
+                writer = aelastic.checkpoint.StorageWriter(step=step)
+                if args.async_save:
+                    pending = dcp.async_save(state, storage_writer=writer, process_group=saving)
+                else:
+                    dcp.save(state, storage_writer=writer)
+            elif args.checkpoint_dir is not None:
+                dcp.save(state, checkpoint_id=args.checkpoint_dir)
+        if rank == 0 and args.step_log:  # the benchmark's, run from the repository
+            from benchmarks.steplog import log_step
+
+            log_step(args.step_log, step)
     if pending is not None:
         pending.result()
     full, _ = get_state_dict(model, optimizer)
@@ -140,12 +163,14 @@ def main() -> None:
         digest.update(full[name].full_tensor().detach().numpy().tobytes())
     if rank == 0:
         print(f"final parameters {digest.hexdigest()[:16]} after step {args.steps - 1}", flush=True)
-    # The sharded model and its states hold the process group: freed first, then the group, while Python is alive
-    # (else gloo's threads may abort the interpreter's teardown: "terminate called without an active exception",
-    # under torchrun too).
-    del model, optimizer, full, state
-    gc.collect()
     dist.destroy_process_group()
+    # fully_shard's modules, once they ran, outlive every reference here (torch 2.13: a cycle through tensors that
+    # torch's C++ side holds, which the garbage collector cannot see), and with them the process group and gloo's
+    # threads. One that lets go of a collective's tensors while the interpreter tears down aborts the process
+    # ("terminate called without an active exception", under torchrun too). Nothing else is left to end: exit here.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

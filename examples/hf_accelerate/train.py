@@ -83,10 +83,11 @@ def train(args: argparse.Namespace) -> None:
     model.train()
     while step < args.steps:
         for batch in batches:
-            if first_attempt and step == args.crash_at_step and accelerator.process_index == args.crash_rank:
-                raise RuntimeError(f"a fault at step {step}")
             loss = model(input_ids=batch, labels=batch).loss
             accelerator.backward(loss)
+            # After the gradients' all-reduce: every rank has finished the step before, its save included.
+            if first_attempt and step == args.crash_at_step and accelerator.process_index == args.crash_rank:
+                raise RuntimeError(f"a fault at step {step}")
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad()
@@ -97,6 +98,10 @@ def train(args: argparse.Namespace) -> None:
                     accelerator.save_state(args.checkpoint_dir)
                 else:
                     save_state(state, step=step)
+            if accelerator.is_main_process and args.step_log:  # the benchmark's, run from the repository
+                from benchmarks.steplog import log_step
+
+                log_step(args.step_log, step)
             step += 1
             if step == args.steps:
                 break
@@ -118,6 +123,7 @@ def main() -> None:
     parser.add_argument("--step-time", type=float, default=0.0, help="seconds each step sleeps (a larger model)")
     parser.add_argument("--save-every", type=int, default=1, help="steps between checkpoints; 0: none")
     parser.add_argument("--checkpoint-dir", default=None, help="without an agent: Accelerate's own files there")
+    parser.add_argument("--step-log", default=None, help="rank 0 appends each step's end here (the benchmark's)")
     train(parser.parse_args())
 
 

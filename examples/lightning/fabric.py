@@ -65,12 +65,13 @@ def train(args: argparse.Namespace) -> None:
         print(f"{who}: starts", flush=True)
     first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
     for step in range(state["step"] + 1, args.steps):
-        if first_attempt and step == args.crash_at_step and fabric.global_rank == args.crash_rank:
-            raise RuntimeError(f"a fault at step {step}")
         x, y = batch(step, fabric.global_rank, fabric.world_size)
         loss = torch.nn.functional.mse_loss(model(x), y)
         optimizer.zero_grad()
         fabric.backward(loss)
+        # After the gradients' all-reduce: every rank has finished the step before, its save included.
+        if first_attempt and step == args.crash_at_step and fabric.global_rank == args.crash_rank:
+            raise RuntimeError(f"a fault at step {step}")
         optimizer.step()
         time.sleep(args.step_time)
         state["step"] = step
@@ -79,6 +80,10 @@ def train(args: argparse.Namespace) -> None:
                 save_state(state, step=step)
             elif disk is not None:
                 fabric.save(disk, state)
+        if fabric.global_rank == 0 and args.step_log:  # the benchmark's, run from the repository
+            from benchmarks.steplog import log_step
+
+            log_step(args.step_log, step)
     if fabric.global_rank == 0:
         digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
         print(f"final parameters {digest[:16]} after step {args.steps - 1}", flush=True)
@@ -94,6 +99,7 @@ def main() -> None:
     parser.add_argument("--step-time", type=float, default=0.0, help="seconds each step sleeps (a larger model)")
     parser.add_argument("--save-every", type=int, default=1, help="steps between checkpoints; 0: none")
     parser.add_argument("--checkpoint-dir", default=None, help="without an agent: Fabric's own file there")
+    parser.add_argument("--step-log", default=None, help="rank 0 appends each step's end here (the benchmark's)")
     train(parser.parse_args())
 
 

@@ -51,6 +51,18 @@ class Holdings:
         await busy.stop_reads()  # a replica or a persisting of an older step: done again with the newer one
         return busy
 
+    def ahead(self, rank: RankSlots, size: int) -> Slot | None:
+        """After ``rank``'s first checkpoint, the slot its second goes into, made now (its pages left for the worker
+        to allocate between the two saves, so that the second costs a copy as every later one does); ``None`` when
+        the rank has it already."""
+        if len(rank.slots) != 1:
+            return None
+        slot = Slot(self._next_slot)
+        self._next_slot += 1
+        slot.ahead(size)
+        rank.slots.append(slot)
+        return slot
+
     async def receiving(self, ranks: dict[int, RankSlots], rank: int, size: int) -> Slot:
         """A slot of ``rank`` in ``ranks`` (own or replicas), ready for ``size`` bytes from another agent."""
         self.check_size(size)

@@ -22,8 +22,9 @@ In the background, never in a worker's way:
 * *replicas*: after a commit, the rank's latest is pushed to the next node's agent (group rank + 1), which keeps it
   among its replicas, so that a lost node's ranks restore from memory; a push under way when the next commit
   arrives is followed by one of the newest, never queued behind older ones.
-* *persistence* (``--checkpoint-dir``, :mod:`.persist`): every ``persist_every``-th step, when a worker failed, on a
-  forwarded scheduler signal and at the end, each rank's latest is written to the directory.
+* *persistence* (``--checkpoint-dir``, :mod:`.persist`): every ``persist_every``-th step, after a worker failed (once
+  each rank saved again in the restart: the write waits for the restart), on a forwarded scheduler signal and at the
+  end, each rank's latest is written to the directory.
 """
 
 from __future__ import annotations
@@ -83,16 +84,29 @@ class KeeperStatistics:
 
 class _Queue:
     """Ranks waiting for a background job (persisting, pushing), each with the reason it was asked; the job takes
-    a rank's latest checkpoint when it gets to it, so asking again while it waits costs nothing."""
+    a rank's latest checkpoint when it gets to it, so asking again while it waits costs nothing. A rank may also be
+    asked for once it saves again (:meth:`defer`, :meth:`saved`)."""
 
     def __init__(self) -> None:
         self.waiting: dict[int, str] = {}
+        self.deferred: dict[int, str] = {}
         self.busy = False
         self._wake = anyio.Event()
         self._settled = anyio.Event()
         self._settled.set()
 
+    def defer(self, rank: int, reason: str) -> None:
+        self.deferred[rank] = reason
+
+    def saved(self, rank: int) -> bool:
+        """``rank`` saved: asked for now if it was deferred (then ``True``)."""
+        reason = self.deferred.pop(rank, None)
+        if reason is not None:
+            self.ask(rank, reason)
+        return reason is not None
+
     def ask(self, rank: int, reason: str) -> None:
+        self.deferred.pop(rank, None)
         self.waiting.setdefault(rank, reason)
         self._settled = anyio.Event() if self._settled.is_set() else self._settled
         self._wake.set()
@@ -337,12 +351,15 @@ class Keeper:
             self.progress.marked(worker.local_rank, step)
         self._commits.set()
         self._commits = anyio.Event()
+        ahead = self._held.ahead(rank, slot.capacity)
         self._standbys.committed(worker, rank, host)
         if self._round.plan.replica_to is not None:
             self._pushing.ask(rank.rank, "replica")
-        if self.directory is not None and step % self.persist_every == 0:
+        if not self._persisting.saved(rank.rank) and self.directory is not None and step % self.persist_every == 0:
             self._persisting.ask(rank.rank, f"step {step}")
-        return {}, ()
+        if ahead is None:
+            return {}, ()
+        return {"ahead": [ahead.id, ahead.generation, ahead.capacity]}, [ahead.fd]
 
     async def _load(self, rank: int, loader: int) -> tuple[dict[str, Any], Sequence[int]]:
         plan, fetches = self._round.plan, self._round.fetches
@@ -426,10 +443,16 @@ class Keeper:
 
     # --- persistence -------------------------------------------------------------------------------------------
 
-    def persist(self, reason: str) -> None:
-        """Write every rank's latest checkpoint to the directory in the background (no directory: nothing)."""
-        if self.directory is not None:
-            for rank in self._held.own:
+    def persist(self, reason: str, *, after_next_save: bool = False) -> None:
+        """Write every rank's latest checkpoint to the directory in the background (no directory: nothing);
+        ``after_next_save``: each rank's once it saves again (after a failure: once the restart's workers restored
+        and trained a step, so that the write, hundreds of megabytes, takes no CPU the restart's path needs)."""
+        if self.directory is None:
+            return
+        for rank in self._held.own:
+            if after_next_save:
+                self._persisting.defer(rank, reason)
+            else:
                 self._persisting.ask(rank, reason)
 
     async def flush(self, reason: str) -> None:

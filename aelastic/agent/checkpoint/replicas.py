@@ -104,15 +104,17 @@ async def _send_file(sock: socket.socket, fd: int, size: int, read: Read) -> Non
 
 
 async def _receive_into(sock: socket.socket, view: memoryview) -> None:
-    since = 0
-    while view:
+    """Fill ``view``. It keeps no slice of it past a call (nor in a traceback's frames): a mapping under it can be
+    closed once the caller releases it, whatever ended the receive."""
+    done = since = 0
+    while done < len(view):
         count = -1
         with suppress(BlockingIOError):
-            count = sock.recv_into(view, min(len(view), _CHUNK))
+            count = sock.recv_into(view[done:], min(len(view) - done, _CHUNK))
         if count == 0:
             raise ReplicaError("the peer closed the connection")
         if count > 0:
-            view, since = view[count:], since + count
+            done, since = done + count, since + count
             if since >= _CHUNK:
                 since = 0
                 await anyio.lowlevel.checkpoint()
@@ -144,12 +146,8 @@ async def _receive_frame(sock: socket.socket) -> dict[str, Any]:
 
 async def _receive_checkpoint(sock: socket.socket, slot: Slot, size: int) -> Header:
     """``size`` bytes into ``slot``'s memory file, then its header, checked."""
-    with mmap.mmap(slot.fd, slot.capacity) as mapped:
-        view = memoryview(mapped)
-        try:
-            await _receive_into(sock, view[:size])
-        finally:
-            view.release()
+    with mmap.mmap(slot.fd, slot.capacity) as mapped, memoryview(mapped) as whole, whole[:size] as view:
+        await _receive_into(sock, view)
     try:
         header = slot.read_header()
     except LayoutError as exc:

@@ -68,16 +68,29 @@ class Slot:
         in a thread, so that copies into it cost what every later one does instead of a page fault per 4 KiB."""
         if self.capacity >= size:
             return
+        fd = self._file(size)
+        try:
+            await anyio.to_thread.run_sync(os.posix_fallocate, fd, 0, self.capacity)
+        except BaseException:
+            self.close()
+            raise
+
+    def ahead(self, size: int) -> None:
+        """Make the slot's memory file ``size`` bytes, its pages allocated by the first process that maps them
+        (a worker, in a thread of its own, between two saves: see ``aelastic.worker._checkpoint.api``)."""
+        self._file(size)
+
+    def _file(self, size: int) -> int:
         capacity = -(-size // GRANULE) * GRANULE
         fd = os.memfd_create(f"aelastic-checkpoint-{self.id}", os.MFD_CLOEXEC)
         try:
             os.ftruncate(fd, capacity)
-            await anyio.to_thread.run_sync(os.posix_fallocate, fd, 0, capacity)
         except BaseException:
             os.close(fd)
             raise
         self.close()
         self.fd, self.capacity, self.generation = fd, capacity, self.generation + 1
+        return fd
 
     def read_header(self) -> Header:
         """The header the writer wrote last (raises :class:`~aelastic.worker._checkpoint.layout.LayoutError` if it is

@@ -14,8 +14,9 @@ it on, and the place where the report of its function's exception waits for the 
 
 A survivor that does not report within :data:`ABORT_GRACE` of its abort (blocked in a call that does not return) is
 killed and replaced like a failed worker; within :data:`LOST_ABORT_GRACE` when members left the round: a survivor
-blocked in a collective with a peer that vanished without closing its connections (a partitioned node) is released
-by nothing but its own death (gloo has no abort; NCCL's returns at once).
+blocked in a collective with a peer that vanished without closing its connections (a powered-off or partitioned
+node) is released by nothing but its own death (gloo has no abort; NCCL's returns at once). Such a survivor says so
+(``held``, :data:`aelastic.worker._restart.HELD_AFTER` after the abort) and is replaced at once, its grace unspent.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class RestartChannel:
         self.reported = anyio.Event()
         self.aborted = False
         self.grace = ABORT_GRACE  # how long the last abort lets it take to report
+        self.held = ""  # where the worker said its call is held, after an abort for lost members
         self.verdicts = 0  # given so far: an abort names the call it ends by it (see abort)
         self._pending = _Verdict()  # the verdict on the report pending (or the next one)
 
@@ -67,17 +69,47 @@ class RestartChannel:
         """Whether the pending report is a collective's failure the agent did not ask for."""
         return self.report is not None and bool(self.report.get("distributed")) and not self.report.get("aborted")
 
-    def abort(self, reason: str, grace: float) -> None:
-        """Ask the worker to end its function's call (it reports, then waits for the next round) within
-        ``grace`` seconds."""
+    def abort(self, reason: str, *, lost: bool) -> None:
+        """Ask the worker to end its function's call (it reports, then waits for the next round) within its grace
+        (:data:`LOST_ABORT_GRACE` when members left the round: ``lost``, else :data:`ABORT_GRACE`)."""
         if self.aborted:
             return
-        self.aborted, self.grace = True, grace
+        self.aborted, self.grace, self.held = True, LOST_ABORT_GRACE if lost else ABORT_GRACE, ""
         # The call it ends is the one after this many verdicts: a worker whose listener reads it only after it has
         # reported that call's end by itself and started the next (a busy node) must not end the next one with it.
-        event = {"event": "abort", "reason": reason, "grace": grace, "verdicts": self.verdicts}
+        event = {"event": "abort", "reason": reason, "grace": self.grace, "verdicts": self.verdicts, "lost": lost}
         with suppress(OSError):  # a full socket or a dead worker: it reports anyway, or its end is seen
             self._socket.send(json.dumps(event).encode())
+
+    async def wait_report(self) -> None:
+        """Until the worker reported, said that its call is held in a collective (:attr:`held`), or its grace ran
+        out."""
+        with anyio.move_on_after(self.grace):
+            async with anyio.create_task_group() as tg:
+
+                async def reported() -> None:
+                    await self.reported.wait()
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(reported)
+                await self._wait_held()
+                tg.cancel_scope.cancel()
+
+    async def _wait_held(self) -> None:
+        while True:
+            await anyio.wait_readable(self._socket)
+            try:
+                data = self._socket.recv(1 << 12)
+            except BlockingIOError:
+                continue
+            except OSError:
+                data = b""
+            if not data:  # the worker is gone: its end is seen where its exit is awaited
+                await anyio.sleep_forever()
+            message = json.loads(data)
+            if message.get("event") == "held" and message.get("verdicts") == self.verdicts:  # not an earlier abort's
+                self.held = str(message.get("where", "?"))
+                return
 
     def take(self, report: Mapping[str, Any]) -> None:
         """The worker's report of its function's exception."""

@@ -17,6 +17,10 @@ through DCP's own resharding (``StorageReader.sources`` says where each saved ra
 are DCP's own business (it hands them over as ``torch.save`` bytes, kept as they are).
 
 The step of a save is ``step=``, or the number at the end of ``checkpoint_id`` (``"step-120"``, ``".../120"``).
+
+``dcp.async_save`` stages the state through the writer (it is DCP's ``AsyncStager``): the tensors are copied into
+the rank's slot before the call returns, and the save in DCP's thread finds them there, so a step waits for one
+memory copy, and nothing is copied twice.
 """
 
 from __future__ import annotations
@@ -25,9 +29,9 @@ import io
 import json
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.distributed.checkpoint.metadata import (
@@ -51,6 +55,7 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import StorageReader as _StorageReader
 from torch.distributed.checkpoint.storage import StorageWriter as _StorageWriter
 from torch.distributed.checkpoint.storage import WriteResult
+from torch.distributed.tensor import DTensor
 from torch.futures import Future
 
 from ...errors import CheckpointError
@@ -148,12 +153,15 @@ class StorageWriter(_StorageWriter):
         step: the step of the checkpoint; else the number that ends ``dcp.save``'s ``checkpoint_id``.
     """
 
+    _synchronize_after_execute = False  # DCP's AsyncStager: the staging copy is done when stage() returns
+
     def __init__(self, step: int | None = None) -> None:
         self._given = step
         self._step = step
         self._coordinator = False
         self._items = 0
         self._pending: tuple[dict[str, Any], Mapping, list[dict[str, Any]], int] | None = None
+        self._staged: _Staged | None = None
 
     def __repr__(self) -> str:
         return f"<aelastic.checkpoint.StorageWriter step={self._step}>"
@@ -180,6 +188,40 @@ class StorageWriter(_StorageWriter):
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
         return _STEP.search(os.fspath(checkpoint_id)) is not None
 
+    @property
+    def should_synchronize_after_execute(self) -> bool:
+        return self._synchronize_after_execute
+
+    def synchronize_staging(self) -> None:
+        """Nothing to wait for: :meth:`stage` returns with its copy done."""
+
+    def close(self) -> None:
+        """Nothing to release: the slot is the agent's."""
+
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        """``dcp.async_save``'s staging: this rank's tensors copied into its slot in the agent's memory now (the step
+        waits for this copy alone), and the state handed back over that memory, so that the save in DCP's thread
+        writes each tensor where it already lies: no staging buffer, no second copy."""
+        tensors: list[torch.Tensor] = []
+
+        def collect(tensor: torch.Tensor) -> torch.Tensor:
+            tensors.append(tensor)
+            return tensor
+
+        leaves = _walk(state_dict, collect)[0]
+        offsets, data_size = place([_size(t) for t in tensors])
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        # Room for what write_data and finish add after the tensors (see there): DCP's bytes items and the items'
+        # places on every rank; the global metadata on the coordinator (global rank 0, as a group's rank 0 mostly
+        # is). Short of it, the save copies everything into a larger slot.
+        room = 65536 + 4096 * leaves + (1024 * leaves * world if os.environ.get("RANK", "0") == "0" else 0)
+        _, mapping = client("StorageWriter").reserve("StorageWriter", DATA_OFFSET + data_size + room)
+        copy_into(mapping, list(zip(tensors, offsets, strict=True)))
+        self._staged = _Staged(mapping, DATA_OFFSET + data_size)
+        views = iter(offsets)
+        staged: dict[str, Any] = _walk(state_dict, lambda tensor: mapping.view(next(views), tensor))[1]
+        return staged
+
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         step = self._step
         if step is None or step < 0:
@@ -188,7 +230,11 @@ class StorageWriter(_StorageWriter):
         own = client("StorageWriter")
         data = [(item, planner.resolve_data(item)) for item in plan.items]
         sizes = [_size(value) for _, value in data]
-        offsets, data_size = place(sizes)
+        staged, self._staged = self._staged, None
+        lying = [None if staged is None else staged.offset_of(value) for _, value in data]  # staged: found in place
+        fresh, data_size = place([0 if at is not None else size for at, size in zip(lying, sizes, strict=True)],
+                                 DATA_OFFSET if staged is None else staged.end)  # fmt: skip
+        offsets = [fresh_at if at is None else at for at, fresh_at in zip(lying, fresh, strict=True)]
         placed = zip(data, offsets, sizes, strict=True)
         items = [_item_info(item, value, offset, size) for (item, value), offset, size in placed]
         meta = json.dumps({"items": items}).encode()
@@ -196,8 +242,9 @@ class StorageWriter(_StorageWriter):
         room = 65536 + 1024 * max(self._items, len(plan.items)) if self._coordinator else 0
         size = DATA_OFFSET + data_size + len(meta) + room
         reply, mapping = own.reserve("StorageWriter", size, step=step)
-        tensors = [(value.detach(), offset) for (_, value), offset in zip(data, offsets, strict=True)
-                   if isinstance(value, torch.Tensor)]  # fmt: skip
+        in_place = staged is not None and mapping is staged.mapping  # else the slot grew: nothing lies in it yet
+        tensors = [(value.detach(), offset) for (_, value), offset, at in zip(data, offsets, lying, strict=True)
+                   if isinstance(value, torch.Tensor) and not (in_place and at is not None)]  # fmt: skip
         copy_into(mapping, tensors)
         for (_, value), offset in zip(data, offsets, strict=True):
             if not isinstance(value, torch.Tensor):
@@ -211,7 +258,7 @@ class StorageWriter(_StorageWriter):
         else:
             header = Header("dcp", step, rank, int(reply["world"]), data_size, DATA_OFFSET + data_size, len(meta))
             write_tail(mapping, header, meta)
-            own.request("StorageWriter", "commit", slot=int(reply["slot"]), step=step, size=header.total)
+            own.commit("StorageWriter", slot=int(reply["slot"]), step=step, size=header.total)
         future: Future[list[WriteResult]] = Future()
         future.set_result(results)
         return future
@@ -239,7 +286,38 @@ class StorageWriter(_StorageWriter):
             mapping.mmap[DATA_OFFSET : DATA_OFFSET + data_size] = kept
             slot = int(larger["slot"])
         write_tail(mapping, header, meta)
-        own.request("StorageWriter", "commit", slot=slot, step=self._step, size=header.total)
+        own.commit("StorageWriter", slot=slot, step=self._step, size=header.total)
+
+
+class _Staged(NamedTuple):
+    """The slot :meth:`StorageWriter.stage` copied the state's tensors into, and where they end in it."""
+
+    mapping: Mapping
+    end: int
+
+    def offset_of(self, value: torch.Tensor | io.BytesIO) -> int | None:
+        """Where ``value``'s bytes lie in the staged slot, whole and in order; ``None``: not there."""
+        if not isinstance(value, torch.Tensor) or value.device.type != "cpu" or not value.is_contiguous():
+            return None
+        start = value.data_ptr() - self.mapping.tensor.data_ptr()
+        return start if start >= DATA_OFFSET and start + _size(value) <= self.end else None
+
+
+def _walk(value: Any, tensor: Callable[[torch.Tensor], torch.Tensor]) -> tuple[int, Any]:
+    """``value`` (a state dict) with each tensor (a DTensor's local one) replaced by ``tensor(it)``, in order, and
+    how many leaves it has."""
+    if isinstance(value, DTensor):  # its spec kept, its local tensor replaced, as DCP's own stager does
+        return 1, DTensor(tensor(value._local_tensor), value._spec, requires_grad=False)  # type: ignore[no-untyped-call]
+    if isinstance(value, torch.Tensor):
+        return 1, tensor(value.detach())
+    if isinstance(value, dict):
+        entries = {key: _walk(item, tensor) for key, item in value.items()}
+        return sum(n for n, _ in entries.values()), {key: item for key, (_, item) in entries.items()}
+    if isinstance(value, (list, tuple)):
+        items = [_walk(item, tensor) for item in value]
+        walked = [item for _, item in items]
+        return sum(n for n, _ in items), tuple(walked) if isinstance(value, tuple) else walked
+    return 1, value
 
 
 def _size(value: torch.Tensor | io.BytesIO) -> int:

@@ -12,6 +12,11 @@ touches them and frees them: the worker it becomes finds them resident at the to
 the standby's priority (idle beside running workers) and stops at once when the assignment arrives, so a restart
 never waits for it.
 
+A restartable worker (``aelastic.worker.restartable``) :func:`keep`\\ s large blocks in its heap for its life: a
+survivor's next round allocates again the state its last one freed, and finds that memory resident instead of
+faulting in fresh mappings page by page, on the restart's critical path. The price: the process's resident memory
+stays at its peak.
+
 The worker's first ``aelastic.checkpoint`` call (its state exists by then) :func:`settle`\\ s ``malloc`` again:
 large blocks are mappings again, above a fixed 32 MiB threshold that ``free`` keeps up to 64 MiB of. That is where
 glibc's own adaptive threshold ends once the process has freed a block of 32 MiB, as a training process does in its
@@ -27,7 +32,7 @@ import ctypes
 from collections.abc import Callable
 from typing import Final
 
-__all__ = ["settle", "warm"]
+__all__ = ["keep", "settle", "warm"]
 
 _M_TRIM_THRESHOLD: Final = -1
 _M_MMAP_THRESHOLD: Final = -3
@@ -37,6 +42,7 @@ _SETTLED_THRESHOLD: Final = 32 << 20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64
 _CHUNK: Final = 8 << 20  # touched between two looks at the control socket: a few milliseconds
 
 _warmed = False
+_kept = False
 
 
 def _glibc() -> ctypes.CDLL | None:
@@ -72,12 +78,23 @@ def warm(size: int, interrupted: Callable[[], bool]) -> int:
     return touched
 
 
+def keep() -> None:
+    """Serve large blocks from the heap and keep what is freed, for the process's life (see the module doc); nothing
+    where ``malloc`` is not glibc's."""
+    global _kept
+    libc = _glibc()
+    _kept = libc is not None and bool(libc.mallopt(_M_MMAP_MAX, 0) and libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
+
+
 def settle() -> None:
-    """Back to mapping large blocks (see the module doc); nothing if this process warmed nothing."""
+    """Back to mapping large blocks (see the module doc); nothing if this process warmed nothing, or keeps its
+    blocks."""
     global _warmed
     if not _warmed:
         return
     _warmed = False
+    if _kept:
+        return
     libc = _glibc()
     assert libc is not None, "warmed without glibc"
     libc.mallopt(_M_MMAP_THRESHOLD, _SETTLED_THRESHOLD)

@@ -87,10 +87,10 @@ class Header:
         return cls(KINDS[kind], step, rank, world, data_size, meta_offset, meta_size)
 
 
-def place(sizes: list[int]) -> tuple[list[int], int]:
-    """The offsets of blobs of ``sizes`` bytes in the data area, and the data area's size."""
+def place(sizes: list[int], start: int = DATA_OFFSET) -> tuple[list[int], int]:
+    """The offsets of blobs of ``sizes`` bytes in the data area, from ``start`` on, and the data area's size."""
     offsets = []
-    end = DATA_OFFSET
+    end = start
     for size in sizes:
         offsets.append(end)
         end += -(-size // ALIGN) * ALIGN
