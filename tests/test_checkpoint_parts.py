@@ -41,7 +41,7 @@ from aelastic.agent.checkpoint.plan import (
 from aelastic.agent.checkpoint.slots import Slot
 from aelastic.worker._checkpoint import premapped
 from aelastic.worker._checkpoint.api import Mapping
-from aelastic.worker._checkpoint.dcp import _Staged, _walk
+from aelastic.worker._checkpoint.dcp import _Staged, _walk, decode_metadata, encode_metadata, merge_metadata
 from aelastic.worker._checkpoint.layout import ALIGN, DATA_OFFSET, Header, LayoutError, place
 from aelastic.worker._checkpoint.tree import StateError, flatten, unflatten
 
@@ -387,6 +387,41 @@ def test_a_staged_state_keeps_its_shape_and_the_save_finds_each_tensor_where_it_
     assert staged.offset_of(mapping.view(staged.end, torch.empty(4))) is None  # past the staged bytes
     del matrix
     mapping.close()
+
+
+def test_ranks_that_saved_alone_merge_into_the_metadata_a_collective_save_makes() -> None:
+    """``dcp.save(..., use_collectives=False)``: each rank's metadata describes its own items (its shard of ``w``, and
+    the replicated ``b`` and ``step`` it wrote too); merged (:func:`dcp.merge_metadata`), through the JSON the slots
+    keep, they are the metadata DCP's planner makes from every rank's plan, which its own validation accepts, and
+    each item is read from the first rank that wrote it."""
+    from torch.distributed.checkpoint.default_planner import (
+        _validate_global_plan,
+        create_default_global_save_plan,
+        dedup_save_plans,
+    )
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex, TensorProperties
+    from torch.distributed.checkpoint.planner import SavePlan, TensorWriteData, WriteItem, WriteItemType
+
+    def rows(fqn: str, start: int, stop: int, of: int, kind: WriteItemType = WriteItemType.SHARD) -> WriteItem:
+        chunk = ChunkStorageMetadata(offsets=torch.Size([start, 0]), sizes=torch.Size([stop - start, 2]))
+        data = TensorWriteData(chunk=chunk, properties=TensorProperties(dtype=torch.float32), size=torch.Size([of, 2]))
+        return WriteItem(index=MetadataIndex(fqn, chunk.offsets), type=kind, tensor_data=data)
+
+    step = WriteItem(index=MetadataIndex("step"), type=WriteItemType.BYTE_IO)
+    plans = [SavePlan([rows("w", 0, 3, 5), rows("b", 0, 4, 4, WriteItemType.TENSOR), step]),
+             SavePlan([rows("w", 3, 5, 5), rows("b", 0, 4, 4, WriteItemType.TENSOR), step])]  # fmt: skip
+    alone = []
+    for rank, plan in enumerate(plans):
+        metadata = create_default_global_save_plan([plan])[1]
+        metadata.storage_data = {item.index: {"rank": rank} for item in plan.items}
+        alone.append(decode_metadata(json.loads(json.dumps(encode_metadata(metadata)))))
+    together = create_default_global_save_plan(dedup_save_plans(plans))[1]
+    merged = merge_metadata(alone)
+    assert merged.state_dict_metadata == together.state_dict_metadata
+    assert _validate_global_plan(plans, merged) == []
+    assert merged.storage_data == {MetadataIndex("w", [0, 0]): {"rank": 0}, MetadataIndex("w", [3, 0]): {"rank": 1},
+                                   MetadataIndex("b", [0, 0]): {"rank": 0}, MetadataIndex("step"): {"rank": 0}}  # fmt: skip
+    assert [len(m.state_dict_metadata["w"].chunks) for m in alone] == [1, 1]  # the parts are left as they were
 
 
 @pytest.mark.anyio

@@ -198,9 +198,9 @@ async def test_a_survivor_that_does_not_let_go_is_killed_and_replaced(job: Job) 
     records = starts(job)
     first = {r["rank"]: r["pid"] for r in records if r["start"] == 0}
     second = {r["rank"]: r["pid"] for r in records if r["start"] == 20}
-    assert second[0] != first[0]
-    assert second[1] != first[1]
-    assert (second[2], second[3]) == (first[2], first[3])
+    assert second[0] != first[0], agent_log[-8000:]
+    assert second[1] != first[1], agent_log[-8000:]
+    assert (second[2], second[3]) == (first[2], first[3]), agent_log[-8000:]
     assert agent_log.index(f"started worker local_rank 1 (pid {second[1]})") < let_go, agent_log[-5000:]
 
 

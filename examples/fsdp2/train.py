@@ -12,6 +12,10 @@ from replica from HOST:PORT`` when a lost node's shards came from the replica an
 DIR``); rank 0 prints each step's loss and a digest of the final parameters. ``--async-save`` saves with
 ``dcp.async_save`` (the copy into memory happens in the background; the next save waits for it).
 
+Into the agents' memory each rank saves alone (``use_collectives=False``: no planning exchanged between the ranks,
+one barrier at the end), so that a save every step costs about its copy; ``--save-collectives`` saves as DCP does
+by default, the ranks planning together.
+
 ``--save-every N``: a checkpoint every N steps (1; 0: none); ``--ballast-mib`` and ``--step-time`` make the
 checkpoint and the step larger (benchmarks/frameworks.py). Under torchrun (no agent), ``--checkpoint-dir DIR`` is
 DCP's own recipe: ``FileSystemWriter`` every N steps, read back on a restart; under aelastic the agents persist
@@ -110,6 +114,7 @@ def main() -> None:
     parser.add_argument("--crash-at-step", type=int, default=None)
     parser.add_argument("--crash-rank", type=int, default=1)
     parser.add_argument("--async-save", action="store_true")
+    parser.add_argument("--save-collectives", action="store_true", help="DCP's collective planning on each save")
     parser.add_argument("--step-time", type=float, default=0.0, help="seconds each step sleeps (a longer job)")
     parser.add_argument("--ballast-mib", type=int, default=0, help="MiB of frozen weights (a larger checkpoint)")
     parser.add_argument("--save-every", type=int, default=1, help="steps between checkpoints; 0: none")
@@ -145,10 +150,12 @@ def main() -> None:
             state = state_of(model, optimizer, step)
             if aelastic.checkpoint.available():
                 writer = aelastic.checkpoint.StorageWriter(step=step)
+                together = args.save_collectives
                 if args.async_save:
-                    pending = dcp.async_save(state, storage_writer=writer, process_group=saving)
+                    pending = dcp.async_save(state, storage_writer=writer, process_group=saving,
+                                             use_collectives=together)
                 else:
-                    dcp.save(state, storage_writer=writer)
+                    dcp.save(state, storage_writer=writer, use_collectives=together)
             elif args.checkpoint_dir is not None:
                 dcp.save(state, checkpoint_id=args.checkpoint_dir)
         if rank == 0 and args.step_log:  # the benchmark's, run from the repository
