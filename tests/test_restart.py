@@ -250,3 +250,57 @@ async def test_a_workers_own_failure_is_reported_before_its_groups_are_released(
     assert await agent.wait(DEADLINE) == 0, agent.output[-5000:]
     assert (job.out / "released").read_text() == "True"
     assert "[rank1]: ValueError: its own failure" in agent.output
+
+
+# Rank 2 leaves at once; rank 0's receive from it fails, and the abort's exception is raised as that failure unwinds
+# (its context holds the collective's frames); rank 0 releases its groups and waits, its exception alive, as a
+# survivor waits for its verdict. Rank 1 waits for a message from rank 0 that never comes: only the close of rank
+# 0's connections ends that wait.
+RELEASED = textwrap.dedent("""
+    import torch
+    from aelastic.worker import _restart as restart
+
+    dist = init_gloo()
+    rank = dist.get_rank()
+    dist.barrier()  # every pair of ranks connected
+    t = torch.zeros(1)
+    if rank == 2:
+        os._exit(0)
+    if rank == 1:
+        try:
+            dist.recv(t, src=0)
+        except RuntimeError as error:
+            report("freed", at=time.monotonic(), error=str(error))
+        os._exit(0)
+
+    def collective():
+        dist.recv(t, src=2)
+
+    try:
+        try:
+            collective()
+        except RuntimeError:
+            raise restart.RestartRequested from None
+    except restart.RestartRequested as exc:
+        restart._release(exc)
+        report("released", at=time.monotonic())
+        time.sleep(60)
+    os._exit(0)
+""")
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the worker's side: the agent's loop plays no part
+async def test_a_survivor_s_release_closes_its_connections_though_its_abort_came_as_a_collective_failed(
+    job: Job,
+) -> None:
+    """A survivor's groups close when it releases them, though the collective's frames are held by the context of
+    its abort's exception (``raise ... from None`` hides the context from the traceback, not from the collector): a
+    peer blocked in a receive from it is released at once, not when the survivor's process ends."""
+    script = job.script("released.py", RELEASED)
+    agent = await job.agent("--standalone", *common(3), script, job.out)
+    freed = await job.wait_records("freed", 1)
+    released = await job.wait_records("released", 1)  # its report may come after rank 1's
+    assert "Connection closed by peer" in freed[0]["error"], freed
+    assert freed[0]["at"] - released[0]["at"] < 10, (released, freed)  # else it was freed by rank 0's exit
+    agent.process.kill()
+    await agent.wait()

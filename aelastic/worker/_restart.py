@@ -365,10 +365,25 @@ def _call(session: _Session, fn: Callable[..., Any], args: Any, kwargs: Any) -> 
 def _release(exc: BaseException) -> None:
     """Close this worker's process groups: a peer blocked in a collective with it is released only when its
     connections close, and the next round waits for that peer. gloo closes them when the group's last reference
-    goes, and the finished frames of the traceback hold some (the collective's ``group``, the training code's
-    objects): their locals are cleared (the traceback still prints as it would)."""
-    traceback.clear_frames(exc.__traceback__)
+    goes, and the finished frames of the tracebacks hold some (the collective's ``group`` and ``work``, the training
+    code's objects): their locals are cleared (the tracebacks still print as they would). Every exception of the
+    chain counts: an abort's exception, raised as a collective's failure unwinds, has that failure as its context,
+    and only the failure's traceback holds the collective's frame."""
+    for error in _chained(exc):
+        traceback.clear_frames(error.__traceback__)
     _teardown()
+
+
+def _chained(exc: BaseException) -> list[BaseException]:
+    """``exc`` and every exception it leads to: its cause and its context, and theirs."""
+    found: dict[int, BaseException] = {}
+    pending = [exc]
+    while pending:
+        error = pending.pop()
+        if id(error) not in found:
+            found[id(error)] = error
+            pending.extend(e for e in (error.__cause__, error.__context__) if e is not None)
+    return list(found.values())
 
 
 def restartable(fn: Callable[..., T]) -> Callable[..., T]:
