@@ -419,8 +419,9 @@ def test_ranks_that_saved_alone_merge_into_the_metadata_a_collective_save_makes(
     merged = merge_metadata(alone)
     assert merged.state_dict_metadata == together.state_dict_metadata
     assert _validate_global_plan(plans, merged) == []
-    assert merged.storage_data == {MetadataIndex("w", [0, 0]): {"rank": 0}, MetadataIndex("w", [3, 0]): {"rank": 1},
-                                   MetadataIndex("b", [0, 0]): {"rank": 0}, MetadataIndex("step"): {"rank": 0}}  # fmt: skip
+    places = {MetadataIndex("w", [0, 0]): 0, MetadataIndex("w", [3, 0]): 1, MetadataIndex("b", [0, 0]): 0,
+              MetadataIndex("step"): 0}  # fmt: skip
+    assert merged.storage_data == {index: {"rank": rank} for index, rank in places.items()}
     assert [len(m.state_dict_metadata["w"].chunks) for m in alone] == [1, 1]  # the parts are left as they were
 
 

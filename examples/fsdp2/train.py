@@ -152,8 +152,9 @@ def main() -> None:
                 writer = aelastic.checkpoint.StorageWriter(step=step)
                 together = args.save_collectives
                 if args.async_save:
-                    pending = dcp.async_save(state, storage_writer=writer, process_group=saving,
-                                             use_collectives=together)
+                    pending = dcp.async_save(
+                        state, storage_writer=writer, process_group=saving, use_collectives=together
+                    )
                 else:
                     dcp.save(state, storage_writer=writer, use_collectives=together)
             elif args.checkpoint_dir is not None:
