@@ -36,7 +36,7 @@ Scenarios, per framework:
   hold a shard; one ``copy_`` into touched memory) by two processes at once, as the job's two ranks copy at once,
   sharing the memory's bandwidth (the bound's measure), and ``raw copy alone`` by one process. FSDP2 also as
   ``aelastic async_save`` (``dcp.async_save``: the step waits for the copy into the agent's memory, DCP's
-  collectives run in a thread).
+  collectives run in a thread) and ``aelastic alone`` (``dcp.save(..., use_collectives=False)``).
 
 Targets (issue 46): ``lost to a fault`` at most 0.2x torchrun's for every framework; a checkpoint blocks a step at
 most 1.5x the raw copy of its bytes.
@@ -193,7 +193,10 @@ def measure_blocks(framework: str, args: argparse.Namespace, add: Add) -> None:
     steps = BLOCKS_STEPS
     variants = [(system, system, []) for system in SYSTEMS]  # (the row's name, the launcher, the example's flags)
     if framework == "fsdp2":
-        variants.append(("aelastic async_save", "aelastic", ["--async-save"]))
+        variants += [
+            ("aelastic async_save", "aelastic", ["--async-save"]),
+            ("aelastic alone", "aelastic", ["--save-alone"]),
+        ]
     for name, system, flags in variants:
         every = EVERY if system == "torch" else 1
         runs: dict[int, list[float]] = {}

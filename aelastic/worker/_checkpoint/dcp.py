@@ -18,8 +18,9 @@ are DCP's own business (it hands them over as ``torch.save`` bytes, kept as they
 
 ``dcp.save(..., use_collectives=False)`` saves with no collective but a barrier at the end: each rank plans alone,
 writes every item it holds (a replicated one on every rank) and the metadata of its own items; a load merges the
-saved ranks' metadata into the global one (:func:`merge_metadata`). Four exchanges of pickled objects fewer per
-save: what a frequent save's step waits for beyond its copy.
+saved ranks' metadata into the global one (:func:`merge_metadata`), and so maps every saved rank's checkpoint (an
+agent fetches those another node holds). Four exchanges of pickled objects fewer per save, the whole checkpoint
+read at a restore.
 
 The step of a save is ``step=``, or the number at the end of ``checkpoint_id`` (``"step-120"``, ``".../120"``).
 
