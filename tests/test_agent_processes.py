@@ -36,7 +36,7 @@ from aelastic.agent.callables.parent import bootstrap_args, read_result, write_p
 from aelastic.agent.errors import ProcessFailure
 from aelastic.agent.logs import ConsoleSinks, LogSpec
 from aelastic.agent.processes import GroupOutcome, open_supervisor, run_workers
-from aelastic.agent.procfs import dies_of, process_state
+from aelastic.agent.procfs import dies_of, exiting, process_state
 from aelastic.agent.reaper.parent import open_reaper
 from aelastic.agent.restart.parent import RestartChannel
 from aelastic.agent.spawn.parent import WorkerCommand
@@ -827,3 +827,22 @@ def test_proc_tells_which_signal_ends_a_process_on_delivery() -> None:
             process.kill()
             process.wait()
     assert not dies_of(processes["plain"].pid, signal.SIGKILL)  # gone
+
+
+def test_a_process_reads_as_exiting_once_its_exit_began_until_it_is_reaped() -> None:
+    """``procfs.exiting``: the kernel's mark on a process whose exit began (set before it closes its files, so a worker
+    whose peers saw its connections close counts as ended, not only once its pidfd is readable) stays on its zombie;
+    a live process and a reaped one are not exiting."""
+    live = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(120)"],
+                            stdout=subprocess.PIPE)  # fmt: skip
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        assert live.stdout is not None
+        assert live.stdout.readline() == b"ready\n"
+        os.waitid(os.P_PID, ended.pid, os.WEXITED | os.WNOWAIT)  # a zombie, not reaped yet
+        assert (exiting(live.pid), exiting(ended.pid)) == (False, True)
+    finally:
+        live.kill()
+        live.wait()
+        ended.wait()
+    assert not exiting(ended.pid)  # reaped: gone

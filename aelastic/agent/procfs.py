@@ -1,5 +1,5 @@
-"""What ``/proc`` says of a worker the agent supervises: its scheduler state, the CPU time of its process tree,
-whether a signal kills it outright, and whether it holds a GPU.
+"""What ``/proc`` says of a worker the agent supervises: its scheduler state, whether it has begun to exit, the CPU
+time of its process tree, whether a signal kills it outright, and whether it holds a GPU.
 
 Linux only, as the rest of supervision; a process that is gone reads as ``""`` and no time.
 """
@@ -12,11 +12,12 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Final, NamedTuple
 
-__all__ = ["ProcessTimes", "dies_of", "holds_device", "process_state", "tree_times", "wait_channel"]
+__all__ = ["ProcessTimes", "dies_of", "exiting", "holds_device", "process_state", "tree_times", "wait_channel"]
 
 _TICK: Final = 1.0 / os.sysconf("SC_CLK_TCK")
 # The signals a stop sends whose default action ends the process (without a core dump).
 _TERMINATING: Final = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGKILL})
+_PF_EXITING: Final = 0x4  # the kernel's task flag (include/linux/sched.h), in /proc/<pid>/stat's ninth field
 
 
 class ProcessTimes(NamedTuple):
@@ -46,6 +47,14 @@ def process_state(pid: int) -> str:
     """The state letter of ``pid`` (``R``, ``S``, ``D``, ``T`` stopped, ``Z`` exited, ...); ``""`` if it is gone."""
     fields = _stat_fields(pid)
     return "" if not fields else fields[0]
+
+
+def exiting(pid: int) -> bool:
+    """Whether ``pid`` has begun to exit, or exited and is not reaped. The kernel marks a process exiting before it
+    frees its memory and closes its files: a peer that saw its connections close finds it marked, though its pidfd
+    is readable only once the teardown is over (a while for a large process on a busy machine)."""
+    fields = _stat_fields(pid)
+    return fields is not None and int(fields[6]) & _PF_EXITING != 0
 
 
 def _children(pid: int) -> list[int]:

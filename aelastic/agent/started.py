@@ -17,6 +17,7 @@ from .finish.parent import FinishLineServer
 from .lifecycle import Event, Exit, Lifecycle, Phase
 from .link.parent import WorkerLink
 from .logs import Std, WorkerLog
+from .procfs import exiting
 from .restart.parent import RestartChannel
 from .spawn.parent import PipeReader, WorkerCommand, WorkerProcess, output_fds, spawn_process, wait_process
 
@@ -126,12 +127,13 @@ class Child:
         return self.popen.pid
 
     def exited(self) -> bool:
-        """Whether the process has ended (its pidfd is readable), before or without the reaping."""
+        """Whether the process has ended (its pidfd is readable) or has begun to (:func:`~.procfs.exiting`), before
+        or without the reaping."""
         if self._pidfd < 0 or self.popen.returncode is not None:
             return True
         poller = select.poll()
         poller.register(self._pidfd, select.POLLIN)
-        return bool(poller.poll(0))
+        return bool(poller.poll(0)) or exiting(self.pid)
 
     async def wait(self) -> int:
         """Wait for the exit and reap."""
