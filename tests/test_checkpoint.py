@@ -460,11 +460,11 @@ def digest(model):
 
 dist = init_gloo()
 rank, world = dist.get_rank(), dist.get_world_size()
-attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"]) + int(os.environ["AELASTIC_MEMBERSHIP_RESTARTS"])
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 4))
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
-mode = sys.argv[2]
+mode = sys.argv[2].removesuffix("-alone")  # "...-alone": dcp.save(..., use_collectives=False)
 if mode == "load-dir":
     state = {"model": model.state_dict()}
     dcp.load(state, storage_reader=ckpt.StorageReader(sys.argv[3]))
@@ -476,7 +476,7 @@ if attempt:
     state = {"model": model.state_dict(), "step": torch.tensor(0)}
     dcp.load(state, storage_reader=ckpt.StorageReader())
     start = int(state["step"]) + 1
-    report("restored", step=start - 1)
+    report("restored", step=start - 1, source=ckpt.last_loaded().source)
 for step in range(start, 12):
     loss = model(torch.randn(8, 16, generator=torch.Generator().manual_seed(step))).pow(2).mean()
     opt.zero_grad()
@@ -487,7 +487,8 @@ for step in range(start, 12):
     if mode == "fault" and attempt == 0 and rank == 1 and step == 7:
         raise RuntimeError("fault")
     opt.step()
-    dcp.save({"model": model.state_dict(), "step": torch.tensor(step)}, storage_writer=ckpt.StorageWriter(step=step))
+    dcp.save({"model": model.state_dict(), "step": torch.tensor(step)}, storage_writer=ckpt.StorageWriter(step=step),
+             use_collectives=mode == sys.argv[2])
 report("final", digest=digest(model), world=world)
 dist.destroy_process_group()  # else gloo's threads may abort the interpreter's teardown (under torchrun too)
 """
@@ -514,6 +515,29 @@ async def test_dcp_restores_the_same_state_and_reshards_a_directory_from_4_to_2(
     assert len(digests) == 1, (finals, job.records("loaded"))
     assert {r["world"] for r in job.records("loaded")} == {2}
     assert len(job.records("loaded")) == 2
+
+
+async def test_dcp_ranks_that_saved_alone_restore_from_their_own_checkpoint_and_fetch_only_the_others_metadata(
+    job: Job, rendezvous_store: str
+) -> None:
+    """Three nodes of one rank, ``dcp.save(..., use_collectives=False)`` every step, rank 1 fails: each rank
+    restores from its own saved rank's checkpoint in its agent's memory, and its agent fetches the saved rank it
+    holds neither as its own nor as a replica for its metadata only; the final model is the fault-free run's."""
+    script = job.script("dcp_train.py", DCP)
+    agents = [await job.agent(*common(1, "--max-restarts", "1"), *c10d(rendezvous_store, "3"), script, job.out,
+                              "fault-alone", env={"LOGLEVEL": "INFO"}) for _ in range(3)]  # fmt: skip
+    for agent in agents:
+        assert await agent.wait() == 0, agent.output
+    restored = job.records("restored")
+    assert [(r["step"], r["source"]) for r in restored] == [(6, "memory")] * 3, restored
+    for agent in agents:  # each holds its own rank (and a replica of another, unless a newer push replaced it)
+        assert re.search(r"fetched rank \d's metadata of step 6 \(.*, without its data\)", agent.output), agent.output
+        assert not re.search(r"fetched rank \d's step", agent.output), agent.output
+    faulty = {r["digest"] for r in job.records("final")}
+    clean = await job.agent("--standalone", *common(3), script, job.out, "clean-alone")
+    assert await clean.wait() == 0, clean.output
+    assert len(faulty) == 1
+    assert {r["digest"] for r in job.records("final")} == faulty
 
 
 # --- a lost node's ranks restore from a replica -----------------------------------------------------------------------

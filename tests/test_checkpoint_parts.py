@@ -423,6 +423,13 @@ def test_ranks_that_saved_alone_merge_into_the_metadata_a_collective_save_makes(
               MetadataIndex("step"): 0}  # fmt: skip
     assert merged.storage_data == {index: {"rank": rank} for index, rank in places.items()}
     assert [len(m.state_dict_metadata["w"].chunks) for m in alone] == [1, 1]  # the parts are left as they were
+    # Rank 1's load puts its own first: the replicated items are read from its own checkpoint, the shards where
+    # they lie; the same global metadata otherwise.
+    merged = merge_metadata(alone[::-1])
+    assert merged.state_dict_metadata["w"].chunks == together.state_dict_metadata["w"].chunks[::-1]
+    assert _validate_global_plan(plans, merged) == []
+    places.update({MetadataIndex("b", [0, 0]): 1, MetadataIndex("step"): 1})
+    assert merged.storage_data == {index: {"rank": rank} for index, rank in places.items()}
 
 
 @pytest.mark.anyio
@@ -442,4 +449,49 @@ async def test_a_replica_push_cancelled_midway_lets_go_of_the_slot_s_mapping() -
     finally:
         ours.close()
         peer.close()
+        slot.close()
+
+
+class _OneSlot:
+    """A replica holder (the server's side of :mod:`aelastic.agent.checkpoint.replicas`) holding one checkpoint."""
+
+    secret = "s3cret"
+
+    def __init__(self, slot: Slot) -> None:
+        self.slot = slot
+
+    def slot_to_send(self, rank: int, step: int) -> Slot | None:
+        header = self.slot.header
+        return self.slot if header is not None and (header.rank, header.step) == (rank, step) else None
+
+
+@pytest.mark.anyio
+async def test_a_metadata_fetch_brings_the_header_and_metadata_at_their_places_and_no_data() -> None:
+    data_size = 8 << 20
+    meta = json.dumps({"items": [{"offset": DATA_OFFSET, "nbytes": data_size}], "pad": "x" * 70000}).encode()
+    header = Header("dcp", 12, 3, 4, data_size, DATA_OFFSET + data_size, len(meta))
+    slot = Slot(0)
+    slot.ahead(header.total)
+    os.pwrite(slot.fd, b"\x07" * data_size, DATA_OFFSET)
+    os.pwrite(slot.fd, meta, header.meta_offset)
+    os.pwrite(slot.fd, header.encode(), 0)
+    slot.header = slot.read_header()
+    listener, endpoint = replicas.open_listener("127.0.0.1")
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(replicas.serve, listener, _OneSlot(slot))
+            fd, got = await replicas.fetch_metadata(endpoint, "s3cret", 3, 12)
+            try:
+                assert got == header
+                mapping = Mapping.open(fd, os.fstat(fd).st_size, shared=True)
+                assert mapping.layout("test") == (header, json.loads(meta))
+                assert bytes(mapping.mmap[DATA_OFFSET : DATA_OFFSET + 4096]) == bytes(4096)  # a hole: no data
+                mapping.release()
+                assert os.fstat(fd).st_blocks * 512 < data_size // 8  # the hole takes no memory
+            finally:
+                os.close(fd)
+            with pytest.raises(replicas.ReplicaError, match="holds no checkpoint of rank 3's step 11"):
+                await replicas.fetch_metadata(endpoint, "s3cret", 3, 11)
+            tg.cancel_scope.cancel()
+    finally:
         slot.close()

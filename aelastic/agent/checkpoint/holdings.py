@@ -71,18 +71,19 @@ class Holdings:
         slot.header = None
         return slot
 
-    def held(self, rank: int) -> RankSlots | None:
-        """The slots of ``rank``: its own where this node saved it, else the replica."""
-        return self.own.get(rank) or self.replicas.get(rank)
+    def holding(self, rank: int, step: int) -> RankSlots | None:
+        """The slots of ``rank`` that hold its complete checkpoint of ``step``: its own where this node saved it,
+        else the replica."""
+        for ranks in (self.own, self.replicas):
+            held = ranks.get(rank)
+            if held is not None and held.at(step) is not None:
+                return held
+        return None
 
     def at(self, rank: int, step: int) -> Slot | None:
         """``rank``'s complete checkpoint of ``step``, own or replica."""
-        for ranks in (self.own, self.replicas):
-            held = ranks.get(rank)
-            slot = None if held is None else held.at(step)
-            if slot is not None:
-                return slot
-        return None
+        held = self.holding(rank, step)
+        return None if held is None else held.at(step)
 
     def latest(self, rank: int) -> Slot | None:
         """The latest checkpoint of this node's own ``rank``, if it has one."""

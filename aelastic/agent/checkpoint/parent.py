@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +50,7 @@ from ..spawn.parent import WorkerProcess
 from .holdings import Holdings, TooLarge
 from .persist import CopyStopped, file_name, newest_complete, remove_older, write_checkpoint
 from .plan import HOLDERS_KEY, Held, Inventory, NodePlan, saved_rank
-from .replicas import ReplicaError, fetch, open_listener, push, serve
+from .replicas import ReplicaError, fetch, fetch_metadata, open_listener, push, serve
 from .slots import RankSlots, Slot, format_size
 
 __all__ = ["Keeper", "KeeperStatistics", "open_keeper"]
@@ -127,16 +128,24 @@ class _Queue:
 
 class _Round:
     """What one rendezvous round holds of the checkpoints: its plan, world size and store, the fetches of other
-    agents' ranks (saved rank: done, errors), every saved rank's holder (read from the store when first needed), and
-    the ranks that committed a checkpoint in it."""
+    agents' ranks (saved rank: done, errors), the metadata fetched of others (saved rank: done, the memory file and
+    its header, errors), every saved rank's holder (read from the store when first needed), and the ranks that
+    committed a checkpoint in it."""
 
-    __slots__ = ("committed", "fetches", "holders", "plan", "store", "world")
+    __slots__ = ("committed", "fetches", "holders", "metadata", "plan", "store", "world")
 
     def __init__(self, plan: NodePlan, world: int = 0, store: Store | None = None) -> None:
         self.plan, self.world, self.store = plan, world, store
         self.fetches: dict[int, tuple[anyio.Event, list[str]]] = {}
+        self.metadata: dict[int, tuple[anyio.Event, list[tuple[int, Header]], list[str]]] = {}
         self.holders: dict[str, str] | None = None
         self.committed: set[int] = set()
+
+    def close(self) -> None:
+        for _, files, _ in self.metadata.values():
+            for fd, _ in files:
+                os.close(fd)
+        self.metadata.clear()
 
 
 class _Standbys:
@@ -251,6 +260,7 @@ class Keeper:
     def adopt(self, plan: NodePlan, world: int, store: Store) -> None:
         """This node's part of the round's plan; ``world``: the round's world size (what saves are made in);
         ``store``: the round's store (the holders of every rank, for a load no plan foresaw)."""
+        self._round.close()
         self._round = _Round(plan, world, store)
         self._secret = plan.secret or self._secret
         self._held.keep_up_to(None if plan.disk else plan.step)
@@ -309,7 +319,8 @@ class Keeper:
             if self.progress is not None:
                 self.progress.restore_began()
             rank = message.get("rank")
-            return await self._load(worker.global_rank if rank is None else int(rank), worker.global_rank)
+            return await self._load(worker.global_rank if rank is None else int(rank), worker.global_rank,
+                                    metadata=bool(message.get("metadata")))  # fmt: skip
         raise LinkRefusal(f"no checkpoint operation {op!r}")
 
     async def _reserve(
@@ -361,7 +372,10 @@ class Keeper:
             return {}, ()
         return {"ahead": [ahead.id, ahead.generation, ahead.capacity]}, [ahead.fd]
 
-    async def _load(self, rank: int, loader: int) -> tuple[dict[str, Any], Sequence[int]]:
+    async def _load(self, rank: int, loader: int, *, metadata: bool) -> tuple[dict[str, Any], Sequence[int]]:
+        """The checkpoint of the restore step that ``rank`` restores, for worker ``loader``; ``metadata``: what is
+        only read for its metadata (a DCP load's other saved ranks), which another agent then sends without the
+        data."""
         plan, fetches = self._round.plan, self._round.fetches
         if plan.step is None:
             return {"found": False}, ()
@@ -371,14 +385,16 @@ class Keeper:
             path = self.directory / file_name(plan.step, saved)
             self._counts["loads"] += 1
             return {"found": True, "path": str(path), "source": f"disk {path}"}, ()
-        if saved not in fetches and self._held.held(saved) is None:
+        if saved not in fetches and self._held.holding(saved, plan.step) is None:
+            if metadata:
+                return await self._metadata(saved, plan.step)
             await self._fetch_unforeseen(saved, plan.step)
         fetching = fetches.get(saved)
         if fetching is not None:
             await fetching[0].wait()
             if fetching[1]:
                 raise LinkRefusal(f"rank {saved}'s checkpoint of step {plan.step}: {fetching[1][0]}")
-        held = self._held.held(saved)
+        held = self._held.holding(saved, plan.step)
         slot = None if held is None else held.at(plan.step)
         if held is None or slot is None or slot.header is None:
             raise LinkRefusal(f"rank {saved}'s checkpoint of step {plan.step} is not held by this agent")
@@ -392,12 +408,12 @@ class Keeper:
                      others=[[s.id, s.generation, s.capacity] for s in others])  # fmt: skip
         return reply, [slot.fd, *(s.fd for s in others)]
 
-    async def _fetch_unforeseen(self, saved: int, step: int) -> None:
-        """Fetch ``saved``'s checkpoint of ``step`` from the holder group rank 0 named in the round store (a DCP
-        load reads ranks that no node plan foresaw)."""
+    async def _holder(self, saved: int) -> str | None:
+        """Another agent that holds ``saved``'s checkpoint of the restore step, as group rank 0 named it in the round
+        store (a DCP load reads ranks that no node plan foresaw)."""
         now = self._round
         if now.store is None:
-            return
+            return None
         if now.holders is None:
             try:
                 now.holders = json.loads(await now.store.get(HOLDERS_KEY)) if await now.store.check(
@@ -406,9 +422,42 @@ class Keeper:
                 logger.warning("checkpoints: the holders of this round's checkpoints could not be read: %s", exc)
                 now.holders = {}
         endpoint = now.holders.get(str(saved))
-        if endpoint is not None and endpoint != self._endpoint and saved not in now.fetches:
-            now.fetches[saved] = (anyio.Event(), [])
+        return None if endpoint == self._endpoint else endpoint
+
+    async def _fetch_unforeseen(self, saved: int, step: int) -> None:
+        endpoint = await self._holder(saved)
+        if endpoint is not None and saved not in self._round.fetches:
+            self._round.fetches[saved] = (anyio.Event(), [])
             await self._fetch(saved, endpoint, step)
+
+    async def _metadata(self, saved: int, step: int) -> tuple[dict[str, Any], Sequence[int]]:
+        """``saved``'s checkpoint of ``step`` without its data, from the agent that holds it (once a round)."""
+        now = self._round
+        endpoint = await self._holder(saved)
+        if endpoint is None:
+            raise LinkRefusal(f"rank {saved}'s checkpoint of step {step} is not held by this agent")
+        if saved not in now.metadata:
+            done, files, errors = now.metadata[saved] = (anyio.Event(), [], [])
+            try:
+                fetched = await fetch_metadata(endpoint, self._secret or "", saved, step)
+                if now is not self._round:  # a new round began meanwhile: its plan, not this one, is restored
+                    os.close(fetched[0])
+                    raise ReplicaError("a new rendezvous round began")
+                files.append(fetched)
+                logger.info("checkpoints: fetched rank %d's metadata of step %d (%s, without its data) from %s", saved,
+                            step, format_size(fetched[1].meta_size), endpoint)  # fmt: skip
+            except ReplicaError as exc:
+                errors.append(str(exc))
+                logger.warning("checkpoints: %s", exc)
+            finally:
+                done.set()
+        done, files, errors = now.metadata[saved]
+        await done.wait()
+        if errors:
+            raise LinkRefusal(f"rank {saved}'s checkpoint of step {step}: {errors[0]}")
+        self._counts["loads"] += 1
+        fd, header = files[0]
+        return {"found": True, "size": header.total, "source": f"metadata from {endpoint}"}, [fd]
 
     # --- replicas (the server's side: replicas.ReplicaHolder) ------------------------------------------------------
 
@@ -484,6 +533,7 @@ class Keeper:
     def close(self) -> None:
         """Release every memory file."""
         self._held.close()
+        self._round.close()
 
 
 @contextlib.asynccontextmanager

@@ -7,6 +7,11 @@ answer is a frame, followed for a fetch by the checkpoint's bytes::
 
     {"op": "push", "secret": S, "rank": r, "step": s, "size": n} + n bytes   ->  {} | {"error": "..."}
     {"op": "fetch", "secret": S, "rank": r, "step": s}                       ->  {"size": n} + n bytes | {"error": ...}
+    {"op": "metadata", "secret": S, "rank": r, "step": s}                    ->  {"size": m} + header + m bytes | ...
+
+A ``metadata`` request asks for a checkpoint's header and metadata only (a DCP load reads the metadata of saved ranks
+whose data it may never read): the fetching agent keeps them at their places in a memory file whose data area is a
+hole, which the worker maps and reads as a whole checkpoint's.
 
 Every request carries the job's secret, which group rank 0 hands every node in the rank exchange (through the round
 store, which ``--rdzv-conf auth_token`` protects); a connection that presents another is closed. The server listens
@@ -35,10 +40,10 @@ import anyio.abc
 import anyio.lowlevel
 
 from ..._net import format_address, parse_endpoint
-from ...worker._checkpoint.layout import Header, LayoutError
+from ...worker._checkpoint.layout import HEADER_SIZE, Header, LayoutError
 from .slots import Read, Slot
 
-__all__ = ["ReplicaError", "ReplicaHolder", "deadline", "fetch", "open_listener", "push", "serve"]
+__all__ = ["ReplicaError", "ReplicaHolder", "deadline", "fetch", "fetch_metadata", "open_listener", "push", "serve"]
 
 logger = logging.getLogger(__name__)
 
@@ -207,6 +212,47 @@ async def push(endpoint: str, secret: str, slot: Slot, header: Header, read: Rea
         raise ReplicaError(f"{endpoint} refused the replica: {reply['error']}")
 
 
+async def fetch_metadata(endpoint: str, secret: str, rank: int, step: int) -> tuple[int, Header]:
+    """Rank ``rank``'s checkpoint of ``step`` from the agent at ``endpoint`` without its data: a memory file of the
+    checkpoint's size holding its header and metadata (the data area a hole, which takes no memory), and the header.
+    The caller closes the file.
+
+    Raises:
+        ReplicaError: the peer does not hold it, the connection failed, or the deadline passed.
+    """
+    try:
+        sock = await _connect(endpoint)
+        with sock, anyio.fail_after(deadline(0)):
+            await _send_frame(sock, {"op": "metadata", "secret": secret, "rank": rank, "step": step})
+            reply = await _receive_frame(sock)
+            if "error" in reply:
+                raise ReplicaError(f"{endpoint}: {reply['error']}")
+            head = bytearray(HEADER_SIZE)
+            await _receive_into(sock, memoryview(head))
+            header = Header.decode(bytes(head))
+            if (header.rank, header.step, header.meta_size) != (rank, step, int(reply["size"])):
+                raise ReplicaError(f"{endpoint} sent rank {header.rank}'s metadata of step {header.step}, not rank "
+                                   f"{rank}'s of step {step}")  # fmt: skip
+            meta = bytearray(header.meta_size)
+            await _receive_into(sock, memoryview(meta))
+    except OSError as exc:
+        raise ReplicaError(f"fetching rank {rank}'s metadata of step {step} from {endpoint}: {exc}") from exc
+    except TimeoutError:
+        raise ReplicaError(f"fetching rank {rank}'s metadata of step {step} from {endpoint}: no complete answer in "
+                           "time") from None  # fmt: skip
+    except LayoutError as exc:
+        raise ReplicaError(f"{endpoint} sent a header that is not a checkpoint's: {exc}") from None
+    fd = os.memfd_create(f"aelastic-metadata-{rank}", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, header.total)
+        os.pwrite(fd, head, 0)
+        os.pwrite(fd, meta, header.meta_offset)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, header
+
+
 async def fetch(
     endpoint: str, secret: str, rank: int, step: int, slot_for: Callable[[int], Awaitable[Slot]]
 ) -> tuple[Slot, Header]:
@@ -271,6 +317,8 @@ async def _answer(conn: socket.socket, peer: str, holder: ReplicaHolder) -> None
                 await _take_push(conn, peer, holder, request)
             elif request.get("op") == "fetch":
                 await _give_fetch(conn, holder, request)
+            elif request.get("op") == "metadata":
+                await _give_metadata(conn, holder, request)
         except (OSError, ReplicaError, ValueError, KeyError, TypeError) as exc:
             logger.warning("checkpoint replicas: a request from %s failed: %s", peer, exc)
         except TimeoutError:
@@ -288,13 +336,34 @@ async def _take_push(conn: socket.socket, peer: str, holder: ReplicaHolder, requ
         await _send_frame(conn, {})
 
 
-async def _give_fetch(conn: socket.socket, holder: ReplicaHolder, request: dict[str, Any]) -> None:
+def _held(holder: ReplicaHolder, request: dict[str, Any]) -> tuple[Slot, Header] | str:
+    """The slot of the checkpoint ``request`` asks for, and its header; or why there is none."""
     rank, step = int(request["rank"]), int(request["step"])
     slot = holder.slot_to_send(rank, step)
     if slot is None or slot.header is None:
-        await _send_frame(conn, {"error": f"this agent holds no checkpoint of rank {rank}'s step {step}"})
+        return f"this agent holds no checkpoint of rank {rank}'s step {step}"
+    return slot, slot.header
+
+
+async def _give_metadata(conn: socket.socket, holder: ReplicaHolder, request: dict[str, Any]) -> None:
+    held = _held(holder, request)
+    if isinstance(held, str):
+        await _send_frame(conn, {"error": held})
         return
-    header = slot.header
+    slot, header = held
+    with slot.reading():  # read at once, while no writer may take the slot
+        head, meta = os.pread(slot.fd, HEADER_SIZE, 0), os.pread(slot.fd, header.meta_size, header.meta_offset)
+    with anyio.fail_after(deadline(len(meta))):
+        await _send_frame(conn, {"size": len(meta)})
+        await _send_all(conn, head + meta)
+
+
+async def _give_fetch(conn: socket.socket, holder: ReplicaHolder, request: dict[str, Any]) -> None:
+    held = _held(holder, request)
+    if isinstance(held, str):
+        await _send_frame(conn, {"error": held})
+        return
+    slot, header = held
     with slot.reading() as read, anyio.fail_after(deadline(header.total)):
         await _send_frame(conn, {"size": header.total})
         await _send_file(conn, slot.fd, header.total, read)

@@ -356,10 +356,13 @@ def save(state: Any, *, step: int) -> None:
     own.commit("save", slot=int(reply["slot"]), step=step, size=size, host=host)
 
 
-def open_checkpoint(what: str, rank: int | None) -> tuple[Mapping, Header, dict[str, Any], LoadInfo] | None:
-    """The checkpoint the job restores ``rank`` (default: this worker's) from, mapped; ``None`` if there is none."""
+def open_checkpoint(
+    what: str, rank: int | None, *, metadata: bool = False
+) -> tuple[Mapping, Header, dict[str, Any], LoadInfo] | None:
+    """The checkpoint the job restores ``rank`` (default: this worker's) from, mapped; ``None`` if there is none.
+    ``metadata``: only its header and metadata will be read (another node's agent sends no more)."""
     own = client(what)
-    reply, fds = own.request(what, "load", rank=rank)
+    reply, fds = own.request(what, "load", rank=rank, **({"metadata": True} if metadata else {}))
     if not reply.get("found"):
         return None
     try:

@@ -18,9 +18,12 @@ are DCP's own business (it hands them over as ``torch.save`` bytes, kept as they
 
 ``dcp.save(..., use_collectives=False)`` saves with no collective but a barrier at the end: each rank plans alone,
 writes every item it holds (a replicated one on every rank) and the metadata of its own items; a load merges the
-saved ranks' metadata into the global one (:func:`merge_metadata`), and so maps every saved rank's checkpoint (an
-agent fetches those another node holds). Four exchanges of pickled objects fewer per save, the whole checkpoint
-read at a restore.
+saved ranks' metadata into the global one (:func:`merge_metadata`), each replicated item read from the loading
+rank's own saved rank. Four exchanges of pickled objects fewer per save; and in the world that saved, a load reads
+its own rank's checkpoint only.
+
+A load reads another saved rank's metadata without its data (the agent that holds it sends its agent the metadata
+alone): a rank's data crosses the network only when an item of the load lies in it.
 
 The step of a save is ``step=``, or the number at the end of ``checkpoint_id`` (``"step-120"``, ``".../120"``).
 
@@ -400,37 +403,51 @@ class StorageReader(_StorageReader):
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
         return os.path.isdir(checkpoint_id)
 
+    def _map(self, rank: int, *, metadata: bool) -> tuple[Mapping, dict[str, Any], str]:
+        """Saved rank ``rank``'s checkpoint, mapped, and where it came from; ``metadata``: only its metadata will
+        be read."""
+        if self._directory is not None:
+            mapping, header, meta = _open_file(self._directory, rank, self._step)
+            source = f"disk {self._directory}"
+        else:
+            found = open_checkpoint("StorageReader", rank, metadata=metadata)
+            if found is None:
+                raise CheckpointError("aelastic.checkpoint.StorageReader: no checkpoint to load (no agent holds "
+                                      "one, and --checkpoint-dir has none)")  # fmt: skip
+            mapping, header, meta, info = found
+            source = info.source
+        if header.kind != "dcp":
+            mapping.release()
+            raise CheckpointError(f"aelastic.checkpoint.StorageReader: step {header.step} was saved with "
+                                  "aelastic.checkpoint.save: load it with aelastic.checkpoint.load")  # fmt: skip
+        self._step, self._world = header.step, header.world
+        return mapping, meta, source
+
     def _open(self, rank: int) -> tuple[Mapping, dict[str, Any]]:
         """Saved rank ``rank``'s checkpoint, mapped once per load."""
         if rank not in self._mappings:
-            if self._directory is not None:
-                opened = _open_file(self._directory, rank, self._step)
-                self.sources[rank] = f"disk {self._directory}"
-            else:
-                found = open_checkpoint("StorageReader", rank)
-                if found is None:
-                    raise CheckpointError("aelastic.checkpoint.StorageReader: no checkpoint to load (no agent holds "
-                                          "one, and --checkpoint-dir has none)")  # fmt: skip
-                mapping, header, meta, info = found
-                opened = mapping, header, meta
-                self.sources[rank] = info.source
-            mapping, header, meta = opened
-            if header.kind != "dcp":
-                mapping.release()
-                raise CheckpointError(f"aelastic.checkpoint.StorageReader: step {header.step} was saved with "
-                                      "aelastic.checkpoint.save: load it with aelastic.checkpoint.load")  # fmt: skip
-            self._step, self._world = header.step, header.world
-            self._mappings[rank], self._metas[rank] = mapping, meta
+            self._mappings[rank], self._metas[rank], self.sources[rank] = self._map(rank, metadata=False)
         return self._mappings[rank], self._metas[rank]
 
+    def _metadata(self, rank: int) -> dict[str, Any]:
+        """Saved rank ``rank``'s metadata: a rank whose data no item of this load needs is never fetched whole."""
+        if rank not in self._metas:
+            mapping, self._metas[rank], _ = self._map(rank, metadata=True)
+            mapping.release()
+        return self._metas[rank]
+
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        _, meta = self._open(0)
+        meta = self._metadata(0)
         if "metadata" not in meta:
             raise CheckpointError("aelastic.checkpoint.StorageReader: rank 0's checkpoint holds no DCP metadata")
-        metadata = decode_metadata(meta["metadata"])
         if meta.get("alone"):  # saved without collectives: each rank's checkpoint describes its own items
-            metadata = merge_metadata([metadata, *(decode_metadata(self._open(r)[1]["metadata"])
-                                                   for r in range(1, self._world))])  # fmt: skip
+            # An item every rank wrote (a replicated one) is read where this rank's own saved rank put it: in the
+            # world that saved, a load reads one checkpoint only.
+            own = int(os.environ.get("RANK", "0")) % self._world
+            ranks = [own, *(r for r in range(self._world) if r != own)]
+            metadata = merge_metadata([decode_metadata(self._metadata(r)["metadata"]) for r in ranks])
+        else:
+            metadata = decode_metadata(meta["metadata"])
         self._storage = metadata.storage_data
         return metadata
 
@@ -481,7 +498,7 @@ class StorageReader(_StorageReader):
     def _close(self) -> None:
         for mapping in self._mappings.values():
             mapping.release()
-        if self._mappings and self._directory is None:
+        if self._metas and self._directory is None:
             client("StorageReader").read_done()
         self._mappings.clear()
         self._metas.clear()
