@@ -34,9 +34,13 @@ Scenarios, per framework:
   from run to run, are outside it, and so are a system's one-time costs (aelastic's first save, which allocates the
   rank's memory: step 0); beside ``raw copy`` of the same bytes (``--mib``, half of it for FSDP2, whose ranks each
   hold a shard; one ``copy_`` into touched memory) by two processes at once, as the job's two ranks copy at once,
-  sharing the memory's bandwidth (the bound's measure), and ``raw copy alone`` by one process. FSDP2 also as
-  ``aelastic async_save`` (``dcp.async_save``: the step waits for the copy into the agent's memory, DCP's
-  collectives run in a thread) and ``aelastic alone`` (``dcp.save(..., use_collectives=False)``).
+  sharing the memory's bandwidth (the bound's measure), and ``raw copy alone`` by one process. FSDP2's example
+  saves with ``dcp.save(..., use_collectives=False)``; also as ``aelastic async_save`` (``dcp.async_save``: the step
+  waits for the copy into the agent's memory, the rest runs in a thread) and ``aelastic collectives``
+  (``dcp.save`` with DCP's default, its four exchanges of plans and results).
+
+* ``one dcp.save call`` (FSDP2, :mod:`benchmarks.dcp_calls`): one save's call in the same two workers, beside the
+  raw copy and ``DCP floor``, a storage writer that only copies: what DCP's own work costs any writer.
 
 Targets (issue 46): ``lost to a fault`` at most 0.2x torchrun's for every framework; a checkpoint blocks a step at
 most 1.5x the raw copy of its bytes.
@@ -166,13 +170,24 @@ def steady_window(lines: list[dict[str, Any]]) -> float:
     return float(ends[BLOCKS_TO] - ends[BLOCKS_FROM])
 
 
+Add = Callable[[str, str, str, float], None]
+
+
 def floor(mib: int, ranks: int) -> float:
     proc = subprocess.run([sys.executable, "-c", FLOOR, str(mib), str(ranks)], env=environment("torch"),
                           capture_output=True, timeout=300, check=True)  # fmt: skip
     return float(json.loads(proc.stdout))
 
 
-Add = Callable[[str, str, str, float], None]
+def dcp_calls(add: Add) -> None:
+    """``one dcp.save call`` (FSDP2): the variants of :mod:`benchmarks.dcp_calls`, in the same two workers."""
+    command = [sys.executable, "-m", "aelastic", "run", "--standalone", "--nproc-per-node", "2",
+               str(ROOT / "benchmarks" / "dcp_calls.py")]  # fmt: skip
+    proc = subprocess.run(command, cwd=ROOT, env=environment("aelastic"), capture_output=True, text=True,
+                          timeout=600, check=True)  # fmt: skip
+    line = next(line for line in proc.stdout.splitlines() if "{" in line)
+    for system, value in json.loads(line[line.index("{") :]).items():
+        add("one dcp.save call", system, "fsdp2", value)
 
 
 def measure_lost(framework: str, args: argparse.Namespace, rng: random.Random, add: Add) -> None:
@@ -195,7 +210,7 @@ def measure_blocks(framework: str, args: argparse.Namespace, add: Add) -> None:
     if framework == "fsdp2":
         variants += [
             ("aelastic async_save", "aelastic", ["--async-save"]),
-            ("aelastic alone", "aelastic", ["--save-alone"]),
+            ("aelastic collectives", "aelastic", ["--save-collectives"]),
         ]
     for name, system, flags in variants:
         every = EVERY if system == "torch" else 1
@@ -205,6 +220,8 @@ def measure_blocks(framework: str, args: argparse.Namespace, add: Add) -> None:
                 mib = args.mib // 2 if framework == "fsdp2" else args.mib  # FSDP2 shards it over the 2 ranks
                 add("checkpoint blocks a step", "raw copy", framework, floor(mib, ranks=2))
                 add("checkpoint blocks a step", "raw copy alone", framework, floor(mib, ranks=1))
+                if framework == "fsdp2":
+                    dcp_calls(add)
             for interval in (every, 0) if rep % 2 == 0 else (0, every):
                 log = job_once(system, framework, fault=None, every=interval, mib=args.mib,
                                step_time=BLOCKS_STEP_TIME, nodes=1, persist=False, steps=steps,

@@ -379,14 +379,15 @@ def losses(output: str) -> dict[int, float]:
 
 def test_fsdp2_restores_its_shards_from_memory_and_ends_with_the_fault_free_model(start: Start) -> None:
     """examples/fsdp2: rank 1 raises at a random step of the first attempt; both ranks restore the last step every
-    rank saved through ``dcp.save`` (or ``dcp.async_save``, one save in flight; or each rank alone,
-    ``use_collectives=False``) from their agent's memory, and the final parameters are bitwise a fault-free run's."""
+    rank saved through ``dcp.save(..., use_collectives=False)`` (or ``dcp.async_save``, one save in flight; or
+    ``dcp.save`` with DCP's collectives) from their agent's memory, and the final parameters are bitwise a fault-free
+    run's."""
     crash = random.Random().randrange(3, 25)
     print("the fault's step:", crash)
     command = [AELASTIC, "run", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", *FSDP2, "--steps", "30"]
     runs = {"sync": start(*command, "--crash-at-step", str(crash)),
             "async": start(*command, "--crash-at-step", str(crash), "--async-save"),
-            "alone": start(*command, "--crash-at-step", str(crash), "--save-alone")}  # fmt: skip
+            "collectives": start(*command, "--crash-at-step", str(crash), "--save-collectives")}  # fmt: skip
     for run in runs.values():
         assert run.wait() == 0, run.output
     clean = start(*command)

@@ -12,9 +12,9 @@ from replica from HOST:PORT`` when a lost node's shards came from the replica an
 DIR``); rank 0 prints each step's loss and a digest of the final parameters. ``--async-save`` saves with
 ``dcp.async_save`` (the copy into memory happens in the background; the next save waits for it).
 
-``--save-alone`` saves with ``use_collectives=False``: each rank plans alone and the ranks meet in one barrier,
-instead of DCP's four exchanges of plans and results (a cheaper save; a costlier restore across nodes: see
-docs/howto/fsdp2.md).
+Each save is ``dcp.save(..., use_collectives=False)``: each rank plans alone and the ranks meet in one barrier,
+instead of DCP's four exchanges of plans and results (see docs/howto/fsdp2.md); ``--save-collectives`` saves with
+DCP's default instead.
 
 ``--save-every N``: a checkpoint every N steps (1; 0: none); ``--ballast-mib`` and ``--step-time`` make the
 checkpoint and the step larger (benchmarks/frameworks.py). Under torchrun (no agent), ``--checkpoint-dir DIR`` is
@@ -114,7 +114,7 @@ def main() -> None:
     parser.add_argument("--crash-at-step", type=int, default=None)
     parser.add_argument("--crash-rank", type=int, default=1)
     parser.add_argument("--async-save", action="store_true")
-    parser.add_argument("--save-alone", action="store_true", help="dcp.save(..., use_collectives=False)")
+    parser.add_argument("--save-collectives", action="store_true", help="dcp.save with DCP's collectives")
     parser.add_argument("--step-time", type=float, default=0.0, help="seconds each step sleeps (a longer job)")
     parser.add_argument("--ballast-mib", type=int, default=0, help="MiB of frozen weights (a larger checkpoint)")
     parser.add_argument("--save-every", type=int, default=1, help="steps between checkpoints; 0: none")
@@ -150,7 +150,7 @@ def main() -> None:
             state = state_of(model, optimizer, step)
             if aelastic.checkpoint.available():
                 writer = aelastic.checkpoint.StorageWriter(step=step)
-                together = not args.save_alone
+                together = args.save_collectives
                 if args.async_save:
                     pending = dcp.async_save(
                         state, storage_writer=writer, process_group=saving, use_collectives=together

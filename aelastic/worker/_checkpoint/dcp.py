@@ -195,7 +195,7 @@ class StorageWriter(_StorageWriter):
         self._coordinator = False
         self._alone = False  # use_collectives=False: every rank saves the metadata of its own items
         self._items = 0
-        self._pending: tuple[dict[str, Any], Mapping, list[dict[str, Any]], int] | None = None
+        self._pending: tuple[dict[str, Any], Mapping, int] | None = None
         self._staged: _Staged | None = None
 
     def __repr__(self) -> str:
@@ -274,8 +274,9 @@ class StorageWriter(_StorageWriter):
         offsets = [fresh_at if at is None else at for at, fresh_at in zip(lying, fresh, strict=True)]
         placed = zip(data, offsets, sizes, strict=True)
         items = [_item_info(item, value, offset, size) for (item, value), offset, size in placed]
-        meta = json.dumps({"items": items}).encode()
-        # The coordinator adds the global metadata in finish: room for it now (a few hundred bytes an item).
+        # The coordinator writes the global metadata (which places every item) in finish: room for it now (a few
+        # hundred bytes an item); another rank's checkpoint lists the places of its own items.
+        meta = b"" if self._coordinator else json.dumps({"items": items}).encode()
         room = 65536 + 1024 * max(self._items, len(plan.items)) if self._coordinator else 0
         size = DATA_OFFSET + data_size + len(meta) + room
         reply, mapping = own.reserve("StorageWriter", size, step=step)
@@ -291,7 +292,7 @@ class StorageWriter(_StorageWriter):
         results = [WriteResult(index=item.index, size_in_bytes=size_, storage_data={**info, "rank": rank})
                    for (item, _), size_, info in zip(data, sizes, items, strict=True)]  # fmt: skip
         if self._coordinator:
-            self._pending = (reply, mapping, items, data_size)
+            self._pending = (reply, mapping, data_size)
         else:
             header = Header("dcp", step, rank, int(reply["world"]), data_size, DATA_OFFSET + data_size, len(meta))
             write_tail(mapping, header, meta)
@@ -303,7 +304,7 @@ class StorageWriter(_StorageWriter):
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         if self._pending is None or self._step is None:
             raise CheckpointError("aelastic.checkpoint.StorageWriter: finish() without write_data()")
-        reply, mapping, items, data_size = self._pending
+        reply, mapping, data_size = self._pending
         self._pending = None
         metadata.version = _DCP_VERSION
         metadata.storage_data = {result.index: result.storage_data for ranks in results for result in ranks}
@@ -312,7 +313,7 @@ class StorageWriter(_StorageWriter):
             encoded = encode_metadata(metadata)
         except StateError as exc:
             raise CheckpointError(f"aelastic.checkpoint.StorageWriter: {exc}") from None
-        meta = json.dumps({"items": items, "metadata": encoded, "alone": self._alone}).encode()
+        meta = json.dumps({"metadata": encoded, "alone": self._alone}).encode()
         header = Header("dcp", self._step, int(reply["rank"]), int(reply["world"]), data_size,
                         DATA_OFFSET + data_size, len(meta))  # fmt: skip
         own = client("StorageWriter")
