@@ -25,7 +25,8 @@ script that also runs under torchrun checkpoints its own way there).
 :class:`StorageWriter` and :class:`StorageReader` are the same storage for ``torch.distributed.checkpoint``
 (``dcp.save(state, storage_writer=StorageWriter())``, ``dcp.async_save``, ``dcp.load``), for jobs that checkpoint
 through DCP (FSDP, torchtitan); a checkpoint persisted from one world size loads into another through DCP's
-resharding.
+resharding. :class:`SavePlanner` is DCP's default save planner that plans a state's layout once, not at every save
+(``dcp.save(..., planner=planner)``, one planner for every save).
 
 The first use of :func:`save` or :func:`load` imports torch (``import aelastic.checkpoint`` does not). Outside a
 worker started by an aelastic agent
@@ -43,9 +44,11 @@ from .errors import CheckpointError
 if TYPE_CHECKING:
     from .worker._checkpoint.api import LoadInfo, available, last_loaded, load, save, step_to_restore
     from .worker._checkpoint.dcp import StorageReader, StorageWriter
+    from .worker._checkpoint.planner import SavePlanner
 
 _LAZY = {
     "LoadInfo": "aelastic.worker._checkpoint.api",
+    "SavePlanner": "aelastic.worker._checkpoint.planner",
     "StorageReader": "aelastic.worker._checkpoint.dcp",
     "StorageWriter": "aelastic.worker._checkpoint.dcp",
     "available": "aelastic.worker._checkpoint.api",
@@ -58,6 +61,7 @@ _LAZY = {
 __all__ = [
     "CheckpointError",
     "LoadInfo",
+    "SavePlanner",
     "StorageReader",
     "StorageWriter",
     "available",

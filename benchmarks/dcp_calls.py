@@ -8,8 +8,9 @@ variant's median, in seconds, the slower rank's.
 * ``DCP floor``: ``dcp.save(..., use_collectives=False)`` into :class:`CopyOnlyWriter`, a storage writer that copies
   each item into memory it keeps and does nothing else: what any DCP storage writer pays (the state dict's
   collection, DCP's planning, its ``resolve_data`` and ``torch.save`` of each non-tensor value, its barrier);
-* ``aelastic``: ``dcp.save(..., use_collectives=False)`` through ``aelastic.checkpoint.StorageWriter`` (the
-  example's default); ``aelastic collectives``: the same with DCP's collectives.
+* ``aelastic``: ``dcp.save(..., use_collectives=False)`` through ``aelastic.checkpoint.StorageWriter`` with
+  ``aelastic.checkpoint.SavePlanner`` (the example's way); ``aelastic, DCP's planner``: with DCP's default planner;
+  ``aelastic collectives``: with DCP's collectives.
 
 Each variant's time includes ``get_state_dict`` (the example's ``state_of``), as a training step's does.
 """
@@ -99,12 +100,16 @@ def worker(saves: int) -> None:
     def floor(step: int) -> None:
         dcp.save(state_of(model, optimizer, step), storage_writer=CopyOnlyWriter(), use_collectives=False)
 
-    def ours(step: int, together: bool = False) -> None:
+    planner = aelastic.checkpoint.SavePlanner()
+
+    def ours(step: int, together: bool = False, planned: bool = True) -> None:
         writer = aelastic.checkpoint.StorageWriter(step=step)
-        dcp.save(state_of(model, optimizer, step), storage_writer=writer, use_collectives=together)
+        dcp.save(state_of(model, optimizer, step), storage_writer=writer, use_collectives=together,
+                 planner=planner if planned else None)  # fmt: skip
 
     variants = {"raw copy": raw, "DCP floor": floor, "aelastic": ours,
-                "aelastic collectives": lambda step: ours(step, True)}  # fmt: skip
+                "aelastic, DCP's planner": lambda step: ours(step, planned=False),
+                "aelastic collectives": lambda step: ours(step, together=True)}  # fmt: skip
     times: dict[str, list[float]] = {name: [] for name in variants}
     for step in range(saves + 3):  # three rounds to warm up: the memory allocated, DCP's first-call costs
         x, y = batch(step, rank, world)

@@ -495,3 +495,48 @@ async def test_a_metadata_fetch_brings_the_header_and_metadata_at_their_places_a
             tg.cancel_scope.cancel()
     finally:
         slot.close()
+
+
+def test_a_planner_plans_a_layout_once_and_again_when_it_changes(tmp_path: Path) -> None:
+    """``SavePlanner`` through DCP's own writer and reader (one process): a save of the same layout reuses the last
+    plans and each save's values come back; a new key, shape or dtype is planned again; a plain value's bytes
+    are written again only once it changed."""
+    import torch.distributed.checkpoint as dcp
+
+    from aelastic.worker._checkpoint.planner import SavePlanner, _layout
+
+    planner = SavePlanner()
+    model = torch.nn.Linear(4, 3)
+
+    def save(name: str, state: dict[str, Any]) -> dict[str, Any]:
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp_path / name), planner=planner, no_dist=True)
+        kept = planner._local, planner._global
+        loaded = {key: torch.zeros_like(v) if isinstance(v, torch.Tensor) else v for key, v in state.items()}
+        dcp.load(loaded, storage_reader=dcp.FileSystemReader(tmp_path / name), no_dist=True)
+        assert {k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in loaded.items()} == {
+            k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in state.items()
+        }
+        return {"local": kept[0], "global": kept[1]}
+
+    first = save("0", {**model.state_dict(), "lr": 0.1, "betas": (0.9, 0.99)})
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    again = save("1", {**model.state_dict(), "lr": 0.1, "betas": (0.9, 0.99)})
+    assert again["local"] is first["local"]
+    assert again["global"] is first["global"]
+    bytes_of_lr = planner._bytes["lr"][1]
+    changed = save("2", {**model.state_dict(), "lr": 0.05, "betas": (0.9, 0.99)})  # the same layout, a new value
+    assert changed["local"] is first["local"]
+    assert planner._bytes["lr"][1] != bytes_of_lr
+    assert planner._bytes["betas"][0] == (tuple, ((float, 0.9), (float, 0.99)))
+    grown = save("3", {**model.state_dict(), "lr": 0.05, "extra": torch.ones(2)})  # a new key
+    assert grown["local"] is not first["local"]
+    reshaped = save("4", {**model.state_dict(), "lr": 0.05, "extra": torch.ones(3)})  # a new shape
+    assert reshaped["local"] is not grown["local"]
+    retyped = save("5", {**model.state_dict(), "lr": 0.05, "extra": torch.ones(3, dtype=torch.float64)})  # a dtype
+    assert retyped["local"] is not reshaped["local"]
+
+    class Tagged(torch.Tensor):
+        pass
+
+    assert _layout({"opaque": torch.ones(2).as_subclass(Tagged)}) is None  # a subclass: planned every time

@@ -429,7 +429,9 @@ def test_fsdp2_a_lost_node_s_shards_restore_from_the_replica_resharded_and_the_l
     node1.popen.kill()  # the node's loss: its agent SIGKILLed, its workers with it (parent-death signal)
     shrunk = node0.wait_for(FSDP2_RESTORED, 2)
     assert sorted((m[1], m[2]) for m in shrunk) == [("0", "2"), ("1", "2")], node0.output
-    assert {m[4] for m in shrunk} == {"memory, replica from 127.0.0.1"}, node0.output
+    # Rank 0's new shards are the lost world's ranks 0 and 1, node 0's own; rank 1's, ranks 2 and 3, in the replica
+    # (its replicated items from its own saved rank 1: saved without collectives, each rank wrote them).
+    assert {(m[1], m[4]) for m in shrunk} == {("0", "memory"), ("1", "memory, replica from 127.0.0.1")}, node0.output
     node2 = start(AELASTIC, "run", *flags, *train)
     grown = node2.wait_for(FSDP2_RESTORED, 2)
     assert {m[2] for m in grown} == {"4"}, node2.output

@@ -67,8 +67,8 @@ SURFACES = {
     "aelastic.etcd": ETCD,
     # In-memory checkpoints, the worker's side (issue 29).
     "aelastic.checkpoint": {
-        "CheckpointError", "LoadInfo", "StorageReader", "StorageWriter", "available", "last_loaded", "load", "save",
-        "step_to_restore",
+        "CheckpointError", "LoadInfo", "SavePlanner", "StorageReader", "StorageWriter", "available", "last_loaded",
+        "load", "save", "step_to_restore",
     },
     "aelastic.rendezvous": TORCH_RENDEZVOUS | {"check_parameters", "open_rendezvous", "register_backend"},
     "aelastic.agent": TORCH_AGENT,

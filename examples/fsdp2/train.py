@@ -14,7 +14,7 @@ DIR``); rank 0 prints each step's loss and a digest of the final parameters. ``-
 
 Each save is ``dcp.save(..., use_collectives=False)``: each rank plans alone and the ranks meet in one barrier,
 instead of DCP's four exchanges of plans and results (see docs/howto/fsdp2.md); ``--save-collectives`` saves with
-DCP's default instead.
+DCP's default instead. The planner is ``aelastic.checkpoint.SavePlanner``, which plans the state's layout once.
 
 ``--save-every N``: a checkpoint every N steps (1; 0: none); ``--ballast-mib`` and ``--step-time`` make the
 checkpoint and the step larger (benchmarks/frameworks.py). Under torchrun (no agent), ``--checkpoint-dir DIR`` is
@@ -129,6 +129,8 @@ def main() -> None:
     pending: Future[Any] | None = None
     # An async save runs DCP's collectives in a thread: on a group of their own, not beside the training's.
     saving = dist.new_group(backend="gloo") if args.async_save else None
+    # DCP plans each save from scratch; aelastic's planner plans the state's layout once (the same at every step).
+    planner = aelastic.checkpoint.SavePlanner() if aelastic.checkpoint.available() else None
     state: dict[str, Any] = {}
     for step in range(start, args.steps):
         x, y = batch(step, rank, world)
@@ -153,10 +155,10 @@ def main() -> None:
                 together = args.save_collectives
                 if args.async_save:
                     pending = dcp.async_save(
-                        state, storage_writer=writer, process_group=saving, use_collectives=together
+                        state, storage_writer=writer, planner=planner, process_group=saving, use_collectives=together
                     )
                 else:
-                    dcp.save(state, storage_writer=writer, use_collectives=together)
+                    dcp.save(state, storage_writer=writer, planner=planner, use_collectives=together)
             elif args.checkpoint_dir is not None:
                 dcp.save(state, checkpoint_id=args.checkpoint_dir)
         if rank == 0 and args.step_log:  # the benchmark's, run from the repository
