@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import math
 import os
@@ -523,7 +524,6 @@ def test_a_planner_plans_a_layout_once_and_again_when_it_changes(tmp_path: Path)
         model.weight.add_(1.0)
     again = save("1", {**model.state_dict(), "lr": 0.1, "betas": (0.9, 0.99)})
     assert again["local"] is first["local"]
-    assert again["global"] is first["global"]
     bytes_of_lr = planner._bytes["lr"][1]
     changed = save("2", {**model.state_dict(), "lr": 0.05, "betas": (0.9, 0.99)})  # the same layout, a new value
     assert changed["local"] is first["local"]
@@ -540,3 +540,15 @@ def test_a_planner_plans_a_layout_once_and_again_when_it_changes(tmp_path: Path)
         pass
 
     assert _layout({"opaque": torch.ones(2).as_subclass(Tagged)}) is None  # a subclass: planned every time
+    # The global plan: kept when planned from this rank's plan alone (a save without collectives, through a writer
+    # that hands DCP's plan back, as aelastic's does); the coordinator's, from plans gathered, made every time.
+    planner = SavePlanner()
+    plans = []
+    for value in (1.0, 2.0):
+        planner.set_up_planner({"w": torch.full((2, 2), value), "lr": 0.1}, None, True)
+        local = planner.create_local_plan()
+        plans.append((local, planner.create_global_plan([local])))
+    assert plans[1][0] is plans[0][0]
+    assert plans[1][1] is plans[0][1]
+    gathered = [dataclasses.replace(plans[1][0]), dataclasses.replace(plans[1][0])]
+    assert planner.create_global_plan(gathered) is not plans[0][1]

@@ -38,6 +38,7 @@ THIRD_PARTY = {
     ("aelastic.worker._checkpoint.api", "torch"): "the worker's own torch: a checkpoint is the state's tensors",
     ("aelastic.worker._checkpoint.tree", "torch"): "the worker's own torch: a state is tensors",
     ("aelastic.worker._checkpoint.dcp", "torch"): "torch.distributed.checkpoint's storage classes",
+    ("aelastic.worker._checkpoint.planner", "torch"): "torch.distributed.checkpoint's default save planner",
     ("aelastic.worker._nodecheck", "torch"): "the check is torch's: a matmul on the node's device, gloo's all-reduces",
 }
 
