@@ -315,10 +315,14 @@ async def _answer(conn: socket.socket, peer: str, holder: ReplicaHolder) -> None
                 return
             if request.get("op") == "push":
                 await _take_push(conn, peer, holder, request)
-            elif request.get("op") == "fetch":
-                await _give_fetch(conn, holder, request)
-            elif request.get("op") == "metadata":
-                await _give_metadata(conn, holder, request)
+            elif request.get("op") in ("fetch", "metadata"):
+                held = _held(holder, request)
+                if isinstance(held, str):
+                    await _send_frame(conn, {"error": held})
+                elif request["op"] == "fetch":
+                    await _give_fetch(conn, *held)
+                else:
+                    await _give_metadata(conn, *held)
         except (OSError, ReplicaError, ValueError, KeyError, TypeError) as exc:
             logger.warning("checkpoint replicas: a request from %s failed: %s", peer, exc)
         except TimeoutError:
@@ -345,12 +349,7 @@ def _held(holder: ReplicaHolder, request: dict[str, Any]) -> tuple[Slot, Header]
     return slot, slot.header
 
 
-async def _give_metadata(conn: socket.socket, holder: ReplicaHolder, request: dict[str, Any]) -> None:
-    held = _held(holder, request)
-    if isinstance(held, str):
-        await _send_frame(conn, {"error": held})
-        return
-    slot, header = held
+async def _give_metadata(conn: socket.socket, slot: Slot, header: Header) -> None:
     with slot.reading():  # read at once, while no writer may take the slot
         head, meta = os.pread(slot.fd, HEADER_SIZE, 0), os.pread(slot.fd, header.meta_size, header.meta_offset)
     with anyio.fail_after(deadline(len(meta))):
@@ -358,12 +357,7 @@ async def _give_metadata(conn: socket.socket, holder: ReplicaHolder, request: di
         await _send_all(conn, head + meta)
 
 
-async def _give_fetch(conn: socket.socket, holder: ReplicaHolder, request: dict[str, Any]) -> None:
-    held = _held(holder, request)
-    if isinstance(held, str):
-        await _send_frame(conn, {"error": held})
-        return
-    slot, header = held
+async def _give_fetch(conn: socket.socket, slot: Slot, header: Header) -> None:
     with slot.reading() as read, anyio.fail_after(deadline(header.total)):
         await _send_frame(conn, {"size": header.total})
         await _send_file(conn, slot.fd, header.total, read)
