@@ -126,25 +126,37 @@ class _Queue:
             await self._settled.wait()
 
 
+class _Metadata:
+    """A saved rank's metadata fetched from another agent (:func:`.replicas.fetch_metadata`): done once ``done`` is
+    set, with its memory file and header, or the error."""
+
+    __slots__ = ("done", "error", "fd", "header")
+
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.fd = -1
+        self.header: Header | None = None
+        self.error: str | None = None
+
+
 class _Round:
     """What one rendezvous round holds of the checkpoints: its plan, world size and store, the fetches of other
-    agents' ranks (saved rank: done, errors), the metadata fetched of others (saved rank: done, the memory file and
-    its header, errors), every saved rank's holder (read from the store when first needed), and the ranks that
-    committed a checkpoint in it."""
+    agents' ranks (saved rank: done, errors), the metadata fetched of others (by saved rank), every saved rank's
+    holder (read from the store when first needed), and the ranks that committed a checkpoint in it."""
 
     __slots__ = ("committed", "fetches", "holders", "metadata", "plan", "store", "world")
 
     def __init__(self, plan: NodePlan, world: int = 0, store: Store | None = None) -> None:
         self.plan, self.world, self.store = plan, world, store
         self.fetches: dict[int, tuple[anyio.Event, list[str]]] = {}
-        self.metadata: dict[int, tuple[anyio.Event, list[tuple[int, Header]], list[str]]] = {}
+        self.metadata: dict[int, _Metadata] = {}
         self.holders: dict[str, str] | None = None
         self.committed: set[int] = set()
 
     def close(self) -> None:
-        for _, files, _ in self.metadata.values():
-            for fd, _ in files:
-                os.close(fd)
+        for fetched in self.metadata.values():
+            if fetched.fd >= 0:
+                os.close(fetched.fd)
         self.metadata.clear()
 
 
@@ -436,28 +448,27 @@ class Keeper:
         endpoint = await self._holder(saved)
         if endpoint is None:
             raise LinkRefusal(f"rank {saved}'s checkpoint of step {step} is not held by this agent")
-        if saved not in now.metadata:
-            done, files, errors = now.metadata[saved] = (anyio.Event(), [], [])
+        fetched = now.metadata.get(saved)
+        if fetched is None:
+            fetched = now.metadata[saved] = _Metadata()
             try:
-                fetched = await fetch_metadata(endpoint, self._secret or "", saved, step)
+                fd, header = await fetch_metadata(endpoint, self._secret or "", saved, step)
                 if now is not self._round:  # a new round began meanwhile: its plan, not this one, is restored
-                    os.close(fetched[0])
+                    os.close(fd)
                     raise ReplicaError("a new rendezvous round began")
-                files.append(fetched)
+                fetched.fd, fetched.header = fd, header
                 logger.info("checkpoints: fetched rank %d's metadata of step %d (%s, without its data) from %s", saved,
-                            step, format_size(fetched[1].meta_size), endpoint)  # fmt: skip
+                            step, format_size(header.meta_size), endpoint)  # fmt: skip
             except ReplicaError as exc:
-                errors.append(str(exc))
+                fetched.error = str(exc)
                 logger.warning("checkpoints: %s", exc)
             finally:
-                done.set()
-        done, files, errors = now.metadata[saved]
-        await done.wait()
-        if errors:
-            raise LinkRefusal(f"rank {saved}'s checkpoint of step {step}: {errors[0]}")
+                fetched.done.set()
+        await fetched.done.wait()
+        if fetched.header is None:
+            raise LinkRefusal(f"rank {saved}'s checkpoint of step {step}: {fetched.error}")
         self._counts["loads"] += 1
-        fd, header = files[0]
-        return {"found": True, "size": header.total, "source": f"metadata from {endpoint}"}, [fd]
+        return {"found": True, "size": fetched.header.total, "source": f"metadata from {endpoint}"}, [fetched.fd]
 
     # --- replicas (the server's side: replicas.ReplicaHolder) ------------------------------------------------------
 

@@ -362,7 +362,7 @@ def open_checkpoint(
     """The checkpoint the job restores ``rank`` (default: this worker's) from, mapped; ``None`` if there is none.
     ``metadata``: only its header and metadata will be read (another node's agent sends no more)."""
     own = client(what)
-    reply, fds = own.request(what, "load", rank=rank, **({"metadata": True} if metadata else {}))
+    reply, fds = own.request(what, "load", rank=rank, metadata=metadata)
     if not reply.get("found"):
         return None
     try:

@@ -83,7 +83,7 @@ class SavePlanner(DefaultSavePlanner):
         self._layout = None if layout is None else (layout, self.mappings, is_coordinator)
 
     def create_local_plan(self) -> SavePlan:
-        if self._local is None or self._layout is None:
+        if self._local is None:  # the layout changed, or it is one set_up_planner could not vouch for
             self._local = super().create_local_plan()
         self.plan = self._local
         return self._local
