@@ -145,7 +145,9 @@ def test_head_node_named_on_loopback_is_an_error_naming_host_and_variable(
 ) -> None:
     """Debian's classic: node1's own /etc/hosts maps its name to 127.0.1.1. node1's agent refuses to start (exit 2,
     the host and the variable named) instead of publishing a loopback master address; srun's --kill-on-bad-exit
-    then ends node2's agent, which waits for the rendezvous."""
+    then ends node2's agent, which waits for the rendezvous. Each node's stderr goes to a file of its own (``%N``),
+    which slurmstepd opens for the task: srun forwards a task's output and its exit on separate connections, and once
+    --kill-on-bad-exit ends the step it may leave before the failed task's last line has reached it."""
     loop_hosts = tmp_path / "hosts-loopback"
     loop_hosts.write_text(
         "".join(
@@ -156,14 +158,17 @@ def test_head_node_named_on_loopback_is_an_error_naming_host_and_variable(
     # On node1 only, in a mount namespace of the task's own.
     script = f'[ "$SLURMD_NODENAME" = node1 ] && mount --bind {loop_hosts} /etc/hosts; exec "$@"'
     done = slurm_cluster.srun(
-        "-N2", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "unshare", "--mount", "sh", "-c", script, "sh",
-        BIN / "aelastic", "run", "--nproc-per-node", "1", TRAIN, "2", tmp_path, check=False,
+        "-N2", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--error", tmp_path / "stderr-%N.txt", "unshare",
+        "--mount", "sh", "-c", script, "sh", BIN / "aelastic", "run", "--nproc-per-node", "1", TRAIN, "2", tmp_path,
+        check=False,
     )  # fmt: skip
-    _show("srun -N2 aelastic run train.py, node1 named 127.0.1.1 in its own /etc/hosts", done.stdout + done.stderr)
+    node1 = (tmp_path / "stderr-node1.txt").read_text()
+    _show("srun -N2 aelastic run train.py, node1 named 127.0.1.1 in its own /etc/hosts", done.stderr + node1)
     assert done.returncode != 0
-    errors = [line for line in done.stderr.splitlines() if line.startswith("aelastic run: error:")]
+    assert "node1: task 0: Exited with exit code 2" in done.stderr, done.stderr
+    errors = [line for line in node1.splitlines() if line.startswith("aelastic run: error:")]
     assert errors == [
         "aelastic run: error: rendezvous host 'node1' (from SLURM_STEP_NODELIST=node[1-2]) resolves to loopback "
         "(127.0.1.1), but up to 2 nodes must reach it: fix its /etc/hosts entry or give --rdzv-endpoint ADDR:PORT"
-    ], done.stderr
+    ], node1
     assert not list(tmp_path.glob("rank-*.json"))
