@@ -10,7 +10,7 @@ variant's median, in seconds, the slower rank's.
   collection, DCP's planning, its ``resolve_data`` and ``torch.save`` of each non-tensor value, its barrier);
 * ``aelastic``: ``dcp.save(..., use_collectives=False)`` through ``aelastic.checkpoint.StorageWriter`` with
   ``aelastic.checkpoint.SavePlanner`` (the example's way); ``aelastic, DCP's planner``: with DCP's default planner;
-  ``aelastic collectives``: with DCP's collectives.
+  ``aelastic collectives``: with DCP's collectives, beside ``DCP floor collectives``, the copy-only writer with them.
 
 Each variant's time includes ``get_state_dict`` (the example's ``state_of``), as a training step's does.
 """
@@ -97,8 +97,8 @@ def worker(saves: int) -> None:
     def raw(step: int) -> None:
         target.copy_(source)
 
-    def floor(step: int) -> None:
-        dcp.save(state_of(model, optimizer, step), storage_writer=CopyOnlyWriter(), use_collectives=False)
+    def floor(step: int, together: bool = False) -> None:
+        dcp.save(state_of(model, optimizer, step), storage_writer=CopyOnlyWriter(), use_collectives=together)
 
     planner = aelastic.checkpoint.SavePlanner()
 
@@ -109,6 +109,7 @@ def worker(saves: int) -> None:
 
     variants = {"raw copy": raw, "DCP floor": floor, "aelastic": ours,
                 "aelastic, DCP's planner": lambda step: ours(step, planned=False),
+                "DCP floor collectives": lambda step: floor(step, together=True),
                 "aelastic collectives": lambda step: ours(step, together=True)}  # fmt: skip
     times: dict[str, list[float]] = {name: [] for name in variants}
     for step in range(saves + 3):  # three rounds to warm up: the memory allocated, DCP's first-call costs
