@@ -40,7 +40,8 @@ Scenarios, per framework:
   (``dcp.save`` with DCP's default, its four exchanges of plans and results).
 
 * ``one dcp.save call`` (FSDP2, :mod:`benchmarks.dcp_calls`): one save's call in the same two workers, beside the
-  raw copy and ``DCP floor``, a storage writer that only copies: what DCP's own work costs any writer.
+  raw copy and ``DCP floor``, a storage writer that only copies: what DCP's own work costs any writer (``DCP floor
+  collectives``: with DCP's collectives).
 
 Targets (issue 46): ``lost to a fault`` at most 0.2x torchrun's for every framework; a checkpoint blocks a step at
 most 1.5x the raw copy of its bytes.
