@@ -498,6 +498,8 @@ async def test_a_metadata_fetch_brings_the_header_and_metadata_at_their_places_a
         slot.close()
 
 
+# One process on purpose (no_dist=True): DCP warns at each call all the same.
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 def test_a_planner_plans_a_layout_once_and_again_when_it_changes(tmp_path: Path) -> None:
     """``SavePlanner`` through DCP's own writer and reader (one process): a save of the same layout reuses the last
     plans and each save's values come back; a new key, shape or dtype is planned again; a plain value's bytes
